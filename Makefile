@@ -1,0 +1,49 @@
+# verde_chain — two commands for a newcomer: `make demo` and `make test`.
+# Both install what they need (Python venv from pyproject.toml, npm packages from the lockfile).
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PYSTAMP := $(VENV)/.installed
+NPMSTAMP:= node_modules/.installed
+TOOLPATH:= $(CURDIR)/build/toolchain
+export PATH := $(CURDIR)/node_modules/@foundry-rs/anvil-linux-amd64/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+export SOLCX_BINARY_PATH := $(TOOLPATH)/solcx
+
+.PHONY: setup test test-fast demo bench ape-compile ape-test clean
+
+setup: $(PYSTAMP) $(NPMSTAMP) $(SOLCX_BINARY_PATH)/solc-v0.8.28
+
+$(PYSTAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+$(NPMSTAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# py-solc-x / ape-solidity look for `solc-v<version>` in SOLCX_BINARY_PATH: point it at our shim.
+$(SOLCX_BINARY_PATH)/solc-v0.8.28: bin/solc
+	mkdir -p $(SOLCX_BINARY_PATH)
+	ln -sf $(CURDIR)/bin/solc $@
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not chain and not slow"
+
+demo: setup
+	$(VENV)/bin/verde-chain demo
+
+bench: setup
+	$(PY) scripts/bench_merkle.py
+
+ape-compile: setup
+	$(VENV)/bin/ape compile --force
+
+ape-test: setup
+	$(VENV)/bin/ape test tests/ape
+
+clean:
+	rm -rf build .pytest_cache

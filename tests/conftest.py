@@ -1,0 +1,84 @@
+"""Shared fixtures: one Anvil per test session, snapshot/revert isolation per test."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import pytest
+from web3 import Web3
+
+from verde_chain.chain import anvil as anvil_mod
+from verde_chain.chain.compile import Artifact, compile_contracts
+from verde_chain.chain.deploy import deploy_contract
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "chain: needs the session Anvil (integration test)")
+    config.addinivalue_line("markers", "slow: long-running test")
+
+
+@pytest.fixture(scope="session")
+def anvil() -> Iterator[anvil_mod.Anvil]:
+    node = anvil_mod.Anvil()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def _session_w3(anvil: anvil_mod.Anvil) -> Web3:
+    w3 = anvil.web3()
+    w3.eth.default_account = w3.eth.accounts[0]
+    return w3
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> dict[str, Artifact]:
+    return compile_contracts()
+
+
+@pytest.fixture
+def w3(_session_w3: Web3) -> Iterator[Web3]:
+    """Web3 on the session Anvil; every chain change a test makes is reverted afterwards."""
+    snap = anvil_mod.snapshot(_session_w3)
+    try:
+        yield _session_w3
+    finally:
+        anvil_mod.revert(_session_w3, snap)
+
+
+class ChainControl:
+    def __init__(self, w3: Web3) -> None:
+        self.w3 = w3
+
+    def increase_time(self, seconds: int) -> None:
+        anvil_mod.increase_time(self.w3, seconds)
+
+    def mine(self, n: int = 1) -> None:
+        anvil_mod.mine(self.w3, n)
+
+    def snapshot(self) -> str:
+        return anvil_mod.snapshot(self.w3)
+
+    def revert(self, snap_id: str) -> None:
+        anvil_mod.revert(self.w3, snap_id)
+
+    def timestamp(self) -> int:
+        return int(self.w3.eth.get_block("latest")["timestamp"])
+
+
+@pytest.fixture
+def chain(w3: Web3) -> ChainControl:
+    return ChainControl(w3)
+
+
+@pytest.fixture
+def deploy(w3: Web3, artifacts: dict[str, Artifact]) -> Callable[..., Any]:
+    def _deploy(name: str, *args: Any, sender: str | None = None, value: int = 0) -> Any:
+        return deploy_contract(w3, artifacts, name, *args, sender=sender, value=value)
+
+    return _deploy
+
+# tests/ape runs under `ape test` (its plugin supplies `project`/`accounts`); see test_ape_toolchain.
+collect_ignore = ["ape"]

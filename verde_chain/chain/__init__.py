@@ -1,0 +1,1 @@
+"""Chain lifecycle: solc compilation, a local Anvil, deployment, typed calls and decoded reverts."""

@@ -1,0 +1,153 @@
+"""Start and stop a local Anvil chain: free port, logs to a file, never an orphan process.
+
+Anvil's stdout goes to a log file (an undrained pipe blocks Anvil after ~64 KiB of logs). The
+child is tied to its parent with PR_SET_PDEATHSIG, so it dies even if the parent is SIGKILLed,
+and ``stop()`` runs from ``atexit`` and on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from web3 import HTTPProvider, Web3
+
+from verde_chain.chain.paths import BUILD, anvil_binary
+from verde_chain.errors import ChainError
+
+DEFAULT_MNEMONIC = "test test test test test test test test test test test junk"
+DEFAULT_BALANCE_ETH = 10_000
+BLOCK_GAS_LIMIT = 1_000_000_000  # lets test harnesses push thousands of softfloat ops per call
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Anvil:
+    """A running Anvil process. Use as a context manager or call ``stop()``."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        accounts: int = 10,
+        log_dir: Path | None = None,
+        block_time: float | None = None,
+        chain_id: int = 31337,
+    ) -> None:
+        binary = anvil_binary()
+        if not binary.exists():
+            raise ChainError(f"anvil not found at {binary}; run `make setup` (npm ci) first")
+        log_dir = log_dir or BUILD / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.rpc_url = f"http://127.0.0.1:{self.port}"
+        self.chain_id = chain_id
+        self.log_path = Path(tempfile.mkstemp(prefix=f"anvil-{self.port}-", suffix=".log", dir=log_dir)[1])
+        args = [
+            str(binary),
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--accounts", str(accounts),
+            "--balance", str(DEFAULT_BALANCE_ETH),
+            "--mnemonic", DEFAULT_MNEMONIC,
+            "--chain-id", str(chain_id),
+            "--gas-limit", str(BLOCK_GAS_LIMIT),
+            "--code-size-limit", str(0x6000),
+            "--hardfork", "cancun",
+        ]
+        if block_time:
+            args += ["--block-time", str(block_time)]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+        atexit.register(self.stop)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        w3 = self.web3()
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ChainError(f"anvil exited with {self.proc.returncode}; log: {self.log_path.read_text()[-2000:]}")
+            try:
+                if w3.is_connected():
+                    return
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            time.sleep(0.05)
+        raise ChainError(f"anvil did not answer on {self.rpc_url} within {timeout}s")
+
+    def web3(self) -> Web3:
+        return Web3(HTTPProvider(self.rpc_url, request_kwargs={"timeout": 120}))
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> "Anvil":
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+# -- test-time helpers (JSON-RPC methods Anvil implements) ---------------------------------------
+
+def snapshot(w3: Web3) -> str:
+    return str(w3.provider.make_request("evm_snapshot", []).get("result"))  # type: ignore[arg-type]
+
+
+def revert(w3: Web3, snap_id: str) -> None:
+    res = w3.provider.make_request("evm_revert", [snap_id])  # type: ignore[arg-type]
+    if res.get("result") is not True:
+        raise ChainError(f"evm_revert({snap_id}) failed: {res}")
+
+
+def increase_time(w3: Web3, seconds: int) -> None:
+    w3.provider.make_request("evm_increaseTime", [int(seconds)])  # type: ignore[arg-type]
+    mine(w3, 1)
+
+
+def mine(w3: Web3, blocks: int = 1) -> None:
+    w3.provider.make_request("anvil_mine", [hex(blocks)])  # type: ignore[arg-type]
+
+
+def install_signal_cleanup() -> None:
+    """Turn SIGTERM into SystemExit so ``atexit`` handlers stop every Anvil we started."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)

@@ -1,0 +1,132 @@
+"""`verde-chain` command line: one entry point, one subcommand per job a user has.
+
+Subcommands register themselves through ``COMMANDS`` so later parts (jobs, trainers,
+challengers, the demo) add to the same CLI without touching the parser setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from verde_chain.chain.anvil import Anvil, install_signal_cleanup
+from verde_chain.chain.compile import compile_contracts
+from verde_chain.chain.deploy import DeploymentRecord, deploy_system
+from verde_chain.errors import VerdeError
+
+Command = tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+COMMANDS: list[Command] = []
+
+# Contracts that make up a deployment (constructor-less); extended as the system grows.
+SYSTEM_CONTRACTS = ["MerkleHarness"]
+
+
+def command(name: str, help_text: str, configure: Callable[[argparse.ArgumentParser], None]):  # type: ignore[no-untyped-def]
+    def wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS.append((name, help_text, configure, fn))
+        return fn
+
+    return wrap
+
+
+def _node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=8545, help="port to listen on (0 = any free port)")
+    p.add_argument("--accounts", type=int, default=10, help="number of funded accounts")
+    p.add_argument("--block-time", type=float, default=None, help="seconds per block (default: mine on demand)")
+
+
+@command("node", "run a local Anvil chain in the foreground; print its RPC URL and funded accounts", _node_args)
+def cmd_node(args: argparse.Namespace) -> int:
+    install_signal_cleanup()
+    with Anvil(port=args.port or None, accounts=args.accounts, block_time=args.block_time) as node:
+        w3 = node.web3()
+        print(f"RPC URL: {node.rpc_url}")
+        print(f"Chain id: {w3.eth.chain_id}")
+        print("Funded accounts (private keys derive from the standard test mnemonic):")
+        for i, a in enumerate(w3.eth.accounts):
+            print(f"  ({i}) {a}  {w3.from_wei(w3.eth.get_balance(a), 'ether')} ETH")
+        print(f"Logs: {node.log_path}\nPress Ctrl-C to stop.", flush=True)
+        try:
+            while node.running:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _deploy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rpc-url", default=None, help="JSON-RPC endpoint (default: start an embedded Anvil)")
+    p.add_argument("--out", type=Path, default=None, help="write the deployment record here (JSON)")
+    p.add_argument("--json", action="store_true", help="print the deployment record as JSON")
+
+
+@command("deploy", "compile and deploy the contracts; write a deployment record", _deploy_args)
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from web3 import HTTPProvider, Web3
+
+    artifacts = compile_contracts()
+    node = None
+    try:
+        if args.rpc_url:
+            rpc_url = args.rpc_url
+            w3 = Web3(HTTPProvider(rpc_url))
+            if not w3.is_connected():
+                raise VerdeError(f"cannot reach {rpc_url}")
+        else:
+            node = Anvil()
+            rpc_url = node.rpc_url
+            w3 = node.web3()
+        record, _ = deploy_system(w3, artifacts, rpc_url, SYSTEM_CONTRACTS)
+        out = args.out or Path("build") / "deployments" / f"{record.chain_id}.json"
+        record.write(out)
+        if args.json:
+            print(json.dumps(record.__dict__, sort_keys=True))
+        else:
+            print(f"Deployed to chain {record.chain_id} at block {record.block} ({rpc_url}):")
+            for name, addr in record.contracts.items():
+                print(f"  {name:<20} {addr}")
+            print(f"Deployment record: {out}")
+    finally:
+        if node is not None:
+            node.stop()
+    return 0
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="last line of output is the report as one JSON object")
+
+
+@command("demo", "run the end-to-end story on an embedded Anvil", _demo_args)
+def cmd_demo(args: argparse.Namespace) -> int:
+    from verde_chain.demo import run_demo
+
+    return run_demo(json_out=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verde-chain", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text, configure, fn in COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        configure(p)
+        p.set_defaults(func=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return int(args.func(args))
+    except VerdeError as exc:
+        print(f"verde-chain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

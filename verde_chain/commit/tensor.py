@@ -1,0 +1,136 @@
+"""Tensor roots, element openings, node hashes and step commitments (twin of TensorCommit.sol).
+
+Layout (LEAF_ELEMS = 128 binary32 elements per leaf)::
+
+  elements  e0 e1 ... e127 | e128 ... e255 | ... | e(128m) .. e(n-1) 0 0 0   (zero-padded)
+            \\_____ 512 B _/ \\____ 512 B __/        \\______ 512 B ______/
+  leaves      keccak(chunk0)  keccak(chunk1)   ...   keccak(chunk m)
+  root        merkle_root(leaves)  (positional, ZERO-padded to a power of two)
+
+Each element is its 4-byte big-endian bit pattern in flat row-major order. The leaf size is a
+trade-off: bigger leaves mean fewer internal hashes (hashing speed approaches bulk keccak),
+smaller leaves mean cheaper openings on-chain (calldata is 16 gas per byte). 128 elements is
+4 keccak blocks per leaf and one internal hash per leaf; see docs/protocol.md for the figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from eth_abi import encode as abi_encode
+
+from verde_chain.commit import merkle
+from verde_chain.commit.merkle import keccak256
+from verde_chain.errors import CommitmentError
+
+LEAF_ELEMS = 128
+LEAF_BYTES = LEAF_ELEMS * 4
+
+
+def as_bits(tensor: object) -> np.ndarray:
+    """Flat uint32 view of a float32 tensor (numpy array, torch tensor or sequence)."""
+    if hasattr(tensor, "detach"):
+        tensor = tensor.detach().cpu().contiguous().numpy()  # type: ignore[attr-defined]
+    arr = np.asarray(tensor)
+    if arr.dtype == np.uint32:
+        return arr.reshape(-1)
+    if arr.dtype != np.float32:
+        raise CommitmentError("BadDtype", f"tensor commitments are over float32, got {arr.dtype}", dtype=str(arr.dtype))
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint32)
+
+
+def chunks(bits: np.ndarray) -> np.ndarray:
+    """(n_leaves, 512) uint8 array of big-endian, zero-padded leaf chunks."""
+    n = bits.size
+    if n == 0:
+        raise CommitmentError("EmptyTree", "a tensor commitment needs at least one element")
+    padded = np.zeros(-(-n // LEAF_ELEMS) * LEAF_ELEMS, dtype=">u4")
+    padded[:n] = bits
+    return padded.view(np.uint8).reshape(-1, LEAF_BYTES)
+
+
+def tensor_leaves(tensor: object) -> list[bytes]:
+    bits = as_bits(tensor)
+    try:
+        from verde_chain.commit import native
+    except ImportError:
+        native = None  # type: ignore[assignment]
+    if native is not None and bits.size >= 4 * LEAF_ELEMS:
+        return [bytes(row) for row in native.tensor_leaves(bits.view(np.float32))]
+    return [keccak256(c.tobytes()) for c in chunks(bits)]
+
+
+def tensor_root(tensor: object) -> bytes:
+    bits = as_bits(tensor)
+    try:
+        from verde_chain.commit import native
+    except ImportError:
+        native = None  # type: ignore[assignment]
+    if native is not None and bits.size >= 4 * LEAF_ELEMS:
+        return bytes(native.tensor_root(bits.view(np.float32)))
+    return merkle.merkle_root([keccak256(c.tobytes()) for c in chunks(bits)])
+
+
+@dataclass(frozen=True)
+class ElementOpening:
+    """Everything the contract needs to check one element: the leaf chunk and its proof."""
+
+    element: int
+    numel: int
+    chunk: bytes
+    proof: tuple[bytes, ...]
+
+    @property
+    def bits(self) -> int:
+        off = (self.element % LEAF_ELEMS) * 4
+        return int.from_bytes(self.chunk[off : off + 4], "big")
+
+
+def open_element(tensor: object, element: int) -> ElementOpening:
+    bits = as_bits(tensor)
+    if not 0 <= element < bits.size:
+        raise CommitmentError(
+            "IndexOutOfRange", f"element {element} not in [0, {bits.size})", index=element, size=bits.size
+        )
+    ch = chunks(bits)
+    leaves = [keccak256(c.tobytes()) for c in ch]
+    leaf_index = element // LEAF_ELEMS
+    return ElementOpening(element, bits.size, ch[leaf_index].tobytes(), tuple(merkle.merkle_proof(leaves, leaf_index)))
+
+
+def verify_element(root: bytes, opening: ElementOpening) -> int:
+    """Check an opening against a tensor root; return the element's bit pattern."""
+    if not 0 <= opening.element < opening.numel:
+        raise CommitmentError(
+            "IndexOutOfRange",
+            f"element {opening.element} not in [0, {opening.numel})",
+            index=opening.element,
+            size=opening.numel,
+        )
+    if len(opening.chunk) != LEAF_BYTES:
+        raise CommitmentError(
+            "BadChunkLength", f"chunk is {len(opening.chunk)} bytes, expected {LEAF_BYTES}",
+            actual=len(opening.chunk), expected=LEAF_BYTES,
+        )
+    n_leaves = -(-opening.numel // LEAF_ELEMS)
+    merkle.verify(root, keccak256(opening.chunk), opening.element // LEAF_ELEMS, n_leaves, list(opening.proof))
+    return opening.bits
+
+
+def node_hash(index: int, desc_hash: bytes, input_roots: Sequence[bytes], output_roots: Sequence[bytes]) -> bytes:
+    """Verde's augmented graph node: (index, op descriptor hash, input roots, output roots)."""
+    return keccak256(
+        abi_encode(["uint256", "bytes32", "bytes32[]", "bytes32[]"], [index, desc_hash, list(input_roots), list(output_roots)])
+    )
+
+
+def step_commitment(node_hashes: Sequence[bytes]) -> bytes:
+    """C_s: root over the node hashes of one training step, in topological order."""
+    return merkle.merkle_root(list(node_hashes))
+
+
+def list_commitment(items: Sequence[bytes]) -> bytes:
+    """Root over a sequence of 32-byte states (bisection sequences: checkpoints, VM states)."""
+    return merkle.merkle_root(list(items))
