@@ -45,7 +45,9 @@ def _source_name(p: Path) -> str:
 
 
 def _sources(root: Path) -> dict[str, str]:
-    return {_source_name(p): p.read_text() for p in sorted(root.rglob("*.sol"))}
+    # Hidden folders are tool caches (ape-solidity copies dependencies into contracts/.cache).
+    files = [p for p in sorted(root.rglob("*.sol")) if not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    return {_source_name(p): p.read_text() for p in files}
 
 
 def source_hash(sources: dict[str, str]) -> str:
