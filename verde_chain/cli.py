@@ -108,6 +108,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(json_out=args.json)
 
 
+def _register_train() -> None:
+    from verde_chain.graph import train_cli
+
+    COMMANDS.append(("train", "run a training job locally (no chain) with step commitments", train_cli.configure,
+                     train_cli.run))
+
+
+_register_train()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verde-chain", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -33,7 +33,7 @@ library Merkle {
     }
 
     /// @notice Root that `proof` leads to from `leaf` at `index` in a tree of `size` leaves.
-    function rootFromProof(bytes32 leaf, uint256 index, uint256 size, bytes32[] calldata proof)
+    function rootFromProof(bytes32 leaf, uint256 index, uint256 size, bytes32[] memory proof)
         internal
         pure
         returns (bytes32 node)
@@ -62,7 +62,7 @@ library Merkle {
     }
 
     /// @notice Revert with InvalidProof unless `proof` opens `leaf` at `index` under `root`.
-    function verify(bytes32 root, bytes32 leaf, uint256 index, uint256 size, bytes32[] calldata proof)
+    function verify(bytes32 root, bytes32 leaf, uint256 index, uint256 size, bytes32[] memory proof)
         internal
         pure
     {

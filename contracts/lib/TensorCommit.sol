@@ -35,15 +35,17 @@ library TensorCommit {
         bytes32 root,
         uint256 numel,
         uint256 element,
-        bytes calldata chunk,
-        bytes32[] calldata proof
+        bytes memory chunk,
+        bytes32[] memory proof
     ) internal pure returns (uint32 bits) {
         // SAFETY: padding elements beyond numel are not part of the tensor and must not be opened.
         if (element >= numel) revert IndexOutOfRange(element, numel);
         if (chunk.length != LEAF_BYTES) revert BadChunkLength(chunk.length, LEAF_BYTES);
         Merkle.verify(root, keccak256(chunk), element / LEAF_ELEMS, leafCount(numel), proof);
         uint256 off = (element % LEAF_ELEMS) * 4;
-        bits = uint32(bytes4(chunk[off:off + 4]));
+        assembly ("memory-safe") {
+            bits := shr(224, mload(add(add(chunk, 32), off)))
+        }
     }
 
     function nodeHash(uint256 index, bytes32 descHash, bytes32[] memory inputRoots, bytes32[] memory outputRoots)

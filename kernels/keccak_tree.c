@@ -1,0 +1,661 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * keccak_tree.c — Ethereum keccak-256 and the verde_chain tensor Merkle root, in portable C.
+ *
+ * Twin of verde_chain/commit/merkle.py (generic positional trees) plus the tensor leaf packing:
+ *
+ *   tensor (n binary32 values, flat C order)
+ *     |  each element -> its 4 bit-pattern bytes, BIG-endian
+ *     v
+ *   chunk i = elements [128 i, 128 i + 128), last chunk zero-padded   (LEAF_ELEMS = 128, 512 bytes)
+ *   leaf  i = keccak256(chunk i)                                       (4 permutations per leaf)
+ *     |
+ *     v
+ *                        root
+ *                  /              \
+ *            H(l0 || l1)       H(l2 || ZERO)       H = keccak256 of the 64-byte pair (positional)
+ *            /     \           /      \
+ *          l0      l1        l2      ZERO          ZERO = 32 zero bytes pad to a power of two
+ *
+ * One leaf -> the root is that leaf; zero elements is an error (the caller checks).
+ *
+ * Keccak here is the original submission padding (0x01 ... 0x80) that Ethereum uses, not
+ * FIPS-202 SHA3 (0x06). Rate 136 bytes (17 lanes), capacity 512 bits, 24 rounds of
+ * Keccak-f[1600]. Lanes are little-endian 64-bit words of the byte stream.
+ *
+ * Parallelism: the padded tree is cut into equal, power-of-two sized subtrees ("tasks"); each
+ * thread folds the leaves of whole subtrees with a binary-counter stack (O(log n) memory, no
+ * leaf array), and the subtree roots are folded the same way on top. Inside a task, blocks of
+ * 256 leaves are hashed four at a time (four Keccak states in the lanes of a vector: the leaves,
+ * then each level of the block's subtree), which is why a tensor root runs faster than one
+ * sequential keccak over the same bytes. Subtrees that lie entirely in the zero padding are
+ * never hashed: their roots are the precomputed ZERO_l (ZERO_0 = 0, ZERO_{l+1} =
+ * H(ZERO_l || ZERO_l)). The result is independent of the thread count.
+ */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LEAF_ELEMS 128
+#define LEAF_BYTES (LEAF_ELEMS * 4)
+#define RATE_BYTES 136
+#define RATE_LANES 17
+#define MAX_LEVELS 64
+#define MAX_THREADS 256
+#define MIN_LEAVES_PER_THREAD 1024
+
+/* ------------------------------------------------------------------------------------------ */
+/* Keccak-f[1600]                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static const uint64_t ROUND_CONSTANTS[24] = {
+    0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808AULL, 0x8000000080008000ULL,
+    0x000000000000808BULL, 0x0000000080000001ULL, 0x8000000080008081ULL, 0x8000000000008009ULL,
+    0x000000000000008AULL, 0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000AULL,
+    0x000000008000808BULL, 0x800000000000008BULL, 0x8000000000008089ULL, 0x8000000000008003ULL,
+    0x8000000000008002ULL, 0x8000000000000080ULL, 0x000000000000800AULL, 0x800000008000000AULL,
+    0x8000000080008081ULL, 0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
+};
+
+/* Rotate left by a constant 1..63: ROL for GCC vector types (several independent states, one
+ * per lane), rotl64 for one state (an inline function measured ~10% faster than the macro). */
+#define ROL(v, r) (((v) << (r)) | ((v) >> (64 - (r))))
+
+static inline uint64_t rotl64(uint64_t v, unsigned r) { return (v << r) | (v >> (64 - r)); }
+
+/* One round on named lanes A[x + 5y] of lane type T (uint64_t, or a vector of them) with the
+ * rotation ROT suited to T. Written as straight-line code (theta, rho+pi, chi, iota) so the
+ * compiler keeps all 25 lanes plus temporaries in registers/stack slots without index
+ * arithmetic. The rho offsets r[x][y] and the pi move (x, y) -> (y, 2x + 3y) are inlined. */
+#define KECCAK_ROUND(T, ROT, A, RC)                                                                \
+    do {                                                                                           \
+        T c0 = A[0] ^ A[5] ^ A[10] ^ A[15] ^ A[20];                                                \
+        T c1 = A[1] ^ A[6] ^ A[11] ^ A[16] ^ A[21];                                                \
+        T c2 = A[2] ^ A[7] ^ A[12] ^ A[17] ^ A[22];                                                \
+        T c3 = A[3] ^ A[8] ^ A[13] ^ A[18] ^ A[23];                                                \
+        T c4 = A[4] ^ A[9] ^ A[14] ^ A[19] ^ A[24];                                                \
+        T d0 = c4 ^ ROT(c1, 1);                                                                    \
+        T d1 = c0 ^ ROT(c2, 1);                                                                    \
+        T d2 = c1 ^ ROT(c3, 1);                                                                    \
+        T d3 = c2 ^ ROT(c4, 1);                                                                    \
+        T d4 = c3 ^ ROT(c0, 1);                                                                    \
+        /* B[y + 5((2x + 3y) mod 5)] = rotl(A[x + 5y] ^ D[x], r[x][y]) */                          \
+        T b0 = A[0] ^ d0;                                                                          \
+        T b10 = ROT(A[1] ^ d1, 1);                                                                 \
+        T b20 = ROT(A[2] ^ d2, 62);                                                                \
+        T b5 = ROT(A[3] ^ d3, 28);                                                                 \
+        T b15 = ROT(A[4] ^ d4, 27);                                                                \
+        T b16 = ROT(A[5] ^ d0, 36);                                                                \
+        T b1 = ROT(A[6] ^ d1, 44);                                                                 \
+        T b11 = ROT(A[7] ^ d2, 6);                                                                 \
+        T b21 = ROT(A[8] ^ d3, 55);                                                                \
+        T b6 = ROT(A[9] ^ d4, 20);                                                                 \
+        T b7 = ROT(A[10] ^ d0, 3);                                                                 \
+        T b17 = ROT(A[11] ^ d1, 10);                                                               \
+        T b2 = ROT(A[12] ^ d2, 43);                                                                \
+        T b12 = ROT(A[13] ^ d3, 25);                                                               \
+        T b22 = ROT(A[14] ^ d4, 39);                                                               \
+        T b23 = ROT(A[15] ^ d0, 41);                                                               \
+        T b8 = ROT(A[16] ^ d1, 45);                                                                \
+        T b18 = ROT(A[17] ^ d2, 15);                                                               \
+        T b3 = ROT(A[18] ^ d3, 21);                                                                \
+        T b13 = ROT(A[19] ^ d4, 8);                                                                \
+        T b14 = ROT(A[20] ^ d0, 18);                                                               \
+        T b24 = ROT(A[21] ^ d1, 2);                                                                \
+        T b9 = ROT(A[22] ^ d2, 61);                                                                \
+        T b19 = ROT(A[23] ^ d3, 56);                                                               \
+        T b4 = ROT(A[24] ^ d4, 14);                                                                \
+        /* chi: A[x, y] = B[x, y] ^ (~B[x+1, y] & B[x+2, y]); then iota on lane 0 */               \
+        A[0] = b0 ^ (~b1 & b2) ^ (RC);                                                             \
+        A[1] = b1 ^ (~b2 & b3);                                                                    \
+        A[2] = b2 ^ (~b3 & b4);                                                                    \
+        A[3] = b3 ^ (~b4 & b0);                                                                    \
+        A[4] = b4 ^ (~b0 & b1);                                                                    \
+        A[5] = b5 ^ (~b6 & b7);                                                                    \
+        A[6] = b6 ^ (~b7 & b8);                                                                    \
+        A[7] = b7 ^ (~b8 & b9);                                                                    \
+        A[8] = b8 ^ (~b9 & b5);                                                                    \
+        A[9] = b9 ^ (~b5 & b6);                                                                    \
+        A[10] = b10 ^ (~b11 & b12);                                                                \
+        A[11] = b11 ^ (~b12 & b13);                                                                \
+        A[12] = b12 ^ (~b13 & b14);                                                                \
+        A[13] = b13 ^ (~b14 & b10);                                                                \
+        A[14] = b14 ^ (~b10 & b11);                                                                \
+        A[15] = b15 ^ (~b16 & b17);                                                                \
+        A[16] = b16 ^ (~b17 & b18);                                                                \
+        A[17] = b17 ^ (~b18 & b19);                                                                \
+        A[18] = b18 ^ (~b19 & b15);                                                                \
+        A[19] = b19 ^ (~b15 & b16);                                                                \
+        A[20] = b20 ^ (~b21 & b22);                                                                \
+        A[21] = b21 ^ (~b22 & b23);                                                                \
+        A[22] = b22 ^ (~b23 & b24);                                                                \
+        A[23] = b23 ^ (~b24 & b20);                                                                \
+        A[24] = b24 ^ (~b20 & b21);                                                                \
+    } while (0)
+
+/* Function multiversioning: a BMI1/BMI2 clone (andn, rorx) is picked at load time where the
+ * CPU has it; the default clone runs on any x86-64. Other architectures get the plain build. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(VERDE_MULTIVERSION)
+#define KECCAK_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KECCAK_CLONES
+#endif
+
+KECCAK_CLONES
+static void keccak_f1600(uint64_t st[25]) {
+    uint64_t A[25];
+    memcpy(A, st, sizeof A);
+    for (int round = 0; round < 24; round += 2) {
+        KECCAK_ROUND(uint64_t, rotl64, A, ROUND_CONSTANTS[round]);
+        KECCAK_ROUND(uint64_t, rotl64, A, ROUND_CONSTANTS[round + 1]);
+    }
+    memcpy(st, A, sizeof A);
+}
+
+static inline uint64_t load_le64(const uint8_t* p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline void store_le64(uint8_t* p, uint64_t v) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, 8);
+}
+
+static inline void squeeze256(const uint64_t st[25], uint8_t out[32]) {
+    for (int i = 0; i < 4; i++) store_le64(out + 8 * i, st[i]);
+}
+
+/* keccak256 of an arbitrary byte string (the bulk baseline for benchmarks and the tests). */
+void keccak256(const uint8_t* data, size_t len, uint8_t out[32]) {
+    uint64_t st[25] = {0};
+    while (len >= RATE_BYTES) {
+        for (int i = 0; i < RATE_LANES; i++) st[i] ^= load_le64(data + 8 * i);
+        keccak_f1600(st);
+        data += RATE_BYTES;
+        len -= RATE_BYTES;
+    }
+    uint8_t block[RATE_BYTES] = {0};
+    memcpy(block, data, len);
+    block[len] ^= 0x01; /* Keccak padding, first bit */
+    block[RATE_BYTES - 1] ^= 0x80; /* ... and last bit (same byte if len == 135: 0x81) */
+    for (int i = 0; i < RATE_LANES; i++) st[i] ^= load_le64(block + 8 * i);
+    keccak_f1600(st);
+    squeeze256(st, out);
+}
+
+/* keccak256(left || right) for two 32-byte nodes: one block, padding at byte 64 and 135. */
+static void hash_pair(const uint8_t left[32], const uint8_t right[32], uint8_t out[32]) {
+    uint64_t st[25] = {0};
+    for (int i = 0; i < 4; i++) {
+        st[i] = load_le64(left + 8 * i);
+        st[4 + i] = load_le64(right + 8 * i);
+    }
+    st[8] = 0x01;
+    st[16] = 0x8000000000000000ULL;
+    keccak_f1600(st);
+    squeeze256(st, out);
+}
+
+/* Leaf of 128 elements: the 512-byte stream is the big-endian bytes of each element, so a
+ * little-endian lane holds bswap32(e[2j]) in its low half and bswap32(e[2j+1]) in its high half.
+ * 512 = 3 * 136 + 104: three full blocks, then 13 data lanes + padding in the fourth. */
+static void hash_leaf(const uint32_t elems[LEAF_ELEMS], uint8_t out[32]) {
+    uint64_t lanes[LEAF_ELEMS / 2 + 4];
+    for (int j = 0; j < LEAF_ELEMS / 2; j++) {
+        uint32_t lo = elems[2 * j], hi = elems[2 * j + 1];
+#if __BYTE_ORDER__ != __ORDER_BIG_ENDIAN__
+        lo = __builtin_bswap32(lo);
+        hi = __builtin_bswap32(hi);
+#endif
+        lanes[j] = (uint64_t)lo | ((uint64_t)hi << 32);
+    }
+    uint64_t st[25] = {0};
+    const uint64_t* p = lanes;
+    for (int blk = 0; blk < 3; blk++, p += RATE_LANES) {
+        for (int i = 0; i < RATE_LANES; i++) st[i] ^= p[i];
+        keccak_f1600(st);
+    }
+    /* 64 lanes total, 51 consumed: 13 left (104 bytes), then 0x01 at byte 104 = lane 13 */
+    for (int i = 0; i < 13; i++) st[i] ^= p[i];
+    st[13] ^= 0x01;
+    st[16] ^= 0x8000000000000000ULL;
+    keccak_f1600(st);
+    squeeze256(st, out);
+}
+
+/* Leaf i of a tensor of n elements, zero-padding the last chunk. */
+static void tensor_leaf(const uint32_t* elems, size_t n, size_t i, uint8_t out[32]) {
+    size_t start = i * LEAF_ELEMS;
+    if (start + LEAF_ELEMS <= n) {
+        hash_leaf(elems + start, out);
+    } else {
+        uint32_t chunk[LEAF_ELEMS] = {0};
+        memcpy(chunk, elems + start, (n - start) * sizeof(uint32_t));
+        hash_leaf(chunk, out);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Four independent states at once                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Leaves and the pairs of one tree level are independent hashes, so four of them run in the
+ * four 64-bit lanes of a vector: lane w of every state word belongs to hash w. GCC vector
+ * extensions keep this portable C; the clones of the two callers (whole leaves, whole pairs,
+ * with the permutation inlined) pick AVX-512VL (vprolq, vpternlogq on ymm) or AVX2 at load
+ * time, and the baseline clone falls back to four scalar permutations. */
+typedef uint64_t u64x4 __attribute__((vector_size(32)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(VERDE_MULTIVERSION)
+#define KECCAK_X4_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KECCAK_X4_CLONES
+#endif
+
+static inline __attribute__((always_inline)) void keccak_f1600_x4(u64x4 st[25]) {
+    u64x4 A[25];
+    memcpy(A, st, sizeof A);
+    for (int round = 0; round < 24; round += 2) {
+        KECCAK_ROUND(u64x4, ROL, A, ROUND_CONSTANTS[round]);
+        KECCAK_ROUND(u64x4, ROL, A, ROUND_CONSTANTS[round + 1]);
+    }
+    memcpy(st, A, sizeof A);
+}
+
+/* The vector permutation only pays off with 256-bit integer SIMD (AVX2 or better); on other
+ * CPUs the four states are permuted one after another with the scalar code instead. */
+static int vector_keccak_ok(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(VERDE_MULTIVERSION)
+    return __builtin_cpu_supports("avx2");
+#elif defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
+    if (vector_keccak_ok()) {
+        keccak_f1600_x4(st);
+        return;
+    }
+    for (int w = 0; w < 4; w++) {
+        uint64_t one[25];
+        for (int i = 0; i < 25; i++) one[i] = st[i][w];
+        keccak_f1600(one);
+        for (int i = 0; i < 25; i++) st[i][w] = one[i];
+    }
+}
+
+static void squeeze256_x4(const u64x4 st[25], uint8_t* out) {
+    for (int w = 0; w < 4; w++)
+        for (int i = 0; i < 4; i++) store_le64(out + 32 * w + 8 * i, st[i][w]);
+}
+
+/* Four leaves (hash_leaf) from four 128-element chunks; out = 4 consecutive 32-byte leaves. */
+KECCAK_X4_CLONES
+static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) {
+    u64x4 lanes[LEAF_ELEMS / 2];
+    for (int j = 0; j < LEAF_ELEMS / 2; j++) {
+        for (int w = 0; w < 4; w++) {
+            uint32_t lo = chunks[w][2 * j], hi = chunks[w][2 * j + 1];
+#if __BYTE_ORDER__ != __ORDER_BIG_ENDIAN__
+            lo = __builtin_bswap32(lo);
+            hi = __builtin_bswap32(hi);
+#endif
+            lanes[j][w] = (uint64_t)lo | ((uint64_t)hi << 32);
+        }
+    }
+    u64x4 st[25];
+    memset(st, 0, sizeof st);
+    const u64x4* p = lanes;
+    for (int blk = 0; blk < 3; blk++, p += RATE_LANES) {
+        for (int i = 0; i < RATE_LANES; i++) st[i] ^= p[i];
+        permute_x4(st);
+    }
+    for (int i = 0; i < 13; i++) st[i] ^= p[i];
+    st[13] ^= 0x01;
+    st[16] ^= 0x8000000000000000ULL;
+    permute_x4(st);
+    squeeze256_x4(st, out);
+}
+
+/* out[p] = keccak256(in[2p] || in[2p+1]) for p = 0..3; in = 8 nodes, out = 4 nodes. All input
+ * is read before any output is written, so out may alias the start of in (in-place levels). */
+KECCAK_X4_CLONES
+static void hash_pairs_x4(const uint8_t* in, uint8_t* out) {
+    u64x4 st[25];
+    memset(st, 0, sizeof st);
+    for (int w = 0; w < 4; w++)
+        for (int i = 0; i < 8; i++) st[i][w] = load_le64(in + 64 * w + 8 * i);
+    st[8] ^= 0x01;
+    st[16] ^= 0x8000000000000000ULL;
+    permute_x4(st);
+    squeeze256_x4(st, out);
+}
+
+/* Leaves i .. i+3 of a tensor (any of them may be the zero-padded last chunk). */
+static void tensor_leaves_x4(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
+    uint32_t pad[LEAF_ELEMS];
+    const uint32_t* chunks[4];
+    for (int w = 0; w < 4; w++) {
+        size_t start = (i + (size_t)w) * LEAF_ELEMS;
+        if (start + LEAF_ELEMS <= n) {
+            chunks[w] = elems + start;
+        } else { /* only the tensor's last leaf is partial: one pad buffer suffices */
+            memset(pad, 0, sizeof pad);
+            memcpy(pad, elems + start, (n - start) * sizeof(uint32_t));
+            chunks[w] = pad;
+        }
+    }
+    hash_leaf_x4(chunks, out);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Zero subtrees and the binary-counter fold                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint8_t ZERO_HASHES[MAX_LEVELS + 1][32];
+static pthread_once_t ZERO_ONCE = PTHREAD_ONCE_INIT;
+
+static void init_zero_hashes(void) {
+    memset(ZERO_HASHES[0], 0, 32);
+    for (int l = 0; l < MAX_LEVELS; l++) hash_pair(ZERO_HASHES[l], ZERO_HASHES[l], ZERO_HASHES[l + 1]);
+}
+
+/* Folds nodes pushed left to right at level `base` into the root of a tree `depth` levels
+ * above them, ZERO-padded on the right. stack[l] holds the root of a complete run of 2^l
+ * pushed nodes whenever bit l of `count` is set. */
+typedef struct {
+    uint8_t stack[MAX_LEVELS + 1][32];
+    uint64_t count;
+    int base;
+    int depth;
+} fold_t;
+
+static void fold_init(fold_t* f, int base, int depth) {
+    f->count = 0;
+    f->base = base;
+    f->depth = depth;
+}
+
+static void fold_push(fold_t* f, const uint8_t node[32]) {
+    uint8_t cur[32];
+    memcpy(cur, node, 32);
+    int l = 0;
+    while ((f->count >> l) & 1) {
+        hash_pair(f->stack[l], cur, cur);
+        l++;
+    }
+    memcpy(f->stack[l], cur, 32);
+    f->count++;
+}
+
+/* Pushes the root of a complete run of 2^level nodes (count must be a multiple of 2^level):
+ * the same as pushing those nodes one by one. */
+static void fold_push_at(fold_t* f, const uint8_t node[32], int level) {
+    uint8_t cur[32];
+    memcpy(cur, node, 32);
+    int l = level;
+    while ((f->count >> l) & 1) {
+        hash_pair(f->stack[l], cur, cur);
+        l++;
+    }
+    memcpy(f->stack[l], cur, 32);
+    f->count += (uint64_t)1 << level;
+}
+
+/* Root after all pushes (count >= 1, count <= 2^depth). */
+static void fold_finish(const fold_t* f, uint8_t out[32]) {
+    if (f->count == ((uint64_t)1 << f->depth)) {
+        memcpy(out, f->stack[f->depth], 32);
+        return;
+    }
+    uint8_t cur[32];
+    int have = 0; /* whether `cur` is a non-ZERO partial subtree at level l */
+    for (int l = 0; l < f->depth; l++) {
+        const uint8_t* zero = ZERO_HASHES[f->base + l];
+        if ((f->count >> l) & 1) {
+            hash_pair(f->stack[l], have ? cur : zero, cur);
+            have = 1;
+        } else if (have) {
+            hash_pair(cur, zero, cur);
+        }
+    }
+    memcpy(out, cur, 32);
+}
+
+static int depth_for(uint64_t n) {
+    int d = 0;
+    while (((uint64_t)1 << d) < n) d++;
+    return d;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Threaded subtree tasks                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const uint32_t* elems; /* tensor source, or NULL */
+    size_t n_elems;
+    const uint8_t* leaves; /* ready-made leaves, or NULL */
+    size_t n_leaves;
+    int sub_depth; /* each task covers 2^sub_depth leaves */
+    size_t n_tasks;
+    uint8_t* task_roots; /* n_tasks * 32 */
+    int n_threads;
+} tree_job_t;
+
+typedef struct {
+    tree_job_t* job;
+    int thread_index;
+} tree_worker_t;
+
+/* Root of BLOCK_LEAVES consecutive leaves starting at `first`, hashed four at a time: the
+ * leaves into buf, then each level in place (256 -> 128 -> ... -> 4), then the last three
+ * pairs one by one. */
+#define BLOCK_LOG 8
+#define BLOCK_LEAVES (1u << BLOCK_LOG)
+
+static void block_root(const tree_job_t* job, size_t first, uint8_t* buf, uint8_t out[32]) {
+    if (job->elems) {
+        for (size_t g = 0; g < BLOCK_LEAVES; g += 4) tensor_leaves_x4(job->elems, job->n_elems, first + g, buf + 32 * g);
+    } else {
+        memcpy(buf, job->leaves + 32 * first, 32 * (size_t)BLOCK_LEAVES);
+    }
+    for (size_t m = BLOCK_LEAVES; m >= 8; m /= 2)
+        for (size_t p = 0; p < m / 2; p += 4) hash_pairs_x4(buf + 64 * p, buf + 32 * p);
+    hash_pair(buf, buf + 32, buf);
+    hash_pair(buf + 64, buf + 96, buf + 32);
+    hash_pair(buf, buf + 32, out);
+}
+
+static void run_task(const tree_job_t* job, size_t t) {
+    size_t first = t << job->sub_depth;
+    size_t last = first + ((size_t)1 << job->sub_depth);
+    if (last > job->n_leaves) last = job->n_leaves;
+    fold_t f;
+    fold_init(&f, 0, job->sub_depth);
+    uint8_t leaf[32];
+    size_t i = first;
+    if (job->sub_depth >= BLOCK_LOG) {
+        /* Whole aligned blocks first (first is a multiple of 2^sub_depth >= BLOCK_LEAVES). */
+        uint8_t buf[32 * BLOCK_LEAVES];
+        for (; i + BLOCK_LEAVES <= last; i += BLOCK_LEAVES) {
+            block_root(job, i, buf, leaf);
+            fold_push_at(&f, leaf, BLOCK_LOG);
+        }
+    }
+    /* The ragged end of the last task (or a small tree): leaves four at a time, pushed singly. */
+    if (job->elems) {
+        uint8_t four[4 * 32];
+        for (; i + 4 <= last; i += 4) {
+            tensor_leaves_x4(job->elems, job->n_elems, i, four);
+            for (int w = 0; w < 4; w++) fold_push(&f, four + 32 * w);
+        }
+    }
+    for (; i < last; i++) {
+        if (job->elems) {
+            tensor_leaf(job->elems, job->n_elems, i, leaf);
+            fold_push(&f, leaf);
+        } else {
+            fold_push(&f, job->leaves + 32 * i);
+        }
+    }
+    fold_finish(&f, job->task_roots + 32 * t);
+}
+
+static void* tree_worker(void* arg) {
+    tree_worker_t* w = (tree_worker_t*)arg;
+    /* Static interleaving: tasks are equal-sized (except the last), so this balances. */
+    for (size_t t = (size_t)w->thread_index; t < w->job->n_tasks; t += (size_t)w->job->n_threads)
+        run_task(w->job, t);
+    return NULL;
+}
+
+/* Runs fn(worker) on `threads` workers (the caller's thread is worker 0). Falls back to fewer
+ * threads if pthread_create fails: the work is assigned by index, so a failed spawn is redone
+ * inline and the result never depends on how many threads actually ran. */
+static void run_parallel(void* (*fn)(void*), tree_worker_t* workers, int threads) {
+    pthread_t tids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, fn, &workers[i]) == 0;
+    fn(&workers[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(tids[i], NULL);
+        else
+            fn(&workers[i]);
+    }
+}
+
+static int clamp_threads(int threads) {
+    if (threads < 1) return 1;
+    if (threads > MAX_THREADS) return MAX_THREADS;
+    return threads;
+}
+
+/* Root of the leaves padded with ZERO to 2^depth (depth < 0: the smallest that fits).
+ * Returns 0 on success, -1 on bad arguments (no leaves, or more than 2^depth), -2 when out of
+ * memory. */
+static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leaves, size_t n_leaves,
+                     int depth, uint8_t out[32], int threads) {
+    if (n_leaves == 0) return -1;
+    if (depth < 0) depth = depth_for(n_leaves);
+    if (depth > MAX_LEVELS - 1 || depth < depth_for(n_leaves)) return -1;
+    pthread_once(&ZERO_ONCE, init_zero_hashes);
+    threads = clamp_threads(threads);
+    /* A thread costs tens of microseconds to start: give each at least MIN_LEAVES_PER_THREAD
+     * leaves (~0.3 ms of hashing) or do not start it. */
+    if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
+    if (threads < 1) threads = 1;
+    /* Subtrees of at most 2^14 leaves (2M elements), and at least ~4 tasks per thread so the
+     * partial last task does not leave a thread idle for long. */
+    int sub = depth < 14 ? depth : 14;
+    while (sub > 0 && ((n_leaves + ((size_t)1 << sub) - 1) >> sub) < (size_t)(4 * threads)) sub--;
+    if (threads == 1) sub = depth; /* one task, no top fold */
+    size_t n_tasks = (n_leaves + ((size_t)1 << sub) - 1) >> sub;
+    if ((size_t)threads > n_tasks) threads = (int)n_tasks;
+    uint8_t* roots = (uint8_t*)malloc(32 * n_tasks);
+    if (!roots) return -2;
+    tree_job_t job = {elems, n_elems, leaves, n_leaves, sub, n_tasks, roots, threads};
+    tree_worker_t workers[MAX_THREADS];
+    for (int i = 0; i < threads; i++) {
+        workers[i].job = &job;
+        workers[i].thread_index = i;
+    }
+    run_parallel(tree_worker, workers, threads);
+    fold_t top;
+    fold_init(&top, sub, depth - sub);
+    for (size_t t = 0; t < n_tasks; t++) fold_push(&top, roots + 32 * t);
+    fold_finish(&top, out);
+    free(roots);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Public API (ctypes)                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+size_t leaf_elems(void) { return LEAF_ELEMS; }
+
+/* Root of the tensor whose binary32 bit patterns are elems[0..n). */
+int tensor_root(const uint32_t* elems, size_t n, uint8_t out32[32], int threads) {
+    if (n == 0) return -1;
+    size_t n_leaves = (n + LEAF_ELEMS - 1) / LEAF_ELEMS;
+    return tree_root(elems, n, NULL, n_leaves, -1, out32, threads);
+}
+
+/* Root of a positional tree over ready-made 32-byte leaves. */
+int merkle_root_from_leaves(const uint8_t* leaves, size_t n_leaves, uint8_t out32[32], int threads) {
+    return tree_root(NULL, 0, leaves, n_leaves, -1, out32, threads);
+}
+
+/* Root of a subtree of height `depth` whose first n_leaves leaves are given and the rest are
+ * ZERO: the sibling nodes of a Merkle proof into a padded tree. */
+int merkle_subtree_root(const uint8_t* leaves, size_t n_leaves, int depth, uint8_t out32[32], int threads) {
+    return tree_root(NULL, 0, leaves, n_leaves, depth, out32, threads);
+}
+
+/* ZERO_depth: the root of an all-padding subtree of height depth (0 <= depth <= 63). */
+int zero_subtree_root(int depth, uint8_t out32[32]) {
+    if (depth < 0 || depth > MAX_LEVELS - 1) return -1;
+    pthread_once(&ZERO_ONCE, init_zero_hashes);
+    memcpy(out32, ZERO_HASHES[depth], 32);
+    return 0;
+}
+
+typedef struct {
+    const uint32_t* elems;
+    size_t n;
+    size_t n_leaves;
+    uint8_t* out;
+    int threads;
+    int index;
+} leaves_worker_t;
+
+static void* leaves_worker(void* arg) {
+    leaves_worker_t* w = (leaves_worker_t*)arg;
+    /* Contiguous slices: each thread streams its own part of the tensor. */
+    size_t per = (w->n_leaves + (size_t)w->threads - 1) / (size_t)w->threads;
+    size_t first = per * (size_t)w->index;
+    size_t last = first + per < w->n_leaves ? first + per : w->n_leaves;
+    size_t i = first;
+    for (; i + 4 <= last; i += 4) tensor_leaves_x4(w->elems, w->n, i, w->out + 32 * i);
+    for (; i < last; i++) tensor_leaf(w->elems, w->n, i, w->out + 32 * i);
+    return NULL;
+}
+
+/* All leaves of the tensor into out_leaves[0 .. 32 * ceil(n / 128)). */
+int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int threads) {
+    if (n == 0) return -1;
+    threads = clamp_threads(threads);
+    size_t n_leaves = (n + LEAF_ELEMS - 1) / LEAF_ELEMS;
+    if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
+    if (threads < 1) threads = 1;
+    leaves_worker_t w[MAX_THREADS];
+    pthread_t tids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 0; i < threads; i++) {
+        leaves_worker_t wi = {elems, n, n_leaves, out_leaves, threads, i};
+        w[i] = wi;
+    }
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, leaves_worker, &w[i]) == 0;
+    leaves_worker(&w[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(tids[i], NULL);
+        else
+            leaves_worker(&w[i]);
+    }
+    return 0;
+}

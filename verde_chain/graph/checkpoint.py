@@ -1,0 +1,116 @@
+"""On-disk checkpoints of the full state, verified against their commitment before any use.
+
+Layout under ``out_dir/checkpoints``::
+
+    step_00000012.npz    the state tensors after step 12 (one array per state name)
+    step_00000012.json   manifest: step, C_12, graph root, every tensor's root, state root
+    index.json           C_0 .. C_T of the finished run (written at the end)
+
+``state root = list_commitment([tensor_root(t) for t in states, in graph order])``. Loading
+recomputes every tensor root and the state root and compares them with the manifest, and the
+manifest's graph root with the job's; any difference raises :class:`CheckpointError` naming the
+file and tensor — a corrupt checkpoint is never silently used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from verde_chain.commit import list_commitment, tensor_root
+from verde_chain.graph.errors import CheckpointError
+from verde_chain.graph.structure import TrainingGraph
+
+if TYPE_CHECKING:
+    from verde_chain.graph.executor import StepState
+
+NAME = re.compile(r"^step_(\d{8})\.json$")
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + b.hex()
+
+
+class CheckpointStore:
+    def __init__(self, out_dir: str | Path, graph: TrainingGraph) -> None:
+        self.dir = Path(out_dir) / "checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.graph = graph
+        self.graph_root = graph.root()
+
+    def paths(self, step: int) -> tuple[Path, Path]:
+        stem = self.dir / f"step_{step:08d}"
+        return stem.with_suffix(".npz"), stem.with_suffix(".json")
+
+    def save(self, st: StepState) -> None:
+        npz, man = self.paths(st.step)
+        arrays = {s.name: st.tensors[s.producer] for s in self.graph.states}
+        roots = [st.roots[s.producer] for s in self.graph.states]
+        tmp = npz.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(npz)
+        manifest = {
+            "step": st.step,
+            "commitment": _hex(st.commitment),
+            "graph_root": _hex(self.graph_root),
+            "state_root": _hex(list_commitment(roots)),
+            "tensors": {s.name: _hex(r) for s, r in zip(self.graph.states, roots)},
+        }
+        man.write_text(json.dumps(manifest, indent=1))
+
+    def steps(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := NAME.match(p.name)))
+
+    def load(self, step: int) -> StepState:
+        from verde_chain.graph.executor import StepState
+
+        npz, man = self.paths(step)
+        try:
+            manifest = json.loads(man.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{man}: unreadable manifest ({exc})", file=str(man)) from exc
+        if manifest.get("graph_root") != _hex(self.graph_root):
+            raise CheckpointError(f"{man}: checkpoint of another graph", file=str(man))
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                arrays = {k: np.ascontiguousarray(data[k], dtype=np.float32).reshape(-1) for k in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile, KeyError) as exc:
+            raise CheckpointError(f"{npz}: unreadable state ({type(exc).__name__}: {exc})", file=str(npz)) from exc
+        tensors, roots = {}, {}
+        for s in self.graph.states:
+            arr = arrays.get(s.name)
+            if arr is None or arr.size != s.numel:
+                raise CheckpointError(f"{npz}: tensor {s.name!r} missing or of the wrong size", file=str(npz), tensor=s.name)
+            r = tensor_root(arr)
+            if _hex(r) != manifest["tensors"].get(s.name):
+                raise CheckpointError(
+                    f"{npz}: tensor {s.name!r} root {_hex(r)} does not match the manifest's {manifest['tensors'].get(s.name)}",
+                    file=str(npz), tensor=s.name,
+                )
+            tensors[s.producer], roots[s.producer] = arr, r
+        state_root = list_commitment([roots[s.producer] for s in self.graph.states])
+        if _hex(state_root) != manifest["state_root"]:
+            raise CheckpointError(f"{man}: state root mismatch", file=str(man))
+        commitment = bytes.fromhex(manifest["commitment"][2:])
+        if step == 0:
+            recomputed = self.graph.initial_commitment({s.name: tensors[s.producer] for s in self.graph.states})
+            if recomputed != commitment:
+                raise CheckpointError(f"{man}: C_0 mismatch", file=str(man))
+        return StepState(step, tensors, roots, commitment)
+
+    def load_at_or_before(self, step: int) -> StepState:
+        cands = [s for s in self.steps() if s <= step]
+        if not cands:
+            raise CheckpointError(f"no checkpoint at or before step {step} in {self.dir}")
+        return self.load(max(cands))
+
+    def load_latest(self, limit: int) -> StepState:
+        return self.load_at_or_before(limit)
+
+    def write_index(self, commitments: dict[int, bytes]) -> None:
+        (self.dir / "index.json").write_text(json.dumps({str(k): _hex(v) for k, v in commitments.items()}, indent=1))

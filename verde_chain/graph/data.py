@@ -1,0 +1,76 @@
+"""Datasets, the deterministic batch schedule and the per-step batch commitments.
+
+Dataset commitment: ``dataset_root = list_commitment([tensor_root(X), tensor_root(Y)])`` over
+the float32 sample tensor X (N, ...) and the target tensor Y (N, ...) (class ids / token ids are
+float32 integers).
+
+Batch schedule (counter-based, so any step can be rebuilt alone): sample position
+``p = (s - 1) * B + j`` (step s >= 1, j < B) is sample ``perm_e[p mod N]`` of epoch ``e = p // N``,
+where ``perm_e`` sorts ``0..N-1`` by ``keccak256(seed:uint256 || e:uint64 || i:uint64)`` (ties
+impossible in practice, broken by i). The batch of step s is packed by the training graph
+(``TrainingProgram.batch``) into ONE tensor; ``batch_root_s = tensor_root(packed batch of s)``.
+The job's ``batchRoot`` is the list commitment the dispute game opens (``GameTypes.sol``)::
+
+    leaf_{s-1} = keccak256(abi.encode(bytes32[] [batch_root_s]))     (one batch tensor per step)
+    batchRoot  = list_commitment([leaf_0, ..., leaf_{T-1}])
+
+so a BATCH input source of index 0 is ``batch_root_s``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from eth_abi import encode as abi_encode
+
+from verde_chain.commit import list_commitment, tensor_root
+from verde_chain.commit.merkle import keccak256
+from verde_chain.graph.errors import ShapeMismatchError
+
+
+@dataclass(frozen=True)
+class Dataset:
+    X: np.ndarray  # float32 (N, ...)
+    Y: np.ndarray  # float32 (N, ...)
+    input_name: str = "x"
+
+    def __post_init__(self) -> None:
+        if self.X.dtype != np.float32 or self.Y.dtype != np.float32:
+            raise ShapeMismatchError(f"dataset tensors must be float32, got {self.X.dtype}, {self.Y.dtype}")
+        if len(self.X) != len(self.Y) or len(self.X) == 0:
+            raise ShapeMismatchError(f"dataset X has {len(self.X)} samples, Y {len(self.Y)}")
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    def root(self) -> bytes:
+        return list_commitment([tensor_root(self.X), tensor_root(self.Y)])
+
+
+@functools.lru_cache(maxsize=64)
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    prefix = seed.to_bytes(32, "big") + epoch.to_bytes(8, "big")
+    keys = [keccak256(prefix + i.to_bytes(8, "big")) for i in range(n)]
+    return np.array(sorted(range(n), key=lambda i: (keys[i], i)), dtype=np.int64)
+
+
+def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
+    if step < 1:
+        raise ValueError(f"steps are 1-based, got {step}")
+    pos = (step - 1) * batch_size + np.arange(batch_size)
+    out = np.empty(batch_size, dtype=np.int64)
+    for j, p in enumerate(pos):
+        out[j] = epoch_permutation(seed, int(p // n), n)[int(p % n)]
+    return out
+
+
+def batch_leaf(tensor_roots: list[bytes]) -> bytes:
+    """Leaf of one step in batchRoot: keccak256(abi.encode(bytes32[] tensorRoots))."""
+    return keccak256(abi_encode(["bytes32[]"], [list(tensor_roots)]))
+
+
+def batch_root_list(roots: list[bytes]) -> bytes:
+    """batchRoot over the per-step batch tensor roots (one packed tensor per step)."""
+    return list_commitment([batch_leaf([r]) for r in roots])

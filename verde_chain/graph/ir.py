@@ -1,0 +1,88 @@
+"""Forward model IR: what the ONNX importer produces and the training-graph builder consumes.
+
+A :class:`Model` is a static-shape, float32 dataflow graph of high-level ops (the closed set in
+``OPS``). Values are named; every value has one role:
+
+    input   fed per step from the batch (float32; integer ONNX inputs become float32 integral
+            values, e.g. token ids and class labels, because RepOps indexes with LOADIDX on floats)
+    param   trainable initializer (part of the state, updated by the optimizer)
+    const   non-trainable float initializer (part of the state, carried unchanged)
+    tmp     produced by an op
+
+Scalar float constants never become tensors: binary ops with one are ``scalar`` ops whose
+constant is a CONST immediate of the kernel program.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from verde_chain.graph.errors import GraphError
+
+Shape = tuple[int, ...]
+
+# op name -> attributes it takes (documentation and a guard against typos)
+OPS: dict[str, tuple[str, ...]] = {
+    "matmul": (),
+    "gemm": ("alpha", "beta", "trans_a", "trans_b"),
+    "binary": ("op",),  # add sub mul div, numpy broadcasting
+    "scalar": ("op", "value", "reverse"),  # x op c (reverse: c op x)
+    "unary": ("fn",),  # relu tanh exp log sqrt erf sigmoid neg gelu_erf gelu_tanh identity
+    "softmax": ("axis",),
+    "log_softmax": ("axis",),
+    "layer_norm": ("axis", "eps"),
+    "reduce": ("kind", "axes", "keepdims"),  # sum mean max
+    "transpose": ("perm",),
+    "reshape": ("shape",),  # a free view
+    "gather": (),  # embedding lookup: data (V, D...) param, indices from the batch, axis 0
+}
+
+
+@dataclass
+class Value:
+    name: str
+    shape: Shape
+    role: str  # input | param | const | tmp
+    data: np.ndarray | None = None  # float32, for param / const
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class OpNode:
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""  # the source (ONNX) node name, for error messages
+
+
+@dataclass
+class Model:
+    values: dict[str, Value]
+    ops: list[OpNode]
+    inputs: list[str]
+    outputs: list[str]
+    # ONNX input name -> True when it held integers (token ids): documented in the job spec
+    integer_inputs: dict[str, bool] = field(default_factory=dict)
+
+    def add_value(self, v: Value) -> Value:
+        if v.name in self.values:
+            raise GraphError(f"value {v.name!r} defined twice", value=v.name)
+        self.values[v.name] = v
+        return v
+
+    def params(self) -> list[Value]:
+        return [v for v in self.values.values() if v.role == "param"]
+
+    def consts(self) -> list[Value]:
+        return [v for v in self.values.values() if v.role == "const"]
+
+    def shape(self, name: str) -> Shape:
+        return self.values[name].shape

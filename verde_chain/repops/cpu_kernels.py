@@ -1,0 +1,340 @@
+"""RepOps C++ CPU kernels: GEMM, reductions and elementwise ops with the canonical order.
+
+Python entry points over ``kernels/repops_cpu.cpp``. One source is compiled into three torch
+extensions (``torch.utils.cpp_extension.load``, cached under ``build/native/``)::
+
+    scalar   -O3 -ffp-contract=off -fno-fast-math -DREPOPS_ISA=0          any CPU
+    avx2     ... -DREPOPS_ISA=1 -mavx2 -mfma                               x86-64 with AVX2+FMA
+    avx512   ... -DREPOPS_ISA=2 -mavx512f -mavx2 -mfma                     x86-64 with AVX-512F
+
+All three give the same bits as the spec (``verde_chain/repops/spec.py``):
+
+* matmul: ``acc = a[0]*b[0]`` then ``acc = fma(a[k], b[k], acc)`` for k ascending;
+* reduce_sum / reduce_mean / reduce_max / reduce_min: ``acc = x[0]`` then one op per k,
+  k ascending in row-major order over the reduced axes; mean = sum / fl32(K);
+* binary: IEEE add/sub/mul/div and spec max/min, numpy broadcasting;
+* NaN results are the canonical 0x7FC00000; subnormals are kept (FTZ/DAZ cleared per thread).
+
+``isa=None`` picks the widest variant the CPU supports; ``threads=None`` uses
+``torch.get_num_threads()``. Neither changes any bit of the result; tests check that.
+Work is split into ``threads`` workers that run on torch's persistent intra-op thread pool, so
+the real parallelism is ``min(threads, torch.get_num_threads())``; only output blocks are
+distributed, never the k range of one output element.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from verde_chain.errors import RepOpsError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCE = REPO_ROOT / "kernels" / "repops_cpu.cpp"
+BUILD_ROOT = REPO_ROOT / "build" / "native"
+
+ISAS = ("scalar", "avx2", "avx512")
+_COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-unsafe-math-optimizations")
+_ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "scalar": ("-DREPOPS_ISA=0",),
+    "avx2": ("-DREPOPS_ISA=1", "-mavx2", "-mfma"),
+    "avx512": ("-DREPOPS_ISA=2", "-mavx512f", "-mavx2", "-mfma"),
+}
+# CPU flags (as /proc/cpuinfo spells them) each variant needs.
+_ISA_CPU_FLAGS: dict[str, frozenset[str]] = {
+    "scalar": frozenset(),
+    "avx2": frozenset({"avx2", "fma"}),
+    "avx512": frozenset({"avx512f", "avx2", "fma"}),
+}
+
+# Default blocking (mc rows x kc depth x nc cols); see kernels/repops_cpu.cpp. Rounded up to
+# whole micro-tiles in C++. Any value gives the same bits.
+DEFAULT_TILE = (144, 256, 512)
+
+_REDUCE_OPS = {"sum": 0, "max": 1, "mean": 2, "min": 3}
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "max": 4, "min": 5}
+
+
+class KernelBuildError(RepOpsError):
+    """A RepOps C++ extension failed to compile or load."""
+
+
+# --------------------------------------------------------------------------------------------
+# Build and ISA selection
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    # Not Linux: fall back to torch's own dispatch level.
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap.startswith("AVX512"):
+        return _ISA_CPU_FLAGS["avx512"]
+    if cap.startswith("AVX2"):
+        return _ISA_CPU_FLAGS["avx2"]
+    return frozenset()
+
+
+def cpu_supports(isa: str) -> bool:
+    if isa not in ISAS:
+        raise RepOpsError(f"unknown ISA {isa!r}; known: {ISAS}")
+    return _ISA_CPU_FLAGS[isa] <= _cpu_flags()
+
+
+def available_isas() -> tuple[str, ...]:
+    """Variants this CPU can run, narrowest first (overridable with VERDE_REPOPS_ISAS=a,b)."""
+    forced = os.environ.get("VERDE_REPOPS_ISAS")
+    names = tuple(forced.split(",")) if forced else ISAS
+    return tuple(i for i in names if cpu_supports(i))
+
+
+def best_isa() -> str:
+    return available_isas()[-1]
+
+
+def build_flags(isa: str) -> list[str]:
+    return [*_COMMON_FLAGS, *_ISA_FLAGS[isa]]
+
+
+@functools.cache
+def extension(isa: str) -> ModuleType:
+    """Compile (first use; cached on disk by source hash) and import one variant."""
+    if not cpu_supports(isa):
+        raise RepOpsError(f"this CPU cannot run the {isa} kernels")
+    from torch.utils import cpp_extension
+
+    flags = build_flags(isa)
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*flags, torch.__version__]).encode()).hexdigest()[:12]
+    name = f"verde_repops_cpu_{isa}_{key}"
+    build_dir = BUILD_ROOT / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=flags,
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+    except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
+        raise KernelBuildError(f"building the {isa} RepOps kernels failed: {exc}") from exc
+
+
+def _ext(isa: str | None) -> ModuleType:
+    return extension(best_isa() if isa is None else isa)
+
+
+def _threads(threads: int | None) -> int:
+    t = torch.get_num_threads() if threads is None else int(threads)
+    if t < 1:
+        raise RepOpsError(f"threads must be >= 1, got {t}")
+    return t
+
+
+def _f32(x: Any, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+        if x.dtype == torch.float64 and x.dim() == 0:  # a Python float literal
+            x = x.to(torch.float32)
+    if x.dtype != torch.float32:
+        raise RepOpsError(f"{what}: RepOps CPU kernels take float32, got {x.dtype}")
+    if x.device.type != "cpu":
+        raise RepOpsError(f"{what}: expected a CPU tensor, got {x.device}")
+    return x.detach()
+
+
+# --------------------------------------------------------------------------------------------
+# MatMul / Gemm
+# --------------------------------------------------------------------------------------------
+
+
+def _tile(tile: Sequence[int] | None) -> tuple[int, int, int]:
+    mc, kc, nc = DEFAULT_TILE if tile is None else (int(v) for v in tile)
+    if min(mc, kc, nc) < 1:
+        raise RepOpsError(f"tile sizes must be positive, got {(mc, kc, nc)}")
+    return mc, kc, nc
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
+    tile: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """numpy-style (batched, broadcast, 1-D aware) ``op(a) @ op(b)`` with the fixed fma chain.
+
+    ``trans_a``/``trans_b`` transpose the last two axes (free: only strides change).
+    ``tile = (mc, kc, nc)`` overrides the cache blocking (used by tests; bits never change).
+    """
+    a, b = _f32(a, "matmul a"), _f32(b, "matmul b")
+    if a.dim() == 0 or b.dim() == 0:
+        raise RepOpsError("matmul: scalars are not supported (rank >= 1 needed)")
+    a_vec, b_vec = a.dim() == 1, b.dim() == 1
+    # As spec.matmul: a vector becomes a (1, K) row / (K, 1) column first, then the transpose
+    # flags apply, and the unit dims are dropped from the result.
+    a2 = a.unsqueeze(0) if a_vec else a
+    b2 = b.unsqueeze(-1) if b_vec else b
+    if trans_a:
+        a2 = a2.transpose(-1, -2)
+    if trans_b:
+        b2 = b2.transpose(-1, -2)
+    m, k = a2.shape[-2], a2.shape[-1]
+    kb, n = b2.shape[-2], b2.shape[-1]
+    if k != kb:
+        raise RepOpsError(f"matmul: inner dims differ ({tuple(a.shape)} x {tuple(b.shape)}, trans {trans_a}/{trans_b})")
+    if k == 0:
+        raise RepOpsError("matmul: K = 0 is not defined by the spec (K >= 1)")
+    try:
+        batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except RuntimeError as exc:
+        raise RepOpsError(f"matmul: batch dims do not broadcast: {exc}") from exc
+    # Broadcast batches keep stride 0 where reshape can view them; otherwise reshape copies,
+    # which changes no value.
+    a3 = a2.expand(*batch, m, k).reshape(-1, m, k)
+    b3 = b2.expand(*batch, k, n).reshape(-1, k, n)
+    mc, kc, nc = _tile(tile)
+    c = _ext(isa).matmul3(a3, b3, _threads(threads), mc, kc, nc).reshape(*batch, m, n)
+    if a_vec:
+        c = c.squeeze(-2)
+    if b_vec:
+        c = c.squeeze(-1)
+    return c
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """ONNX Gemm in spec.gemm's order: the dot chain, then ``r*alpha`` (only if alpha != 1),
+    then ``+ c*beta`` (``c`` broadcast; the product only if beta != 1; skipped if beta == 0).
+    alpha and beta are rounded to binary32 first, as the spec's CONST does."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise RepOpsError(f"gemm: A and B must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    r = matmul(a, b, trans_a, trans_b, isa=isa, threads=threads)
+    alpha32, beta32 = torch.tensor(alpha, dtype=torch.float32), torch.tensor(beta, dtype=torch.float32)
+    if alpha != 1.0:
+        r = binary("mul", r, alpha32, isa=isa, threads=threads)
+    if c is not None and beta != 0.0:
+        cb = _f32(c, "gemm c") if beta == 1.0 else binary("mul", c, beta32, isa=isa, threads=threads)
+        if torch.broadcast_shapes(cb.shape, r.shape) != r.shape:
+            raise RepOpsError(f"gemm: C {tuple(cb.shape)} does not broadcast to {tuple(r.shape)}")
+        r = binary("add", r, cb, isa=isa, threads=threads)
+    return r
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions
+# --------------------------------------------------------------------------------------------
+
+
+def _norm_dims(dim: int | Sequence[int] | None, rank: int) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(rank))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    out = sorted({d + rank if d < 0 else d for d in dims})
+    if any(not 0 <= d < rank for d in out):
+        raise RepOpsError(f"reduce: dims {dim} out of range for rank {rank}")
+    return tuple(out)
+
+
+def _reduce(
+    kind: str, x: torch.Tensor, dim: int | Sequence[int] | None, keepdim: bool, isa: str | None, threads: int | None
+) -> torch.Tensor:
+    x = _f32(x, f"reduce_{kind}")
+    dims = _norm_dims(dim, x.dim())
+    kept = [d for d in range(x.dim()) if d not in dims]
+    big_k = math.prod(x.shape[d] for d in dims)
+    if big_k == 0:
+        raise RepOpsError(f"reduce_{kind}: empty reduction (K = 0)")
+    # k runs row-major over the reduced axes (ascending axis order), as spec.reduce fixes.
+    view = x.permute(*kept, *dims).reshape(-1, big_k)
+    out = _ext(isa).reduce_last(view, _REDUCE_OPS[kind], _threads(threads))
+    shape = [1 if d in dims else x.shape[d] for d in range(x.dim())] if keepdim else [x.shape[d] for d in kept]
+    return out.reshape(shape)
+
+
+def reduce_sum(
+    x: torch.Tensor,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    return _reduce("sum", x, dim, keepdim, isa, threads)
+
+
+def reduce_mean(
+    x: torch.Tensor,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    return _reduce("mean", x, dim, keepdim, isa, threads)
+
+
+def reduce_max(
+    x: torch.Tensor,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    return _reduce("max", x, dim, keepdim, isa, threads)
+
+
+def reduce_min(
+    x: torch.Tensor,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool = False,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    return _reduce("min", x, dim, keepdim, isa, threads)
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise
+# --------------------------------------------------------------------------------------------
+
+
+def binary(op: str, a: Any, b: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
+    """``a <op> b`` with numpy broadcasting; op in add, sub, mul, div, max, min."""
+    if op not in BINARY_OPS:
+        raise RepOpsError(f"binary: unknown op {op!r}; supported: {sorted(BINARY_OPS)}")
+    ta, tb = _f32(a, f"binary {op} a"), _f32(b, f"binary {op} b")
+    try:
+        ea, eb = torch.broadcast_tensors(ta, tb)
+    except RuntimeError as exc:
+        raise RepOpsError(f"binary {op}: shapes do not broadcast: {exc}") from exc
+    return _ext(isa).binary(ea.contiguous(), eb.contiguous(), BINARY_OPS[op], _threads(threads))
+
+
+def worker_mxcsr(isa: str | None = None) -> int:
+    """MXCSR as seen inside a kernel worker thread (-1 off x86): FTZ is bit 15, DAZ bit 6."""
+    return int(_ext(isa).worker_mxcsr())
