@@ -342,7 +342,7 @@ def element_proof(tensor: object, element: int, threads: int | None = None) -> t
     bits = as_bits(tensor)
     _check_nonempty(bits.size)
     if not 0 <= element < bits.size:
-        raise CommitmentError("IndexOutOfRange", f"element {element} not in [0, {bits.size})", index=element)
+        raise CommitmentError("IndexOutOfRange", f"element {element} not in [0, {bits.size})", index=element, size=bits.size)
     leaves = tensor_leaves(bits, threads)
     leaf_index = element // LEAF_ELEMS
     chunk = np.zeros(LEAF_ELEMS, dtype=np.uint32)

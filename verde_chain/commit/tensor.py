@@ -15,30 +15,20 @@ smaller leaves mean cheaper openings on-chain (calldata is 16 gas per byte). 128
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from eth_abi import encode as abi_encode
 
-from verde_chain.commit import merkle
+from verde_chain.commit import merkle, native
 from verde_chain.commit.merkle import keccak256
+from verde_chain.commit.native import LEAF_BYTES, LEAF_ELEMS, as_bits
 from verde_chain.errors import CommitmentError
 
-LEAF_ELEMS = 128
-LEAF_BYTES = LEAF_ELEMS * 4
-
-
-def as_bits(tensor: object) -> np.ndarray:
-    """Flat uint32 view of a float32 tensor (numpy array, torch tensor or sequence)."""
-    if hasattr(tensor, "detach"):
-        tensor = tensor.detach().cpu().contiguous().numpy()  # type: ignore[attr-defined]
-    arr = np.asarray(tensor)
-    if arr.dtype == np.uint32:
-        return arr.reshape(-1)
-    if arr.dtype != np.float32:
-        raise CommitmentError("BadDtype", f"tensor commitments are over float32, got {arr.dtype}", dtype=str(arr.dtype))
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint32)
+# The layout constants and the hashing itself live in one place, the native binding (which
+# falls back to numpy + pycryptodome where no C compiler exists); this module adds openings,
+# node hashes and step commitments on top.
 
 
 def chunks(bits: np.ndarray) -> np.ndarray:
@@ -52,25 +42,11 @@ def chunks(bits: np.ndarray) -> np.ndarray:
 
 
 def tensor_leaves(tensor: object) -> list[bytes]:
-    bits = as_bits(tensor)
-    try:
-        from verde_chain.commit import native
-    except ImportError:
-        native = None  # type: ignore[assignment]
-    if native is not None and bits.size >= 4 * LEAF_ELEMS:
-        return [bytes(row) for row in native.tensor_leaves(bits.view(np.float32))]
-    return [keccak256(c.tobytes()) for c in chunks(bits)]
+    return [bytes(row) for row in native.tensor_leaves(tensor)]
 
 
 def tensor_root(tensor: object) -> bytes:
-    bits = as_bits(tensor)
-    try:
-        from verde_chain.commit import native
-    except ImportError:
-        native = None  # type: ignore[assignment]
-    if native is not None and bits.size >= 4 * LEAF_ELEMS:
-        return bytes(native.tensor_root(bits.view(np.float32)))
-    return merkle.merkle_root([keccak256(c.tobytes()) for c in chunks(bits)])
+    return native.tensor_root(tensor)
 
 
 @dataclass(frozen=True)
@@ -90,14 +66,8 @@ class ElementOpening:
 
 def open_element(tensor: object, element: int) -> ElementOpening:
     bits = as_bits(tensor)
-    if not 0 <= element < bits.size:
-        raise CommitmentError(
-            "IndexOutOfRange", f"element {element} not in [0, {bits.size})", index=element, size=bits.size
-        )
-    ch = chunks(bits)
-    leaves = [keccak256(c.tobytes()) for c in ch]
-    leaf_index = element // LEAF_ELEMS
-    return ElementOpening(element, bits.size, ch[leaf_index].tobytes(), tuple(merkle.merkle_proof(leaves, leaf_index)))
+    chunk, _, proof = native.element_proof(bits, element)
+    return ElementOpening(element, bits.size, chunk.astype(">u4").tobytes(), tuple(proof))
 
 
 def verify_element(root: bytes, opening: ElementOpening) -> int:
