@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import os
+
 import pytest
+from hypothesis import settings as hypothesis_settings
 from web3 import Web3
 
 from verde_chain.chain import anvil as anvil_mod
 from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import deploy_contract
+
+
+# CI replays a fixed Hypothesis seed so a landing never depends on luck; local runs explore
+# fresh examples every time (and print the seed of any failure to replay it).
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 def pytest_configure(config: pytest.Config) -> None:

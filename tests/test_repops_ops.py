@@ -161,8 +161,9 @@ def _mm(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
         m, k, n = (draw(st.integers(1, 4)) for _ in range(3))
         ba, bb = bcast_pair(draw)
         ta, tb = draw(st.booleans()), draw(st.booleans())
-        sa = ba[:2] + ((k, m) if ta else (m, k))
-        sb = bb[:2] + ((n, k) if tb else (k, n))
+        # keep the trailing (right-aligned) batch dims: suffixes of broadcastable shapes broadcast
+        sa = ba[-2:] + ((k, m) if ta else (m, k))
+        sb = bb[-2:] + ((n, k) if tb else (k, n))
     return spec.single(spec.matmul(sa, sb, ta, tb), [sa, sb]), [arr(draw, sa), arr(draw, sb)]
 
 
