@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from pathlib import Path
 
-from verde_chain.testfloat import vector_dir
 from verde_chain.chain.anvil import Anvil
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.deploy import deploy_contract
+from verde_chain.testfloat import TestFloatMissing, load_vectors
 
-VECTOR_DIR = vector_dir()
 NOP = 255
 # name, harness op, arity, TestFloat file (or None), positive operands only
 OPS: list[tuple[str, int, int, str | None, bool]] = [
@@ -58,12 +56,13 @@ def normal_operands(rnd: random.Random, n: int, positive: bool) -> list[int]:
 
 
 def vector_cases(name: str, arity: int, limit: int = 5_000) -> list[list[int]]:
-    path = VECTOR_DIR / f"{name}.txt"
-    if not path.exists():
+    """The operands of every k-th case of a TestFloat file (about `limit` cases); [] without it."""
+    try:
+        rows = load_vectors(name)
+    except TestFloatMissing:
         return []
-    lines = path.read_text().splitlines()
-    step = max(1, len(lines) // limit)
-    return [[int(x, 16) for x in line.split()[:arity]] for line in lines[::step]]
+    step = max(1, len(rows) // limit)
+    return [row[:arity] for row in rows[::step]]
 
 
 def main() -> int:

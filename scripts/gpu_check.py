@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,32 +39,10 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import torch
 
+from verde_chain.repops.edges import edge_floats
+
 CUDA_FLAGS = ["-O3", "--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
-EDGE = np.array(
-    [
-        0.0,
-        -0.0,
-        1.0,
-        -1.0,
-        0.5,
-        3.0,
-        np.inf,
-        -np.inf,
-        np.nan,
-        3.4028235e38,
-        -3.4028235e38,
-        1.1754944e-38,
-        1e-45,
-        -1e-45,
-        4e-40,
-        1e20,
-        -1e20,
-        1e-20,
-        16777217.0,
-        0.1,
-    ],
-    dtype=np.float32,
-)
+EDGE = edge_floats()  # the project's one list of binary32 edge values
 
 
 def build_extension() -> Any:
@@ -256,6 +235,16 @@ def bench(ext: Any, sizes: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+def _timed_step(summary: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """summary[name] = fn(), its seconds in summary[name + "_s"]; a failure goes to the errors."""
+    t0 = time.perf_counter()
+    try:
+        summary[name] = fn()
+    except Exception:  # noqa: BLE001 - the summary reports every failure
+        summary["errors"].append(f"{name}: " + traceback.format_exc()[-3000:])
+    summary[f"{name}_s"] = round(time.perf_counter() - t0, 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None, help="also write the JSON summary here")
@@ -284,18 +273,8 @@ def main() -> int:
                 summary["errors"].append("build: " + traceback.format_exc()[-3000:])
         summary["build_s"] = round(time.perf_counter() - t0, 1)
         if ext is not None:
-            t0 = time.perf_counter()
-            try:
-                summary["compare"] = compare(ext, args.quick)
-            except Exception:  # noqa: BLE001
-                summary["errors"].append("compare: " + traceback.format_exc()[-3000:])
-            summary["compare_s"] = round(time.perf_counter() - t0, 1)
-            t0 = time.perf_counter()
-            try:
-                summary["bench"] = bench(ext, args.sizes)
-            except Exception:  # noqa: BLE001
-                summary["errors"].append("bench: " + traceback.format_exc()[-3000:])
-            summary["bench_s"] = round(time.perf_counter() - t0, 1)
+            _timed_step(summary, "compare", lambda: compare(ext, args.quick))
+            _timed_step(summary, "bench", lambda: bench(ext, args.sizes))
         rows = summary.get("compare", [])
         summary["ok"] = bool(rows) and all(r.get("mismatches") == 0 for r in rows) and not summary["errors"]
     line = json.dumps(summary)

@@ -11,20 +11,18 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_softfloat_twin import _s32, f32_st  # the edge-biased operand strategy
 
-from verde_chain.testfloat import vector_dir
 from verde_chain.chain.tx import call
 from verde_chain.errors import ContractRevert
 from verde_chain.scalarvm import softfloat as sf
+from verde_chain.testfloat import load_vectors, result_matches
 
 pytestmark = pytest.mark.chain
-
-VECTOR_DIR = vector_dir()
 
 BATCH = 16384
 CALL_GAS = 900_000_000  # Anvil runs with a 1e9 block gas limit (verde_chain.chain.anvil)
@@ -52,61 +50,6 @@ VECTOR_OPS: dict[str, tuple[int, int]] = {
     "ui32_to_f32": (FROM_U32, 1),
     "f32_to_i32_rminMag": (TO_I32, 1),
 }
-
-
-# Files whose result is a float (a NaN must be the canonical NaN); the rest are integers.
-FLOAT_RESULT = {n for n in VECTOR_OPS if n not in ("f32_eq", "f32_lt", "f32_to_i32_rminMag")}
-
-
-def load_vectors(name: str) -> list[list[int]]:
-    path = VECTOR_DIR / f"{name}.txt"
-    if not path.exists():
-        pytest.skip(f"TestFloat vectors not found at {path} (set VERDE_TESTFLOAT_DIR)")
-    return [[int(f, 16) for f in line.split()] for line in path.read_text().splitlines() if line.strip()]
-
-
-# Edge-biased binary32 patterns (the twin test has the fuller strategy set).
-EDGE_BITS = [
-    0x00000000,
-    0x80000000,
-    0x00000001,
-    0x80000001,
-    0x007FFFFF,
-    0x00800000,
-    0x80800000,
-    0x7F7FFFFF,
-    0xFF7FFFFF,
-    0x7F800000,
-    0xFF800000,
-    0x7FC00000,
-    0xFFC00000,
-    0x7F800001,
-    0x3F800000,
-    0xBF800000,
-    0x3F000000,
-    0x4B000000,
-    0x4AFFFFFF,
-    0x4F000000,
-    0xCF000000,
-]
-f32_st = st.one_of(
-    st.sampled_from(EDGE_BITS),
-    st.integers(0, 0xFFFFFFFF),
-    st.builds(
-        lambda s, e, m: (s << 31) | (e << 23) | m,
-        st.integers(0, 1),
-        st.integers(0, 254),
-        st.sampled_from([0, 1, 2, 0x7FFFFF, 0x7FFFFE, 0x400000]),
-    ),
-    st.builds(lambda s, m: (s << 31) | m, st.integers(0, 1), st.integers(1, 0x7FFFFF)),
-    st.builds(
-        lambda s, e, m: (s << 31) | (e << 23) | m, st.integers(0, 1), st.integers(110, 145), st.integers(0, 0x7FFFFF)
-    ),
-)
-
-
-def _s32(x: int) -> int:
-    return x - (1 << 32) if x >> 31 else x
 
 
 # harness op -> (arity, twin on operand bits returning the harness' uint32 result)
@@ -162,14 +105,12 @@ def run_packed(harness, op: int, cases: list[list[int]]) -> list[int]:  # type: 
 @pytest.mark.parametrize("name", sorted(VECTOR_OPS))
 def test_testfloat_vectors_on_chain(harness, name: str) -> None:  # type: ignore[no-untyped-def]
     op, arity = VECTOR_OPS[name]
-    rows = load_vectors(name)
+    rows = load_vectors(name, missing=pytest.skip)
     results = run_packed(harness, op, [r[:arity] for r in rows])
     assert len(results) == len(rows)
     mismatches = []
     for row, got in zip(rows, results):
-        expected = row[arity]
-        ok = got == sf.CANONICAL_NAN if name in FLOAT_RESULT and sf.is_nan(expected) else got == expected
-        if not ok:
+        if not result_matches(name, got, row[arity]):
             mismatches.append((" ".join(f"{v:08X}" for v in row), f"{got:08X}"))
     assert not mismatches, f"{name}: {len(mismatches)}/{len(rows)} differ on chain, first: {mismatches[:5]}"
 
@@ -195,7 +136,7 @@ def test_solidity_matches_twin(harness, op: int, cases: list[tuple[int, int, int
 def test_random_bulk_matches_twin(harness) -> None:  # type: ignore[no-untyped-def]
     """20k uniformly random bit patterns per arithmetic op (a deterministic seed), packed."""
     rnd = random.Random(0x5EED)
-    for op in (ADD, MUL, DIV, FMA, SQRT, LDEXP_INT, GETEXP, GETMANT, TO_I32):
+    for op in (ADD, SUB, MUL, DIV, FMA, SQRT, RINT, FLOOR, LDEXP_INT, GETEXP, GETMANT, TO_I32):
         arity, twin = TWIN[op]
         cases = [[rnd.getrandbits(32) for _ in range(arity)] for _ in range(20_000)]
         if op == LDEXP_INT:
@@ -219,6 +160,18 @@ def test_operand_length_mismatch_reverts(harness, artifacts) -> None:  # type: i
         call(harness.functions.run(ADD, [1, 2, 3], [1], []), artifacts)
     assert ei.value.error == "OperandLengthMismatch"
     assert ei.value.args_ == {"op": ADD, "aLength": 3, "otherLength": 1}
+
+
+def test_measure_returns_the_op_result_and_reverts_on_unknown_ops(harness, artifacts) -> None:  # type: ignore[no-untyped-def]
+    """measure shares run's dispatch: same result for every op, same UnknownOp for a bad code."""
+    a, b, c = 0x3FC00000, 0xC0200001, 0x00400000  # 1.5, -2.5000002, a subnormal
+    for op, (arity, twin) in TWIN.items():
+        r, gas = harness.functions.measure(op, a, b, c).call()
+        assert r == twin(*(a, b, c)[:arity]), op
+        assert 0 < gas < 10_000
+    with pytest.raises(ContractRevert) as ei:
+        call(harness.functions.measure(77, 0, 0, 0), artifacts)
+    assert ei.value.error == "UnknownOp" and ei.value.args_["op"] == 77
 
 
 def test_packed_length_must_be_whole_cases(harness, artifacts) -> None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -20,10 +20,10 @@ import softfloatpy as sfp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verde_chain.testfloat import vector_dir
+from verde_chain.repops.edges import EDGE_BITS
 from verde_chain.scalarvm import softfloat as sf
+from verde_chain.testfloat import TestFloatMissing, load_vectors, result_matches
 
-VECTOR_DIR = vector_dir()
 EXAMPLES = int(os.environ.get("VERDE_SOFTFLOAT_EXAMPLES", "600"))
 CANON = sf.CANONICAL_NAN
 
@@ -48,22 +48,6 @@ VECTOR_OPS: dict[str, tuple[int, Callable[..., int]]] = {
     "ui32_to_f32": (1, sf.from_uint32),
     "f32_to_i32_rminMag": (1, lambda a: sf.to_int32(a) & 0xFFFFFFFF),
 }
-# Files whose result is a float (NaN compared as "our canonical NaN"); the rest are integers.
-FLOAT_RESULT = {n for n in VECTOR_OPS if n not in ("f32_eq", "f32_lt", "f32_to_i32_rminMag")}
-
-
-def load_vectors(name: str) -> list[list[int]]:
-    path = VECTOR_DIR / f"{name}.txt"
-    if not path.exists():
-        pytest.skip(f"TestFloat vectors not found at {path} (set VERDE_TESTFLOAT_DIR)")
-    return [[int(f, 16) for f in line.split()] for line in path.read_text().splitlines() if line.strip()]
-
-
-def expected_matches(name: str, got: int, expected: int) -> bool:
-    if name in FLOAT_RESULT and sf.is_nan(expected):
-        return got == CANON
-    return got == expected
-
 
 # ------------------------------------------------------------------------- TestFloat vectors
 
@@ -71,18 +55,18 @@ def expected_matches(name: str, got: int, expected: int) -> bool:
 @pytest.mark.parametrize("name", sorted(VECTOR_OPS))
 def test_testfloat_vectors(name: str) -> None:
     arity, fn = VECTOR_OPS[name]
-    rows = load_vectors(name)
+    rows = load_vectors(name, missing=pytest.skip)
     assert len(rows) >= 300, f"{name}: suspiciously few vectors ({len(rows)})"
     mismatches = []
     for row in rows:
         got = fn(*row[:arity])
-        if not expected_matches(name, got, row[arity]):
+        if not result_matches(name, got, row[arity]):
             mismatches.append((" ".join(f"{v:08X}" for v in row), f"{got:08X}"))
     assert not mismatches, f"{name}: {len(mismatches)}/{len(rows)} differ, first: {mismatches[:5]}"
 
 
 def test_to_int32_invalid_cases_are_integer_indefinite() -> None:
-    rows = load_vectors("f32_to_i32_rminMag")
+    rows = load_vectors("f32_to_i32_rminMag", missing=pytest.skip)
     invalid = [r for r in rows if r[2] & 0x10]
     assert len(invalid) > 50
     for a, expected, _flags in invalid:
@@ -90,44 +74,32 @@ def test_to_int32_invalid_cases_are_integer_indefinite() -> None:
         assert sf.to_int32(a) == sf.INT32_INDEFINITE
 
 
-# ------------------------------------------------------------------------- strategies
+def test_missing_vector_file_raises_or_hands_over_the_reason() -> None:
+    with pytest.raises(TestFloatMissing) as ei:
+        load_vectors("f32_no_such_op")
+    assert ei.value.path.name == "f32_no_such_op.txt"
+    reasons: list[str] = []
 
-EDGE_BITS = [
-    0x00000000,
-    0x80000000,  # signed zeros
-    0x00000001,
-    0x80000001,
-    0x007FFFFF,
-    0x807FFFFF,
-    0x00400000,  # subnormals
-    0x00800000,
-    0x80800000,
-    0x00800001,  # smallest normals
-    0x7F7FFFFF,
-    0xFF7FFFFF,
-    0x7F7FFFFE,  # largest finite
-    0x7F800000,
-    0xFF800000,  # infinities
-    0x7FC00000,
-    0xFFC00000,
-    0x7F800001,
-    0xFFBFFFFF,
-    0x7FFFFFFF,  # NaNs, quiet and signalling
-    0x3F800000,
-    0xBF800000,
-    0x3F000000,
-    0x3FC00000,
-    0x3F7FFFFF,
-    0x3F800001,  # around 1
-    0x4B000000,
-    0x4AFFFFFF,
-    0x4B7FFFFF,
-    0xCB000001,  # the integral threshold 2**23
-    0x4F000000,
-    0xCF000000,
-    0x4EFFFFFF,
-    0xCF000001,  # the int32 range limits
-]
+    def record(reason: str) -> NoReturn:
+        reasons.append(reason)
+        raise LookupError(reason)
+
+    with pytest.raises(LookupError):
+        load_vectors("f32_no_such_op", missing=record)
+    assert reasons == [str(ei.value)] and "VERDE_TESTFLOAT_DIR" in reasons[0]
+
+
+def test_result_matches_wants_the_canonical_nan_for_float_results() -> None:
+    assert result_matches("f32_add", sf.CANONICAL_NAN, 0xFFC00000)
+    assert not result_matches("f32_add", 0xFFC00000, 0xFFC00000)  # TestFloat's NaN is not ours
+    assert result_matches("f32_add", 0x3F800000, 0x3F800000)
+    assert not result_matches("f32_add", 0x3F800001, 0x3F800000)
+    # integer results are compared as they are, even where the bits look like a NaN
+    assert result_matches("f32_to_i32_rminMag", 0xFFFFFFFF, 0xFFFFFFFF)
+    assert not result_matches("f32_to_i32_rminMag", sf.CANONICAL_NAN, 0xFFFFFFFF)
+
+
+# ------------------------------------------------------------------------- strategies
 
 sign_st = st.integers(0, 1)
 

@@ -16,9 +16,11 @@ pragma solidity 0.8.28;
 /// follow IEEE-754; every NaN RESULT is the canonical quiet NaN 0x7FC00000 (the RepOps rule), so
 /// a result is a pure function of the operand bits. No exception flags are kept.
 ///
-/// Arithmetic shares one shape: unpack operands into (sign, m, e) with value = (-1)^sign * m * 2^e,
-/// form the exact result in a uint256 (or an exact one with a sticky low bit standing for a
-/// non-zero remainder far below the rounding position), and round once in `_roundPack`.
+/// Arithmetic shares one shape: unpack each operand's magnitude into (m, e) with |x| = m * 2^e
+/// (`_unpack`; the sign is bit 31), form the exact result in a uint256 (or an exact one with a
+/// sticky low bit standing for a non-zero remainder far below the rounding position), and round
+/// once in `_roundPack`. add, sub and fma share the alignment and signed addition (`_addSigned`),
+/// rint and floor one body (`_toIntegral`), getexp and getmant one decomposition (`_logb`).
 /// Conversions to int32 round toward zero; NaN, infinities and out-of-range values give
 /// type(int32).min (the x86 "integer indefinite"). Every uint32 is a valid operand, so nothing
 /// here reverts: every instruction the dispute game can reach has a defined result.
@@ -36,11 +38,13 @@ library SoftFloat32 {
     uint256 internal constant FRAC_MASK = 0x007FFFFF;
     uint256 internal constant HIDDEN_BIT = 0x00800000;
     uint256 internal constant ONE = 0x3F800000;
-    // Alignment in add / fma (written out in their assembly): exact up to an lsb-exponent gap of
-    // ALIGN_LIMIT = 200 (a 48-bit product << 200 fits 256 bits). Beyond it, the operand with the
-    // larger exponent is non-zero and so dominant that the other lies below a quarter ulp of any
-    // possible result: it becomes a sticky 1 under JAM_SHIFT = 32 guard bits, which keeps the
-    // exact value in the same rounding interval.
+    /// @dev Alignment in `_addSigned` (add, sub, fma): exact up to an lsb-exponent gap of
+    ///      ALIGN_LIMIT (a 48-bit product << 200 fits 256 bits). Beyond it, the operand with the
+    ///      larger exponent is non-zero and so dominant that the other lies below a quarter ulp of
+    ///      any possible result: it becomes a sticky 1 under JAM_SHIFT guard bits, which keeps the
+    ///      exact value in the same rounding interval.
+    uint256 internal constant ALIGN_LIMIT = 200;
+    uint256 internal constant JAM_SHIFT = 32;
     /// @dev Extra quotient / root bits computed by div and sqrt before rounding.
     uint256 internal constant DIV_SHIFT = 60;
     uint256 internal constant SQRT_SHIFT = 60;
@@ -66,18 +70,14 @@ library SoftFloat32 {
         return F32.wrap(uint32(b));
     }
 
-    /// @dev (sign, m, e) with |x| = m * 2^e; x must be finite.
-    function _unpack(uint256 x) private pure returns (uint256 sign, uint256 m, int256 e) {
+    /// @dev (m, e) with |x| = m * 2^e; x must be finite (its sign is x >> 31).
+    function _unpack(uint256 x) private pure returns (uint256 m, int256 e) {
         assembly {
-            sign := shr(31, x)
-            m := and(x, 0x7FFFFF)
             let biased := and(shr(23, x), 0xFF)
-            switch biased
-            case 0 { e := sub(0, 149) } // subnormal or zero: no hidden bit
-            default {
-                m := or(m, 0x800000)
-                e := sub(biased, 150)
-            }
+            // branch-free: a normal number gets the hidden bit and exponent biased - 150; a
+            // subnormal or zero (biased 0) no hidden bit and exponent 1 - 150 = -149
+            m := or(and(x, 0x7FFFFF), shl(23, gt(biased, 0)))
+            e := sub(or(biased, iszero(biased)), 150)
         }
     }
 
@@ -98,39 +98,28 @@ library SoftFloat32 {
     /// @dev Round (-1)^sign * m * 2^e to binary32, nearest-even. INVARIANT: m < 2^250 (so a
     ///      shift clamped to 255 still rounds to zero), which every caller guarantees.
     function _roundPack(uint256 sign, uint256 m, int256 e) private pure returns (uint256 r) {
+        if (m == 0) return sign << 31;
+        uint256 top = _msb(m);
         assembly {
-            switch m
-            case 0 { r := shl(31, sign) }
+            // lsb exponent of the result: 24 significant bits, never below the subnormal grid
+            let q := sub(add(e, top), 23)
+            if slt(q, sub(0, 149)) { q := sub(0, 149) }
+            let s := sub(q, e)
+            switch sgt(s, 0)
+            case 0 { r := shl(sub(0, s), m) } // exact, fits 24 bits
             default {
-                // top = index of the most significant bit (binary search; no CLZ before Osaka)
-                let top := shl(7, gt(m, 0xffffffffffffffffffffffffffffffff))
-                top := or(top, shl(6, gt(shr(top, m), 0xffffffffffffffff)))
-                top := or(top, shl(5, gt(shr(top, m), 0xffffffff)))
-                top := or(top, shl(4, gt(shr(top, m), 0xffff)))
-                top := or(top, shl(3, gt(shr(top, m), 0xff)))
-                top := or(top, shl(2, gt(shr(top, m), 0xf)))
-                top := or(top, shl(1, gt(shr(top, m), 0x3)))
-                top := or(top, gt(shr(top, m), 0x1))
-                // lsb exponent of the result: 24 significant bits, never below the subnormal grid
-                let q := sub(add(e, top), 23)
-                if slt(q, sub(0, 149)) { q := sub(0, 149) }
-                let s := sub(q, e)
-                switch sgt(s, 0)
-                case 0 { r := shl(sub(0, s), m) } // exact, fits 24 bits
-                default {
-                    if gt(s, 255) { s := 255 }
-                    r := shr(s, m)
-                    let rem := and(m, sub(shl(s, 1), 1))
-                    let half := shl(sub(s, 1), 1)
-                    // ties to even; a carry out of 24 bits bumps the exponent field, as it should
-                    r := add(r, or(gt(rem, half), and(eq(rem, half), and(r, 1))))
-                }
-                // (q + 149) is the biased exponent minus one for normals and 0 for subnormals;
-                // the hidden bit of r supplies the missing one.
-                r := add(shl(23, add(q, 149)), r)
-                if iszero(lt(r, 0x7F800000)) { r := 0x7F800000 }
-                r := or(shl(31, sign), r)
+                if gt(s, 255) { s := 255 }
+                r := shr(s, m)
+                let rem := and(m, sub(shl(s, 1), 1))
+                let half := shl(sub(s, 1), 1)
+                // ties to even; a carry out of 24 bits bumps the exponent field, as it should
+                r := add(r, or(gt(rem, half), and(eq(rem, half), and(r, 1))))
             }
+            // (q + 149) is the biased exponent minus one for normals and 0 for subnormals;
+            // the hidden bit of r supplies the missing one.
+            r := add(shl(23, add(q, 149)), r)
+            if iszero(lt(r, 0x7F800000)) { r := 0x7F800000 }
+            r := or(shl(31, sign), r)
         }
     }
 
@@ -145,70 +134,66 @@ library SoftFloat32 {
     }
 
     function _add(uint256 a, uint256 b) private pure returns (uint256) {
-        uint256 ea = (a >> 23) & 0xFF;
-        uint256 eb = (b >> 23) & 0xFF;
-        if (ea == 0xFF || eb == 0xFF) {
-            if ((a & ABS_MASK) > POS_INF || (b & ABS_MASK) > POS_INF) return CANONICAL_NAN;
-            if (ea == 0xFF && eb == 0xFF) return a == b ? a : CANONICAL_NAN; // inf - inf
-            return ea == 0xFF ? a : b;
+        uint256 absA = a & ABS_MASK;
+        uint256 absB = b & ABS_MASK;
+        if (absA >= POS_INF || absB >= POS_INF) {
+            if (absA > POS_INF || absB > POS_INF) return CANONICAL_NAN;
+            if (absA == absB) return a == b ? a : CANONICAL_NAN; // two infinities: inf - inf
+            return absA == POS_INF ? a : b;
         }
+        (uint256 ma, int256 xa) = _unpack(a);
+        (uint256 mb, int256 xb) = _unpack(b);
+        return _addSigned(a >> 31, ma, xa, b >> 31, mb, xb);
+    }
+
+    /// @dev Round (-1)^s1 * m1 * 2^x1 + (-1)^s2 * m2 * 2^x2 once; m1, m2 < 2^49 (add, sub, fma).
+    ///      An exact zero of unlike signs is +0.
+    function _addSigned(uint256 s1, uint256 m1, int256 x1, uint256 s2, uint256 m2, int256 x2)
+        private
+        pure
+        returns (uint256)
+    {
         uint256 sign;
         uint256 m;
         int256 e;
         assembly {
-            // unpack: |x| = m * 2^x
-            let sa := shr(31, a)
-            let ma := and(a, 0x7FFFFF)
-            let xa := sub(0, 149)
-            if ea {
-                ma := or(ma, 0x800000)
-                xa := sub(ea, 150)
-            }
-            let sb := shr(31, b)
-            let mb := and(b, 0x7FFFFF)
-            let xb := sub(0, 149)
-            if eb {
-                mb := or(mb, 0x800000)
-                xb := sub(eb, 150)
-            }
             // larger lsb exponent first (addition commutes, and so does the +0 rule below)
-            if slt(xa, xb) {
-                let t := sa
-                sa := sb
-                sb := t
-                t := ma
-                ma := mb
-                mb := t
-                t := xa
-                xa := xb
-                xb := t
+            if slt(x1, x2) {
+                let t := s1
+                s1 := s2
+                s2 := t
+                t := m1
+                m1 := m2
+                m2 := t
+                t := x1
+                x1 := x2
+                x2 := t
             }
-            // align: exact up to ALIGN_LIMIT = 200 (24 + 200 bits fit); beyond, a is a normal
-            // number so dominant that b only matters as a sticky 1 under JAM_SHIFT = 32 guard bits
-            let d := sub(xa, xb)
-            e := xb
-            switch gt(d, 200)
-            case 0 { ma := shl(d, ma) }
+            // align: exact up to ALIGN_LIMIT; beyond, m2 only counts as a sticky 1 (see ALIGN_LIMIT)
+            let d := sub(x1, x2)
+            e := x2
+            switch gt(d, ALIGN_LIMIT)
+            case 0 { m1 := shl(d, m1) }
             default {
-                ma := shl(32, ma)
-                mb := iszero(iszero(mb))
-                e := sub(xa, 32)
+                m1 := shl(JAM_SHIFT, m1)
+                m2 := iszero(iszero(m2))
+                e := sub(x1, JAM_SHIFT)
             }
-            // add magnitudes; an exact zero of unlike signs is +0
-            switch eq(sa, sb)
+            // add magnitudes
+            switch eq(s1, s2)
             case 1 {
-                m := add(ma, mb)
-                sign := sa
+                m := add(m1, m2)
+                sign := s1
             }
             default {
-                switch gt(ma, mb)
+                switch gt(m1, m2)
                 case 1 {
-                    m := sub(ma, mb)
-                    sign := sa
+                    m := sub(m1, m2)
+                    sign := s1
                 }
                 default {
-                    m := sub(mb, ma)
-                    sign := mul(sb, iszero(iszero(m)))
+                    m := sub(m2, m1)
+                    sign := mul(s2, iszero(iszero(m)))
                 }
             }
         }
@@ -220,36 +205,17 @@ library SoftFloat32 {
             uint256 a = F32.unwrap(fa);
             uint256 b = F32.unwrap(fb);
             uint256 sign = (a ^ b) >> 31;
-            uint256 ea = (a >> 23) & 0xFF;
-            uint256 eb = (b >> 23) & 0xFF;
-            if (ea == 0xFF || eb == 0xFF) {
+            uint256 absA = a & ABS_MASK;
+            uint256 absB = b & ABS_MASK;
+            if (absA >= POS_INF || absB >= POS_INF) {
                 // NaN operand, or inf * 0
-                if (
-                    (a & ABS_MASK) > POS_INF || (b & ABS_MASK) > POS_INF || (a & ABS_MASK) == 0
-                        || (b & ABS_MASK) == 0
-                ) return _w(CANONICAL_NAN);
+                if (absA > POS_INF || absB > POS_INF || absA == 0 || absB == 0) return _w(CANONICAL_NAN);
                 return _w((sign << 31) | POS_INF);
             }
-            uint256 m;
-            int256 e;
-            assembly {
-                // exact product of the unpacked significands (<= 48 bits) at xa + xb
-                let ma := and(a, 0x7FFFFF)
-                let xa := sub(0, 149)
-                if ea {
-                    ma := or(ma, 0x800000)
-                    xa := sub(ea, 150)
-                }
-                let mb := and(b, 0x7FFFFF)
-                let xb := sub(0, 149)
-                if eb {
-                    mb := or(mb, 0x800000)
-                    xb := sub(eb, 150)
-                }
-                m := mul(ma, mb)
-                e := add(xa, xb)
-            }
-            return _w(_roundPack(sign, m, e));
+            (uint256 ma, int256 xa) = _unpack(a);
+            (uint256 mb, int256 xb) = _unpack(b);
+            // exact product of the significands (<= 48 bits)
+            return _w(_roundPack(sign, ma * mb, xa + xb));
         }
     }
 
@@ -266,8 +232,8 @@ library SoftFloat32 {
                 return _w((sign << 31) | (ea == 0xFF ? POS_INF : 0));
             }
             if ((b & ABS_MASK) == 0) return _w((a & ABS_MASK) == 0 ? CANONICAL_NAN : (sign << 31) | POS_INF);
-            (, uint256 ma, int256 xa) = _unpack(a);
-            (, uint256 mb, int256 xb) = _unpack(b);
+            (uint256 ma, int256 xa) = _unpack(a);
+            (uint256 mb, int256 xb) = _unpack(b);
             // >= 37 quotient bits for any ma >= 1, mb < 2^24: the sticky bit sits >= 12 bits below
             // the rounding position, so jamming it into the lsb keeps the rounding interval.
             uint256 n = ma << DIV_SHIFT;
@@ -296,7 +262,7 @@ library SoftFloat32 {
             if ((a & ABS_MASK) == 0) return fa; // sqrt(-0) = -0
             if (a >> 31 != 0) return _w(CANONICAL_NAN);
             if (a == POS_INF) return fa;
-            (, uint256 m, int256 e) = _unpack(a);
+            (uint256 m, int256 e) = _unpack(a);
             if (e & 1 != 0) {
                 m <<= 1;
                 e -= 1;
@@ -330,83 +296,15 @@ library SoftFloat32 {
     }
 
     function _fmaFinite(uint256 a, uint256 b, uint256 c, uint256 sp) private pure returns (uint256) {
-        uint256 sign;
-        uint256 m;
-        int256 e;
-        assembly {
-            // unpack: |x| = m * 2^x
-            let ma := and(a, 0x7FFFFF)
-            let xa := sub(0, 149)
-            let t := and(shr(23, a), 0xFF)
-            if t {
-                ma := or(ma, 0x800000)
-                xa := sub(t, 150)
-            }
-            let mb := and(b, 0x7FFFFF)
-            let xb := sub(0, 149)
-            t := and(shr(23, b), 0xFF)
-            if t {
-                mb := or(mb, 0x800000)
-                xb := sub(t, 150)
-            }
-            let sc := shr(31, c)
-            let mc := and(c, 0x7FFFFF)
-            let xc := sub(0, 149)
-            t := and(shr(23, c), 0xFF)
-            if t {
-                mc := or(mc, 0x800000)
-                xc := sub(t, 150)
-            }
-            // exact product (<= 48 bits); INVARIANT: a zero product never dominates the alignment
-            let m1 := mul(ma, mb)
-            let x1 := add(xa, xb)
-            if iszero(m1) { x1 := xc }
-            let s1 := sp
-            let m2 := mc
-            let x2 := xc
-            let s2 := sc
-            // larger lsb exponent first
-            if slt(x1, x2) {
-                t := s1
-                s1 := s2
-                s2 := t
-                t := m1
-                m1 := m2
-                m2 := t
-                t := x1
-                x1 := x2
-                x2 := t
-            }
-            // align: exact up to ALIGN_LIMIT = 200 (48 + 200 bits fit); beyond, operand 1 is
-            // non-zero and so dominant that operand 2 is a sticky 1 under JAM_SHIFT = 32 guard bits
-            let d := sub(x1, x2)
-            e := x2
-            switch gt(d, 200)
-            case 0 { m1 := shl(d, m1) }
-            default {
-                m1 := shl(32, m1)
-                m2 := iszero(iszero(m2))
-                e := sub(x1, 32)
-            }
-            // add magnitudes; an exact zero of unlike signs is +0
-            switch eq(s1, s2)
-            case 1 {
-                m := add(m1, m2)
-                sign := s1
-            }
-            default {
-                switch gt(m1, m2)
-                case 1 {
-                    m := sub(m1, m2)
-                    sign := s1
-                }
-                default {
-                    m := sub(m2, m1)
-                    sign := mul(s2, iszero(iszero(m)))
-                }
-            }
+        unchecked {
+            (uint256 ma, int256 xa) = _unpack(a);
+            (uint256 mb, int256 xb) = _unpack(b);
+            (uint256 mc, int256 xc) = _unpack(c);
+            uint256 mp = ma * mb; // exact product, <= 48 bits
+            int256 xp = xa + xb;
+            if (mp == 0) xp = xc; // INVARIANT: a zero product never dominates the alignment
+            return _addSigned(sp, mp, xp, c >> 31, mc, xc);
         }
-        return _roundPack(sign, m, e);
     }
 
     // ------------------------------------------------------------------ min / max / compare
@@ -471,39 +369,35 @@ library SoftFloat32 {
 
     /// @notice Round to an integral value, ties to even (roundToIntegralTiesToEven).
     function rint(F32 fa) internal pure returns (F32) {
-        unchecked {
-            uint256 a = F32.unwrap(fa);
-            uint256 exp = (a >> 23) & 0xFF;
-            if (exp == 0xFF) return (a & ABS_MASK) > POS_INF ? _w(CANONICAL_NAN) : fa;
-            if (exp >= 150) return fa; // |a| >= 2^23: already integral
-            uint256 sign = a & SIGN_BIT;
-            // |a| < 1: only |a| > 0.5 rounds away (0.5 itself ties to the even 0)
-            if (exp < 127) return _w(sign | (exp == 126 && (a & FRAC_MASK) != 0 ? ONE : 0));
-            uint256 fracBits = 150 - exp; // 1 .. 23 fraction bits below the binary point
-            uint256 mask = (1 << fracBits) - 1;
-            uint256 rem = a & mask;
-            uint256 half = 1 << (fracBits - 1);
-            uint256 r = a & ~mask;
-            if (rem > half || (rem == half && (a >> fracBits) & 1 != 0)) r += 1 << fracBits;
-            return _w(r);
-        }
+        return _w(_toIntegral(F32.unwrap(fa), true));
     }
 
     /// @notice Round toward -infinity to an integral value (roundToIntegralTowardNegative).
     function floor(F32 fa) internal pure returns (F32) {
+        return _w(_toIntegral(F32.unwrap(fa), false));
+    }
+
+    /// @dev a rounded to an integral value: to nearest, ties to even, or else toward -infinity.
+    function _toIntegral(uint256 a, bool nearestEven) private pure returns (uint256) {
         unchecked {
-            uint256 a = F32.unwrap(fa);
             uint256 exp = (a >> 23) & 0xFF;
-            if (exp == 0xFF) return (a & ABS_MASK) > POS_INF ? _w(CANONICAL_NAN) : fa;
-            if (exp >= 150) return fa;
+            if (exp == 0xFF) return (a & ABS_MASK) > POS_INF ? CANONICAL_NAN : a;
+            if (exp >= 150) return a; // |a| >= 2^23: already integral
             uint256 sign = a & SIGN_BIT;
-            // |a| < 1: +x -> +0, -0 -> -0, -x -> -1
-            if (exp < 127) return _w(sign != 0 && (a & ABS_MASK) != 0 ? SIGN_BIT | ONE : sign);
-            uint256 fracBits = 150 - exp;
+            if (exp < 127) {
+                // |a| < 1 becomes +-0 or +-1. Nearest: only |a| > 0.5 goes to 1 (0.5 itself ties
+                // to the even 0). Floor: +x -> +0, -0 -> -0, -x -> -1.
+                bool one = nearestEven ? exp == 126 && (a & FRAC_MASK) != 0 : sign != 0 && (a & ABS_MASK) != 0;
+                return one ? sign | ONE : sign;
+            }
+            uint256 fracBits = 150 - exp; // 1 .. 23 fraction bits below the binary point
             uint256 mask = (1 << fracBits) - 1;
-            uint256 r = a & ~mask;
-            if (sign != 0 && (a & mask) != 0) r += 1 << fracBits; // grow a negative magnitude
-            return _w(r);
+            uint256 rem = a & mask;
+            uint256 half = 1 << (fracBits - 1);
+            // nearest: above half, or a tie onto an odd integer; floor: grow a negative magnitude
+            bool up = nearestEven ? rem > half || (rem == half && (a >> fracBits) & 1 != 0) : sign != 0 && rem != 0;
+            // adding one unit carries into the exponent field correctly
+            return up ? (a & ~mask) + (1 << fracBits) : a & ~mask;
         }
     }
 
@@ -525,7 +419,8 @@ library SoftFloat32 {
         unchecked {
             uint256 a = F32.unwrap(fa);
             if ((a >> 23) & 0xFF == 0xFF) return type(int32).min;
-            (uint256 sign, uint256 m, int256 e) = _unpack(a);
+            uint256 sign = a >> 31;
+            (uint256 m, int256 e) = _unpack(a);
             uint256 v = e >= 0 ? m << uint256(e) : m >> uint256(-e);
             if (sign != 0) return v > 2 ** 31 ? type(int32).min : int32(-int256(v));
             return v > 2 ** 31 - 1 ? type(int32).min : int32(int256(v));
@@ -537,7 +432,8 @@ library SoftFloat32 {
         unchecked {
             uint256 a = F32.unwrap(fa);
             if ((a >> 23) & 0xFF == 0xFF) return (a & ABS_MASK) > POS_INF ? _w(CANONICAL_NAN) : fa;
-            (uint256 sign, uint256 m, int256 e) = _unpack(a);
+            uint256 sign = a >> 31;
+            (uint256 m, int256 e) = _unpack(a);
             if (n > LDEXP_CLAMP) n = LDEXP_CLAMP;
             if (n < -LDEXP_CLAMP) n = -LDEXP_CLAMP;
             return _w(_roundPack(sign, m, e + n));
@@ -562,14 +458,14 @@ library SoftFloat32 {
                     n = -LDEXP_CLAMP;
                 }
             } else {
-                (uint256 sb, uint256 mb, int256 xb) = _unpack(b);
+                (uint256 mb, int256 xb) = _unpack(b);
                 if (xb >= 0) {
                     n = LDEXP_CLAMP; // |b| >= 2^23: saturated either way; the sign comes below
                 } else {
                     if (mb & ((1 << uint256(-xb)) - 1) != 0) return _w(CANONICAL_NAN); // not integral
                     n = int256(mb >> uint256(-xb));
                 }
-                if (sb != 0) n = -n;
+                if (b >> 31 != 0) n = -n;
             }
             return ldexp(fa, n);
         }
@@ -577,28 +473,36 @@ library SoftFloat32 {
 
     /// @notice floor(log2|a|) as binary32 (exact). +-0 -> -inf, +-inf -> +inf, NaN -> NaN.
     function getexp(F32 fa) internal pure returns (F32) {
-        unchecked {
-            uint256 a = F32.unwrap(fa);
-            if ((a & ABS_MASK) > POS_INF) return _w(CANONICAL_NAN);
-            if ((a >> 23) & 0xFF == 0xFF) return _w(POS_INF);
-            (, uint256 m, int256 e) = _unpack(a);
-            if (m == 0) return _w(NEG_INF);
-            int256 k = e + int256(_msb(m));
-            return k < 0 ? _w(_roundPack(1, uint256(-k), 0)) : _w(_roundPack(0, uint256(k), 0));
-        }
+        (uint256 special, int256 k,) = _logb(F32.unwrap(fa), POS_INF, NEG_INF);
+        if (special != 0) return _w(special);
+        // SAFETY: -149 <= k <= 127
+        return fromInt32(int32(k));
     }
 
     /// @notice |a| / 2^getexp(a), in [1, 2) (exact). +-0 and +-inf -> 1.0, NaN -> NaN, so
     ///         getmant(a) * 2^getexp(a) reproduces |a| for zeros and infinities too.
     function getmant(F32 fa) internal pure returns (F32) {
+        (uint256 special,, uint256 frac) = _logb(F32.unwrap(fa), ONE, ONE);
+        if (special != 0) return _w(special);
+        return _w(ONE | frac); // the fraction under the exponent of 1.0
+    }
+
+    /// @dev |a| = (2^23 + frac) * 2^(k - 23) for a finite non-zero a, with special = 0. Otherwise
+    ///      special is the result getexp / getmant give (never +0): NaN for a NaN, `ifInf` for
+    ///      +-inf, `ifZero` for +-0.
+    function _logb(uint256 a, uint256 ifInf, uint256 ifZero)
+        private
+        pure
+        returns (uint256 special, int256 k, uint256 frac)
+    {
         unchecked {
-            uint256 a = F32.unwrap(fa);
-            if ((a & ABS_MASK) > POS_INF) return _w(CANONICAL_NAN);
-            if ((a >> 23) & 0xFF == 0xFF) return _w(ONE);
-            (, uint256 m,) = _unpack(a);
-            if (m == 0) return _w(ONE);
-            // shift the leading one to bit 23 and give it the exponent of 1.0
-            return _w(ONE | ((m << (23 - _msb(m))) & FRAC_MASK));
+            if ((a & ABS_MASK) > POS_INF) return (CANONICAL_NAN, 0, 0);
+            if ((a >> 23) & 0xFF == 0xFF) return (ifInf, 0, 0);
+            (uint256 m, int256 e) = _unpack(a);
+            if (m == 0) return (ifZero, 0, 0);
+            uint256 top = _msb(m);
+            // shift the leading one to bit 23 (a subnormal's lies lower)
+            return (0, e + int256(top), (m << (23 - top)) & FRAC_MASK);
         }
     }
 

@@ -10,9 +10,12 @@ import {F32, SoftFloat32} from "../lib/SoftFloat32.sol";
 ///      TO_I32. LDEXP is the RepOps instruction (exponent b is a float); LDEXP_INT reads its
 ///      exponent n from operand b as an int32 (two's complement).
 ///
-///      Gas method (`measure`): each op runs between two `gasleft()` reads inside its own branch;
-///      op NOP (a plain copy) measures the same window with no work, and the benchmark subtracts
-///      it, so the figure is the op's internal call plus its body.
+///      Every op is one small adapter (`_add`, `_mul`, ...) with the same signature, looked up once
+///      by `_fn`, so `run`, `runPacked` and `measure` share one dispatch.
+///
+///      Gas method (`measure`): the adapter is looked up first, then called between two
+///      `gasleft()` reads; op NOP (an adapter that copies a) measures the same window with no work,
+///      and the benchmark subtracts it, so the figure is the op's internal call plus its body.
 contract SoftFloatHarness {
     uint8 internal constant ADD = 0;
     uint8 internal constant SUB = 1;
@@ -54,35 +57,144 @@ contract SoftFloatHarness {
         return 0;
     }
 
-    function _apply(uint8 op, uint32 a, uint32 b, uint32 c) internal pure returns (uint32) {
-        F32 x = F32.wrap(a);
-        F32 y = F32.wrap(b);
-        if (op == ADD) return x.add(y).bits();
-        if (op == SUB) return x.sub(y).bits();
-        if (op == MUL) return x.mul(y).bits();
-        if (op == DIV) return x.div(y).bits();
-        if (op == FMA) return x.fma(y, F32.wrap(c)).bits();
-        if (op == SQRT) return x.sqrt().bits();
-        if (op == MAX) return x.max(y).bits();
-        if (op == MIN) return x.min(y).bits();
-        if (op == LT) return x.lt(y) ? 1 : 0;
-        if (op == EQ) return x.eq(y) ? 1 : 0;
-        if (op == LE) return x.le(y) ? 1 : 0;
-        if (op == RINT) return x.rint().bits();
-        if (op == FLOOR) return x.floor().bits();
-        if (op == LDEXP) return x.ldexpF(y).bits();
-        if (op == LDEXP_INT) return x.ldexp(int32(b)).bits();
-        if (op == SELECT) return x.select(y, F32.wrap(c)).bits();
-        if (op == MOV) return x.mov().bits();
-        if (op == GETEXP) return x.getexp().bits();
-        if (op == GETMANT) return x.getmant().bits();
-        if (op == NEG) return x.neg().bits();
-        if (op == ABS) return x.abs().bits();
-        if (op == FROM_I32) return SoftFloat32.fromInt32(int32(a)).bits();
-        if (op == FROM_U32) return SoftFloat32.fromUint32(a).bits();
-        if (op == TO_I32) return uint32(x.toInt32());
+    /// @dev The adapter for `op`; reverts UnknownOp for a code it does not know.
+    function _fn(uint8 op) internal pure returns (function(uint32, uint32, uint32) pure returns (uint32)) {
+        if (op == ADD) return _add;
+        if (op == SUB) return _sub;
+        if (op == MUL) return _mul;
+        if (op == DIV) return _div;
+        if (op == FMA) return _fma;
+        if (op == SQRT) return _sqrt;
+        if (op == MAX) return _max;
+        if (op == MIN) return _min;
+        if (op == LT) return _lt;
+        if (op == EQ) return _eq;
+        if (op == LE) return _le;
+        if (op == RINT) return _rint;
+        if (op == FLOOR) return _floor;
+        if (op == LDEXP) return _ldexpF;
+        if (op == LDEXP_INT) return _ldexpInt;
+        if (op == SELECT) return _select;
+        if (op == MOV) return _mov;
+        if (op == GETEXP) return _getexp;
+        if (op == GETMANT) return _getmant;
+        if (op == NEG) return _neg;
+        if (op == ABS) return _abs;
+        if (op == FROM_I32) return _fromInt32;
+        if (op == FROM_U32) return _fromUint32;
+        if (op == TO_I32) return _toInt32;
+        if (op == NOP) return _nop;
         revert UnknownOp(op);
     }
+
+    function _apply(uint8 op, uint32 a, uint32 b, uint32 c) internal pure returns (uint32) {
+        return _fn(op)(a, b, c);
+    }
+
+    // ------------------------------------------------------------------ adapters, one per op
+
+    function _add(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).add(F32.wrap(b)).bits();
+    }
+
+    function _sub(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).sub(F32.wrap(b)).bits();
+    }
+
+    function _mul(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).mul(F32.wrap(b)).bits();
+    }
+
+    function _div(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).div(F32.wrap(b)).bits();
+    }
+
+    function _fma(uint32 a, uint32 b, uint32 c) private pure returns (uint32) {
+        return F32.wrap(a).fma(F32.wrap(b), F32.wrap(c)).bits();
+    }
+
+    function _sqrt(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).sqrt().bits();
+    }
+
+    function _max(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).max(F32.wrap(b)).bits();
+    }
+
+    function _min(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).min(F32.wrap(b)).bits();
+    }
+
+    function _lt(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).lt(F32.wrap(b)) ? 1 : 0;
+    }
+
+    function _eq(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).eq(F32.wrap(b)) ? 1 : 0;
+    }
+
+    function _le(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).le(F32.wrap(b)) ? 1 : 0;
+    }
+
+    function _rint(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).rint().bits();
+    }
+
+    function _floor(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).floor().bits();
+    }
+
+    function _ldexpF(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).ldexpF(F32.wrap(b)).bits();
+    }
+
+    function _ldexpInt(uint32 a, uint32 b, uint32) private pure returns (uint32) {
+        return F32.wrap(a).ldexp(int32(b)).bits(); // b read as an int32 (two's complement)
+    }
+
+    function _select(uint32 a, uint32 b, uint32 c) private pure returns (uint32) {
+        return F32.wrap(a).select(F32.wrap(b), F32.wrap(c)).bits();
+    }
+
+    function _mov(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).mov().bits();
+    }
+
+    function _getexp(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).getexp().bits();
+    }
+
+    function _getmant(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).getmant().bits();
+    }
+
+    function _neg(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).neg().bits();
+    }
+
+    function _abs(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return F32.wrap(a).abs().bits();
+    }
+
+    function _fromInt32(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return SoftFloat32.fromInt32(int32(a)).bits();
+    }
+
+    function _fromUint32(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return SoftFloat32.fromUint32(a).bits();
+    }
+
+    function _toInt32(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return uint32(F32.wrap(a).toInt32());
+    }
+
+    /// @dev The empty window `measure` subtracts: an adapter that does no work.
+    function _nop(uint32 a, uint32, uint32) private pure returns (uint32) {
+        return a;
+    }
+
+    // ------------------------------------------------------------------ entry points
 
     /// @notice out[i] = op(a[i], b[i], c[i]); operands an op does not read may be empty arrays.
     function run(uint8 op, uint32[] calldata a, uint32[] calldata b, uint32[] calldata c)
@@ -126,67 +238,9 @@ contract SoftFloatHarness {
 
     /// @notice One op with the gas its window used (see the contract comment for the method).
     function measure(uint8 op, uint32 a, uint32 b, uint32 c) public view returns (uint32 r, uint256 gasUsed) {
-        F32 x = F32.wrap(a);
-        F32 y = F32.wrap(b);
-        F32 z = F32.wrap(c);
-        uint256 g;
-        if (op == NOP) {
-            g = gasleft();
-            r = a;
-        } else if (op == ADD) {
-            g = gasleft();
-            r = x.add(y).bits();
-        } else if (op == SUB) {
-            g = gasleft();
-            r = x.sub(y).bits();
-        } else if (op == MUL) {
-            g = gasleft();
-            r = x.mul(y).bits();
-        } else if (op == DIV) {
-            g = gasleft();
-            r = x.div(y).bits();
-        } else if (op == FMA) {
-            g = gasleft();
-            r = x.fma(y, z).bits();
-        } else if (op == SQRT) {
-            g = gasleft();
-            r = x.sqrt().bits();
-        } else if (op == MAX) {
-            g = gasleft();
-            r = x.max(y).bits();
-        } else if (op == MIN) {
-            g = gasleft();
-            r = x.min(y).bits();
-        } else if (op == LT) {
-            g = gasleft();
-            r = x.lt(y) ? 1 : 0;
-        } else if (op == EQ) {
-            g = gasleft();
-            r = x.eq(y) ? 1 : 0;
-        } else if (op == RINT) {
-            g = gasleft();
-            r = x.rint().bits();
-        } else if (op == FLOOR) {
-            g = gasleft();
-            r = x.floor().bits();
-        } else if (op == LDEXP) {
-            g = gasleft();
-            r = x.ldexpF(y).bits();
-        } else if (op == GETEXP) {
-            g = gasleft();
-            r = x.getexp().bits();
-        } else if (op == GETMANT) {
-            g = gasleft();
-            r = x.getmant().bits();
-        } else if (op == FROM_I32) {
-            g = gasleft();
-            r = SoftFloat32.fromInt32(int32(a)).bits();
-        } else if (op == TO_I32) {
-            g = gasleft();
-            r = uint32(x.toInt32());
-        } else {
-            revert UnknownOp(op);
-        }
+        function(uint32, uint32, uint32) pure returns (uint32) f = _fn(op);
+        uint256 g = gasleft();
+        r = f(a, b, c);
         gasUsed = g - gasleft();
     }
 

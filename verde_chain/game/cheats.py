@@ -132,15 +132,7 @@ class _DeviantStepWorld(CheatWorld):
         """The input roots node ``node`` really read at step ``step`` (what its hash commits to)."""
         s, res = self.step, self._result(self.step)
         prev = self._prev_for_cheat(s)
-        roots = []
-        for src in self.cheat_exec.graph.nodes[self.node].inputs:
-            if src.kind == SourceKind.NODE_OUTPUT:
-                roots.append(res.roots[src.index])
-            elif src.kind == SourceKind.PREV_STEP_NODE_OUTPUT:
-                roots.append(prev.roots[src.index])
-            else:
-                roots.append(res.batch_root)
-        return roots
+        return [src.pick(res.roots, prev.roots, res.batch_root) for src in self.cheat_exec.graph.nodes[self.node].inputs]
 
     def node_reveal(self, s: int, d: int) -> NodeReveal:
         r = super().node_reveal(s, d)

@@ -26,7 +26,7 @@ import numpy as np
 from verde_chain.chain.game import InputKind, InputProof, NodePreimage, NodeReveal
 from verde_chain.commit import merkle, tensor
 from verde_chain.commit.merkle import keccak256
-from verde_chain.game.toy import Fault, _levels, _proof, batch_leaf, structure_leaf
+from verde_chain.game.toy import Fault, LazySteps, _levels, _proof, batch_leaf, structure_leaf
 from verde_chain.repops import program, spec
 from verde_chain.repops.program import KernelDesc, instruction_at
 from verde_chain.scalarvm import vm
@@ -95,22 +95,17 @@ class _KStep:
     levels: list[list[bytes]]
 
 
-class KernelWorld:
+class KernelWorld(LazySteps[_KStep]):
     """Execution of a KernelJob (honest, or with one micro-step Fault)."""
 
     def __init__(self, job: KernelJob, fault: Fault | None = None) -> None:
         if fault is not None and fault.kind != "micro":
             raise ValueError("KernelWorld models micro-step faults only")
+        super().__init__()
         self.job = job
         self.fault = fault
         self.num_steps = job.num_steps
         self.num_nodes = job.num_nodes
-        self._steps: dict[int, _KStep] = {}
-
-    def _get(self, s: int) -> _KStep:
-        for t in range(max(self._steps, default=-1) + 1, s + 1):
-            self._steps[t] = self._compute(t)
-        return self._steps[s]
 
     def _compute(self, s: int) -> _KStep:
         job = self.job

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 import numpy as np
 from eth_abi import encode as abi_encode
@@ -197,15 +198,36 @@ class _Step:
     levels: list[list[bytes]]
 
 
-class ToyWorld:
+StepT = TypeVar("StepT")
+
+
+class LazySteps(Generic[StepT]):
+    """Steps of an execution computed on demand, in order (step s reads step s - 1), and kept.
+
+    Subclasses implement ``_compute(s)``, which may read ``self._steps[s - 1]``.
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[int, StepT] = {}
+
+    def _compute(self, s: int) -> StepT:
+        raise NotImplementedError
+
+    def _get(self, s: int) -> StepT:
+        for t in range(max(self._steps, default=-1) + 1, s + 1):
+            self._steps[t] = self._compute(t)
+        return self._steps[s]
+
+
+class ToyWorld(LazySteps[_Step]):
     """A full (lazy, cached) execution of a ToyJob, honest or with one Fault."""
 
     def __init__(self, job: ToyJob, fault: Fault | None = None) -> None:
+        super().__init__()
         self.job = job
         self.fault = fault
         self.num_steps = job.num_steps
         self.num_nodes = job.num_nodes
-        self._steps: dict[int, _Step] = {}
 
     # -- execution ----------------------------------------------------------------------------
 
@@ -217,12 +239,6 @@ class ToyWorld:
         if self._fault("desc", s, d):
             spec = replace(spec, op_id=spec.op_id + 1000)
         return spec
-
-    def _get(self, s: int) -> _Step:
-        if s not in self._steps:
-            for t in range(max(self._steps, default=-1) + 1, s + 1):
-                self._steps[t] = self._compute(t)
-        return self._steps[s]
 
     def _compute(self, s: int) -> _Step:
         job = self.job

@@ -21,7 +21,7 @@ from verde_chain.commit import ElementOpening, node_hash, open_element, step_com
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
 from verde_chain.graph.kernels import Runner, make_runner
-from verde_chain.graph.structure import SourceKind, TrainingGraph
+from verde_chain.graph.structure import TrainingGraph
 from verde_chain.repops import program
 
 BatchFn = Callable[[int], np.ndarray]
@@ -68,15 +68,7 @@ class StepExecutor:
         return StepState(0, tensors, roots, self.graph.initial_commitment(state))
 
     def _inputs(self, d: int, prev: StepState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
-        ins = []
-        for s in self.graph.nodes[d].inputs:
-            if s.kind == SourceKind.NODE_OUTPUT:
-                ins.append(outputs[s.index])
-            elif s.kind == SourceKind.PREV_STEP_NODE_OUTPUT:
-                ins.append(prev.tensors[s.index])
-            else:
-                ins.append(batch)
-        return ins
+        return [s.pick(outputs, prev.tensors, batch) for s in self.graph.nodes[d].inputs]
 
     def run_step(
         self, prev: StepState, batch: np.ndarray, tamper: Callable[[int, np.ndarray], np.ndarray] | None = None
@@ -96,14 +88,7 @@ class StepExecutor:
             if tamper is not None:
                 out = tamper(node.index, out)
             r = tensor_root(out)
-            in_roots = []
-            for s in node.inputs:
-                if s.kind == SourceKind.NODE_OUTPUT:
-                    in_roots.append(roots[s.index])
-                elif s.kind == SourceKind.PREV_STEP_NODE_OUTPUT:
-                    in_roots.append(prev.roots[s.index])
-                else:
-                    in_roots.append(batch_root)
+            in_roots = [s.pick(roots, prev.roots, batch_root) for s in node.inputs]
             outputs.append(out)
             roots.append(r)
             hashes.append(node_hash(node.index, node.desc_hash, in_roots, [r]))

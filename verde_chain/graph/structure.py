@@ -33,7 +33,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from eth_abi import encode as abi_encode
@@ -45,6 +45,7 @@ from verde_chain.repops.program import KernelDesc
 
 Shape = tuple[int, ...]
 ZERO32 = b"\x00" * 32
+T = TypeVar("T")
 
 
 class SourceKind(enum.IntEnum):
@@ -62,6 +63,16 @@ class Source:
 
     def as_tuple(self) -> tuple[int, int]:
         return (int(self.kind), int(self.index))
+
+    def pick(self, this_step: Sequence[T], prev_step: Mapping[int, T], batch: T) -> T:
+        """The value this source names, out of node values of this step (by node index), node
+        values of the previous step (by producer index) and the step's batch value; the values
+        may be tensors, roots, or anything else kept per node."""
+        if self.kind == SourceKind.NODE_OUTPUT:
+            return this_step[self.index]
+        if self.kind == SourceKind.PREV_STEP_NODE_OUTPUT:
+            return prev_step[self.index]
+        return batch
 
 
 @dataclass(frozen=True)
@@ -84,13 +95,11 @@ def structure_leaf(index: int, desc_hash: bytes, sources: Sequence[Source]) -> b
 
 
 @dataclass(frozen=True)
-class StateSlot:
-    """A tensor that crosses step boundaries; ``producer`` is the node that writes its new value."""
+class NamedTensor:
+    """A named tensor of the step layout (a state slot or a batch field)."""
 
     name: str
     shape: Shape
-    role: str  # param | opt | const
-    producer: int
 
     @property
     def numel(self) -> int:
@@ -98,16 +107,18 @@ class StateSlot:
 
 
 @dataclass(frozen=True)
-class BatchField:
+class StateSlot(NamedTensor):
+    """A tensor that crosses step boundaries; ``producer`` is the node that writes its new value."""
+
+    role: str  # param | opt | const
+    producer: int
+
+
+@dataclass(frozen=True)
+class BatchField(NamedTensor):
     """One tensor packed into the per-step batch: elements [offset, offset + numel)."""
 
-    name: str
-    shape: Shape
     offset: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

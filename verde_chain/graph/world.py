@@ -105,15 +105,7 @@ class TrainingWorld:
     def input_roots(self, s: int, d: int) -> list[bytes]:
         res = self._result(s)
         prev = self._state(s - 1)
-        out = []
-        for src in self.graph.nodes[d].inputs:
-            if src.kind == SourceKind.NODE_OUTPUT:
-                out.append(res.roots[src.index])
-            elif src.kind == SourceKind.PREV_STEP_NODE_OUTPUT:
-                out.append(prev.roots[src.index])
-            else:
-                out.append(res.batch_root)
-        return out
+        return [src.pick(res.roots, prev.roots, res.batch_root) for src in self.graph.nodes[d].inputs]
 
     def _inputs(self, s: int, d: int) -> list[np.ndarray]:
         res = self._result(s)

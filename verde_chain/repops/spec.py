@@ -107,6 +107,20 @@ def transcendental(name: str) -> tuple[Instr, ...]:
 # ======================================================================= exact constants
 
 
+def _round_to_24_bits(q: int, s: int, sticky: bool) -> tuple[int, int]:
+    """Round q * 2**-s (q of 25 bits or more; ``sticky``: something non-zero lies below q's lsb)
+    to 24 significant bits, nearest-even. Returns (q', s') with the rounded value q' * 2**-s'."""
+    while q.bit_length() > 25:
+        sticky = sticky or bool(q & 1)
+        q >>= 1
+        s -= 1
+    guard, q = q & 1, q >> 1
+    s -= 1
+    if guard and (sticky or (q & 1)):
+        q += 1
+    return q, s
+
+
 def f32_of_fraction(x: Fraction) -> float:
     """Correctly rounded (nearest-even) binary32 value of an exact rational (normal range)."""
     if x == 0:
@@ -118,14 +132,7 @@ def f32_of_fraction(x: Fraction) -> float:
     s = 25 - e
     num, den = (x.numerator << s, x.denominator) if s >= 0 else (x.numerator, x.denominator << -s)
     q, r = divmod(num, den)
-    while q.bit_length() > 25:
-        r = r or (q & 1)
-        q >>= 1
-        s -= 1
-    guard, q = q & 1, q >> 1
-    s -= 1
-    if guard and (r or (q & 1)):
-        q += 1
+    q, s = _round_to_24_bits(q, s, r != 0)
     val = math.ldexp(q, -s)
     if not (2.0**-126 <= val <= 3.4028234663852886e38):
         raise RepOpsError(f"constant {x} outside the binary32 normal range")
@@ -142,14 +149,7 @@ def f32_of_sqrt_fraction(x: Fraction) -> float:
     floor_n = n.numerator // n.denominator
     q = math.isqrt(floor_n)
     inexact = q * q != floor_n or n.denominator != 1 and n.numerator % n.denominator != 0
-    while q.bit_length() > 25:
-        inexact = inexact or bool(q & 1)
-        q >>= 1
-        s -= 1
-    guard, q = q & 1, q >> 1
-    s -= 1
-    if guard and (inexact or (q & 1)):
-        q += 1
+    q, s = _round_to_24_bits(q, s, inexact)
     return math.ldexp(q, -s)
 
 
@@ -389,18 +389,8 @@ def _matmul_maps(a_shape: Shape, b_shape: Shape, trans_a: bool, trans_b: bool) -
     b2 = b_shape + (1,) if b_vec else b_shape
     ast, bst = c_strides(a2), c_strides(b2)
     # logical (M, K) view of a and (K, N) of b, with transposes expressed as swapped strides
-    if trans_a:
-        K, M = a2[-2], a2[-1]
-        a_m, a_k = ast[-1], ast[-2]
-    else:
-        M, K = a2[-2], a2[-1]
-        a_m, a_k = ast[-2], ast[-1]
-    if trans_b:
-        N, Kb = b2[-2], b2[-1]
-        b_k, b_n = bst[-1], bst[-2]
-    else:
-        Kb, N = b2[-2], b2[-1]
-        b_k, b_n = bst[-2], bst[-1]
+    M, K, a_m, a_k = _matrix_view(a2, ast, trans_a)
+    Kb, N, b_k, b_n = _matrix_view(b2, bst, trans_b)
     if K != Kb:
         raise RepOpsError(f"matmul: inner dims differ ({a_shape} x {b_shape}, trans {trans_a}/{trans_b})")
     batch = broadcast_shapes("matmul", a2[:-2], b2[:-2])
@@ -426,6 +416,13 @@ def _squeeze_vec(out: Shape, a_vec: bool, b_vec: bool, maps: list[InputMap]) -> 
     return out2, [
         InputMap(m.numel, tuple(m.strides[d] for d in keep), m.kstride, m.offset, m.idx_stride) for m in maps
     ]
+
+
+def _matrix_view(shape: Shape, strides: Shape, transposed: bool) -> tuple[int, int, int, int]:
+    """(rows, cols, row stride, col stride) of the last two axes read as a matrix, or as its
+    transpose (the same elements with the two axes' roles swapped)."""
+    r, c = (-1, -2) if transposed else (-2, -1)
+    return shape[r], shape[c], strides[r], strides[c]
 
 
 def matmul(a_shape: Sequence[int], b_shape: Sequence[int], trans_a: bool = False, trans_b: bool = False) -> KernelDesc:
@@ -507,6 +504,20 @@ def slice_(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int], ste
     return strided_copy(out, numel(shp), strides, off, label="slice")
 
 
+def _load_at_index(dim: int) -> tuple[Instr, ...]:
+    """Prologue of gather / gather_elements: r1 = the index (input 1), wrapped once if negative
+    (idx + dim, as ONNX), then r0 = LOADIDX of input 0 at r1 along the gathered axis."""
+    return (
+        load(1, 1),
+        const(2, 0.0),
+        I(Op.LT, 3, 1, 2),
+        const(4, float(dim)),
+        I(Op.ADD, 4, 1, 4),
+        I(Op.SELECT, 1, 3, 4, 1),
+        Instr(Op.LOADIDX, 0, 1, 0, 0),
+    )
+
+
 def gather(data_shape: Sequence[int], idx_shape: Sequence[int], axis: int = 0) -> KernelDesc:
     """ONNX Gather: out[i_pre, j, i_post] = data[i_pre, idx[j], i_post] via LOADIDX.
 
@@ -523,15 +534,7 @@ def gather(data_shape: Sequence[int], idx_shape: Sequence[int], axis: int = 0) -
     idx_strides = (0,) * ax + c_strides(js) + (0,) * (len(ds) - ax - 1)
     dmap = InputMap(numel(ds), data_strides, 0, 0, dst[ax])
     imap = InputMap(max(1, numel(js)), idx_strides)
-    pro = (
-        load(1, 1),
-        const(2, 0.0),
-        I(Op.LT, 3, 1, 2),
-        const(4, float(ds[ax])),
-        I(Op.ADD, 4, 1, 4),
-        I(Op.SELECT, 1, 3, 4, 1),
-        Instr(Op.LOADIDX, 0, 1, 0, 0),
-    )
+    pro = _load_at_index(ds[ax])
     return KernelDesc(out, 1, (dmap, imap), pro, label="gather")
 
 
@@ -545,15 +548,7 @@ def gather_elements(data_shape: Sequence[int], idx_shape: Sequence[int], axis: i
     dst = c_strides(ds)
     dmap = InputMap(numel(ds), tuple(0 if d == ax else dst[d] for d in range(len(ds))), 0, 0, dst[ax])
     imap = InputMap(numel(js), c_strides(js))
-    pro = (
-        load(1, 1),
-        const(2, 0.0),
-        I(Op.LT, 3, 1, 2),
-        const(4, float(ds[ax])),
-        I(Op.ADD, 4, 1, 4),
-        I(Op.SELECT, 1, 3, 4, 1),
-        Instr(Op.LOADIDX, 0, 1, 0, 0),
-    )
+    pro = _load_at_index(ds[ax])
     return KernelDesc(js, 1, (dmap, imap), pro, label="gather_elements")
 
 

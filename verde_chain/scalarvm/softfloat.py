@@ -17,10 +17,12 @@ Bit layout (the same picture opens the Solidity library)::
 Rules: round to nearest, ties to even; subnormals honoured (never flushed); signed zeros as
 IEEE-754 prescribes; every NaN *result* is the canonical quiet NaN ``0x7FC00000``.
 
-Arithmetic ops share one shape: unpack the operands into ``(sign, m, e)`` with
-``value = (-1)^sign * m * 2**e`` (``m`` a plain integer), compute the exact result, or an
+Arithmetic ops share one shape: unpack each operand's magnitude into ``(m, e)`` with
+``|x| = m * 2**e`` (:func:`_unpack`; the sign is bit 31), compute the exact result, or an
 exact one with a "sticky" low bit standing for a non-zero remainder far below the rounding
-position, and hand it to :func:`_round_pack`, the only place that rounds.
+position, and hand it to :func:`_round_pack`, the only place that rounds. As in Solidity, add,
+sub and fma share :func:`_add_signed`, rint and floor :func:`_to_integral`, getexp and getmant
+:func:`_logb`.
 """
 
 from __future__ import annotations
@@ -91,19 +93,19 @@ def _exp_field(x: int) -> int:
     return (x >> 23) & 0xFF
 
 
-def _unpack(x: int) -> tuple[int, int, int]:
-    """(sign, m, e) with |x| = m * 2**e; x must be finite."""
+def _unpack(x: int) -> tuple[int, int]:
+    """(m, e) with |x| = m * 2**e; x must be finite (its sign is x >> 31)."""
     exp = _exp_field(x)
     frac = x & FRAC_MASK
-    sign = x >> 31
     if exp == 0:
-        return sign, frac, MIN_LSB_EXP
-    return sign, frac | HIDDEN_BIT, exp - 150
+        return frac, MIN_LSB_EXP  # zero or subnormal: no hidden bit
+    return frac | HIDDEN_BIT, exp - 150
 
 
-def _bit_length(m: int) -> int:
-    # Solidity: binary search for the most significant bit (no CLZ opcode before Osaka).
-    return m.bit_length()
+def _msb(m: int) -> int:
+    """Index of the most significant set bit of m > 0."""
+    # Solidity: binary search (no CLZ opcode before Osaka).
+    return m.bit_length() - 1
 
 
 def _round_pack(sign: int, m: int, e: int) -> int:
@@ -111,7 +113,7 @@ def _round_pack(sign: int, m: int, e: int) -> int:
     if m == 0:
         return sign << 31
     assert m < 1 << 250, "INVARIANT: callers keep m below 2**250 (see ALIGN_LIMIT, DIV_SHIFT)"
-    top = _bit_length(m) - 1
+    top = _msb(m)
     # lsb exponent of the result: 24 significant bits, but never below the subnormal grid
     q = max(e + top - 23, MIN_LSB_EXP)
     s = q - e
@@ -154,25 +156,30 @@ def _add_magnitudes(s1: int, m1: int, s2: int, m2: int, e: int) -> int:
     return _round_pack(s2 if m else 0, m, e)
 
 
+def _add_signed(s1: int, m1: int, x1: int, s2: int, m2: int, x2: int) -> int:
+    """Round (-1)^s1*m1*2**x1 + (-1)^s2*m2*2**x2 once (add, sub and fma share it)."""
+    if x1 < x2:  # larger lsb exponent first (addition commutes, and so does the +0 rule)
+        s1, m1, x1, s2, m2, x2 = s2, m2, x2, s1, m1, x1
+    a1, a2, e = _align(m1, x1, m2, x2)
+    return _add_magnitudes(s1, a1, s2, a2, e)
+
+
 # --------------------------------------------------------------------------- arithmetic
 
 
 def add(a: int, b: int) -> int:
     _check("a", a)
     _check("b", b)
-    ea, eb = _exp_field(a), _exp_field(b)
-    if ea == 0xFF or eb == 0xFF:
-        if is_nan(a) or is_nan(b):
+    abs_a, abs_b = a & ABS_MASK, b & ABS_MASK
+    if abs_a >= POS_INF or abs_b >= POS_INF:
+        if abs_a > POS_INF or abs_b > POS_INF:
             return CANONICAL_NAN
-        if ea == 0xFF and eb == 0xFF:
-            return a if a == b else CANONICAL_NAN  # inf - inf is invalid
-        return a if ea == 0xFF else b
-    sa, ma, xa = _unpack(a)
-    sb, mb, xb = _unpack(b)
-    if xa < xb:  # larger lsb exponent first (addition commutes, and so does the +0 rule)
-        sa, ma, xa, sb, mb, xb = sb, mb, xb, sa, ma, xa
-    m1, m2, e = _align(ma, xa, mb, xb)
-    return _add_magnitudes(sa, m1, sb, m2, e)
+        if abs_a == abs_b:  # two infinities: inf - inf is invalid
+            return a if a == b else CANONICAL_NAN
+        return a if abs_a == POS_INF else b
+    ma, xa = _unpack(a)
+    mb, xb = _unpack(b)
+    return _add_signed(a >> 31, ma, xa, b >> 31, mb, xb)
 
 
 def sub(a: int, b: int) -> int:
@@ -184,14 +191,14 @@ def mul(a: int, b: int) -> int:
     _check("a", a)
     _check("b", b)
     sign = (a ^ b) >> 31
-    ea, eb = _exp_field(a), _exp_field(b)
-    if ea == 0xFF or eb == 0xFF:
-        if is_nan(a) or is_nan(b) or is_zero(a) or is_zero(b):
+    abs_a, abs_b = a & ABS_MASK, b & ABS_MASK
+    if abs_a >= POS_INF or abs_b >= POS_INF:
+        if abs_a > POS_INF or abs_b > POS_INF or abs_a == 0 or abs_b == 0:
             return CANONICAL_NAN  # NaN operand, or inf * 0
         return (sign << 31) | POS_INF
-    _, ma, xa = _unpack(a)
-    _, mb, xb = _unpack(b)
-    return _round_pack(sign, ma * mb, xa + xb)
+    ma, xa = _unpack(a)
+    mb, xb = _unpack(b)
+    return _round_pack(sign, ma * mb, xa + xb)  # exact product of the significands (<= 48 bits)
 
 
 def div(a: int, b: int) -> int:
@@ -205,8 +212,8 @@ def div(a: int, b: int) -> int:
         return (sign << 31) | (POS_INF if ea == 0xFF else 0)
     if is_zero(b):
         return CANONICAL_NAN if is_zero(a) else (sign << 31) | POS_INF
-    _, ma, xa = _unpack(a)
-    _, mb, xb = _unpack(b)
+    ma, xa = _unpack(a)
+    mb, xb = _unpack(b)
     # >= 37 quotient bits for any ma >= 1, mb < 2**24: the sticky bit sits >= 12 bits below the
     # rounding position, so jamming it into the lsb keeps the rounding interval.
     n = ma << DIV_SHIFT
@@ -218,7 +225,7 @@ def div(a: int, b: int) -> int:
 
 def _isqrt(n: int) -> int:
     """floor(sqrt(n)) for n >= 1 by Newton's method from an over-estimate (as in Solidity)."""
-    x = 1 << ((_bit_length(n) + 1) >> 1)
+    x = 1 << ((_msb(n) + 2) >> 1)
     y = (x + n // x) >> 1
     while y < x:
         x = y
@@ -236,7 +243,7 @@ def sqrt(a: int) -> int:
         return CANONICAL_NAN
     if a == POS_INF:
         return a
-    _, m, e = _unpack(a)
+    m, e = _unpack(a)
     if e & 1:
         m <<= 1
         e -= 1
@@ -264,18 +271,18 @@ def fma(a: int, b: int, c: int) -> int:
         return (sp << 31) | POS_INF
     if ec == 0xFF:
         return c
-    _, ma, xa = _unpack(a)
-    _, mb, xb = _unpack(b)
-    sc, mc, xc = _unpack(c)
-    m1 = ma * mb  # exact product, <= 48 bits
-    x1 = xa + xb
-    if m1 == 0:
-        x1 = xc  # INVARIANT: a zero product never dominates the alignment
-    s1, s2, m2, x2 = sp, sc, mc, xc
-    if x1 < x2:  # larger lsb exponent first
-        s1, m1, x1, s2, m2, x2 = s2, m2, x2, s1, m1, x1
-    m1, m2, e = _align(m1, x1, m2, x2)
-    return _add_magnitudes(s1, m1, s2, m2, e)
+    return _fma_finite(a, b, c, sp)
+
+
+def _fma_finite(a: int, b: int, c: int, sp: int) -> int:
+    ma, xa = _unpack(a)
+    mb, xb = _unpack(b)
+    mc, xc = _unpack(c)
+    mp = ma * mb  # exact product, <= 48 bits
+    xp = xa + xb
+    if mp == 0:
+        xp = xc  # INVARIANT: a zero product never dominates the alignment
+    return _add_signed(sp, mp, xp, c >> 31, mc, xc)
 
 
 # --------------------------------------------------------------------------- min / max / compare
@@ -344,6 +351,17 @@ def abs_(a: int) -> int:
 def rint(a: int) -> int:
     """Round to an integral value, ties to even (roundToIntegralTiesToEven)."""
     _check("a", a)
+    return _to_integral(a, nearest_even=True)
+
+
+def floor(a: int) -> int:
+    """Round toward -infinity to an integral value (roundToIntegralTowardNegative)."""
+    _check("a", a)
+    return _to_integral(a, nearest_even=False)
+
+
+def _to_integral(a: int, nearest_even: bool) -> int:
+    """a rounded to an integral value: to nearest, ties to even, or else toward -infinity."""
     exp = _exp_field(a)
     if exp == 0xFF:
         return CANONICAL_NAN if is_nan(a) else a
@@ -351,36 +369,22 @@ def rint(a: int) -> int:
         return a  # |a| >= 2**23: already integral
     sign = a & SIGN_BIT
     if exp < 127:
-        # |a| < 1: only |a| > 0.5 rounds away (0.5 itself ties to the even 0)
-        return sign | (ONE if exp == 126 and (a & FRAC_MASK) != 0 else 0)
+        # |a| < 1 becomes +-0 or +-1. Nearest: only |a| > 0.5 goes to 1 (0.5 itself ties to the
+        # even 0). Floor: +x -> +0, -0 -> -0, -x -> -1.
+        one = (exp == 126 and (a & FRAC_MASK) != 0) if nearest_even else (sign != 0 and (a & ABS_MASK) != 0)
+        return sign | ONE if one else sign
     frac_bits = 150 - exp  # 1 .. 23 fraction bits below the binary point
     mask = (1 << frac_bits) - 1
     rem = a & mask
     half = 1 << (frac_bits - 1)
+    # nearest: above half, or a tie onto an odd integer; floor: grow a negative magnitude
+    if nearest_even:
+        up = rem > half or (rem == half and (a >> frac_bits) & 1 == 1)
+    else:
+        up = sign != 0 and rem != 0
     r = a & ~mask & U32
-    if rem > half or (rem == half and (a >> frac_bits) & 1):
-        r += 1 << frac_bits  # carries into the exponent field correctly
-    return r
-
-
-def floor(a: int) -> int:
-    """Round toward -infinity to an integral value (roundToIntegralTowardNegative)."""
-    _check("a", a)
-    exp = _exp_field(a)
-    if exp == 0xFF:
-        return CANONICAL_NAN if is_nan(a) else a
-    if exp >= 150:
-        return a
-    sign = a & SIGN_BIT
-    if exp < 127:
-        # |a| < 1: +x -> +0, -0 -> -0, -x -> -1
-        return (SIGN_BIT | ONE) if sign and (a & ABS_MASK) != 0 else sign
-    frac_bits = 150 - exp
-    mask = (1 << frac_bits) - 1
-    r = a & ~mask & U32
-    if sign and (a & mask) != 0:
-        r += 1 << frac_bits  # grow the magnitude of a negative value
-    return r
+    # adding one unit carries into the exponent field correctly
+    return r + (1 << frac_bits) if up else r
 
 
 # --------------------------------------------------------------------------- conversions
@@ -404,7 +408,8 @@ def to_int32(a: int) -> int:
     _check("a", a)
     if _exp_field(a) == 0xFF:
         return INT32_INDEFINITE
-    sign, m, e = _unpack(a)
+    sign = a >> 31
+    m, e = _unpack(a)
     v = m << e if e >= 0 else m >> -e
     if sign:
         return INT32_INDEFINITE if v > 2**31 else -v
@@ -416,7 +421,8 @@ def ldexp(a: int, n: int) -> int:
     _check("a", a)
     if _exp_field(a) == 0xFF:
         return CANONICAL_NAN if is_nan(a) else a
-    sign, m, e = _unpack(a)
+    sign = a >> 31
+    m, e = _unpack(a)
     n = max(-LDEXP_CLAMP, min(LDEXP_CLAMP, n))
     return _round_pack(sign, m, e + n)
 
@@ -442,14 +448,14 @@ def ldexp_f(a: int, b: int) -> int:
                 return CANONICAL_NAN
             n = -LDEXP_CLAMP
     else:
-        sb, mb, xb = _unpack(b)
+        mb, xb = _unpack(b)
         if xb >= 0:
             n = LDEXP_CLAMP  # |b| >= 2**23: saturated either way; the sign is applied below
         else:
             if mb & ((1 << -xb) - 1):
                 return CANONICAL_NAN  # b is not integral
             n = mb >> -xb
-        if sb:
+        if b >> 31:
             n = -n
     return ldexp(a, n)
 
@@ -457,29 +463,37 @@ def ldexp_f(a: int, b: int) -> int:
 def getexp(a: int) -> int:
     """floor(log2|a|) as binary32 (exact). +-0 -> -inf, +-inf -> +inf, NaN -> NaN."""
     _check("a", a)
-    if is_nan(a):
-        return CANONICAL_NAN
-    if _exp_field(a) == 0xFF:
-        return POS_INF
-    _, m, e = _unpack(a)
-    if m == 0:
-        return NEG_INF
-    k = e + _bit_length(m) - 1
-    return from_int32(k)
+    special, k, _frac = _logb(a, POS_INF, NEG_INF)
+    if special:
+        return special
+    return from_int32(k)  # -149 <= k <= 127
 
 
 def getmant(a: int) -> int:
     """|a| / 2**getexp(a), in [1, 2) (exact). +-0 and +-inf -> 1.0, NaN -> NaN."""
     _check("a", a)
+    special, _k, frac = _logb(a, ONE, ONE)
+    if special:
+        return special
+    return ONE | frac  # the fraction under the exponent of 1.0
+
+
+def _logb(a: int, if_inf: int, if_zero: int) -> tuple[int, int, int]:
+    """(0, k, frac) with |a| = (2**23 + frac) * 2**(k - 23) for a finite non-zero a.
+
+    Otherwise ``(special, 0, 0)``, special being the result getexp / getmant give (never +0):
+    NaN for a NaN, ``if_inf`` for +-inf, ``if_zero`` for +-0.
+    """
     if is_nan(a):
-        return CANONICAL_NAN
+        return CANONICAL_NAN, 0, 0
     if _exp_field(a) == 0xFF:
-        return ONE
-    _, m, _e = _unpack(a)
+        return if_inf, 0, 0
+    m, e = _unpack(a)
     if m == 0:
-        return ONE
-    # shift the leading one to bit 23 and give it the exponent of 1.0
-    return ONE | ((m << (24 - _bit_length(m))) & FRAC_MASK)
+        return if_zero, 0, 0
+    top = _msb(m)
+    # shift the leading one to bit 23 (a subnormal's lies lower)
+    return 0, e + top, (m << (23 - top)) & FRAC_MASK
 
 
 def mov(a: int) -> int:
