@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
-
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -13,7 +13,6 @@ from web3 import Web3
 from verde_chain.chain import anvil as anvil_mod
 from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import deploy_contract
-
 
 # CI replays a fixed Hypothesis seed so a landing never depends on luck; local runs explore
 # fresh examples every time (and print the seed of any failure to replay it).

@@ -72,7 +72,7 @@ def test_cli_node_ctrl_c_leaves_nothing() -> None:
             break
     text = "".join(lines)
     assert "RPC URL: http://127.0.0.1:" in text and "(9) 0x" in text
-    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False).stdout.split()]
     assert children, "node command should have started anvil"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == 0
@@ -116,7 +116,7 @@ def test_time_travel(chain) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_deployment_record(w3, artifacts, anvil, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    record, contracts = deploy_system(w3, artifacts, anvil.rpc_url, ["MerkleHarness"])
+    record, _ = deploy_system(w3, artifacts, anvil.rpc_url, ["MerkleHarness"])
     assert w3.eth.get_code(record.contracts["MerkleHarness"]) not in (b"", None)
     path = tmp_path / "d.json"
     record.write(path)
@@ -130,24 +130,24 @@ def test_cli_deploy_embedded_and_rpc(anvil, tmp_path: Path) -> None:  # type: ig
     out = tmp_path / "rec.json"
     r = subprocess.run(
         [sys.executable, "-m", "verde_chain.cli", "deploy", "--rpc-url", anvil.rpc_url, "--out", str(out), "--json"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
     )
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout.strip().splitlines()[-1])
     assert rec["rpc_url"] == anvil.rpc_url and "MerkleHarness" in rec["contracts"]
     r2 = subprocess.run([sys.executable, "-m", "verde_chain.cli", "deploy", "--json", "--out", str(out)],
-                        capture_output=True, text=True, cwd=REPO, timeout=120)
+                        check=False, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r2.returncode == 0, r2.stderr
     assert json.loads(r2.stdout.strip().splitlines()[-1])["chain_id"] == 31337
 
 
 def test_cli_bad_rpc_is_a_clear_error() -> None:
     r = subprocess.run([sys.executable, "-m", "verde_chain.cli", "deploy", "--rpc-url", "http://127.0.0.1:1"],
-                       capture_output=True, text=True, cwd=REPO, timeout=60)
+                       check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2 and "cannot reach" in r.stderr
 
 
 @pytest.mark.parametrize("sub", ["node", "deploy", "demo"])
 def test_every_command_has_help(sub: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "verde_chain.cli", sub, "--help"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", "verde_chain.cli", sub, "--help"], check=False, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and "usage: verde-chain " + sub in r.stdout

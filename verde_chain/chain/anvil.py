@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from web3 import HTTPProvider, Web3
 
@@ -72,9 +73,11 @@ class Anvil:
         ]
         if block_time:
             args += ["--block-time", str(block_time)]
-        self._log = open(self.log_path, "wb")
+        # Kept open for the process's whole life (closed in stop()), so no context manager.
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, needed so Anvil dies with us
         )
         atexit.register(self.stop)
         try:
@@ -92,7 +95,7 @@ class Anvil:
             try:
                 if w3.is_connected():
                     return
-            except Exception:  # noqa: BLE001 - not listening yet
+            except Exception:  # noqa: BLE001, S110 - not listening yet; retried until the deadline
                 pass
             time.sleep(0.05)
         raise ChainError(f"anvil did not answer on {self.rpc_url} within {timeout}s")
@@ -116,7 +119,7 @@ class Anvil:
             self._log.close()
         atexit.unregister(self.stop)
 
-    def __enter__(self) -> "Anvil":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None) -> None:

@@ -69,6 +69,7 @@ def _run_solc(sources: dict[str, str]) -> dict[str, Any]:
         capture_output=True,
         text=True,
         cwd=REPO,
+        check=False,  # the exit code and stderr are reported below
     )
     if proc.returncode != 0 or not proc.stdout:
         raise ChainError(f"solc failed (exit {proc.returncode}): {proc.stderr.strip()[:2000]}")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from web3 import Web3
 from web3.contract import Contract
@@ -52,7 +53,7 @@ class DeploymentRecord:
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def read(cls, path: Path) -> "DeploymentRecord":
+    def read(cls, path: Path) -> DeploymentRecord:
         return cls(**json.loads(path.read_text()))
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from eth_abi import decode as abi_decode
-from eth_utils import keccak
+from eth_utils import keccak, to_checksum_address
 
 from verde_chain.chain.compile import Artifact
 from verde_chain.errors import ContractRevert
@@ -70,4 +71,6 @@ def decode_revert(artifacts: Mapping[str, Artifact], exc_or_data: Any) -> Contra
         return ContractRevert("UnknownRevert", {"data": "0x" + raw.hex()}, raw)
     name, inputs = entry
     values = abi_decode([_sig_type(i) for i in inputs], body)
+    # eth_abi gives lowercase hex; users compare with checksummed account addresses.
+    values = [to_checksum_address(v) if i["type"] == "address" else v for i, v in zip(inputs, values, strict=True)]
     return ContractRevert(name, {i["name"] or f"arg{n}": v for n, (i, v) in enumerate(zip(inputs, values))}, raw)

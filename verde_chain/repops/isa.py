@@ -93,7 +93,7 @@ class Instr:
         return struct.pack(">BBBBI", int(self.op), self.dst, self.a, self.b, self.imm)
 
     @classmethod
-    def decode(cls, word: bytes) -> "Instr":
+    def decode(cls, word: bytes) -> Instr:
         if len(word) != INSTR_BYTES:
             raise ValueError(f"instruction word must be {INSTR_BYTES} bytes, got {len(word)}")
         op, dst, a, b, imm = struct.unpack(">BBBBI", word)

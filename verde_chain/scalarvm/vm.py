@@ -11,8 +11,8 @@ bots use :func:`prove_step` to build what the game's final move submits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from eth_abi import encode as abi_encode
@@ -57,7 +57,7 @@ class State:
         return keccak256(self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "State":
+    def decode(cls, data: bytes) -> State:
         if len(data) != STATE_BYTES:
             raise StepError("BadStateLength", actual=len(data), expected=STATE_BYTES)
         regs = tuple(int.from_bytes(data[REGS_AT + 4 * i : REGS_AT + 4 * i + 4], "big") for i in range(NUM_REGS))
