@@ -44,18 +44,12 @@ MARKET_ERRORS = frozenset(
 
 
 class MarketError(ContractRevert):
-    """A JobMarket call reverted with one of the market's own custom errors (addresses checksummed)."""
+    """A JobMarket call reverted with one of the market's own custom errors (addresses come
+    checksummed from ``decode_revert``)."""
 
     @classmethod
     def from_revert(cls, exc: ContractRevert) -> MarketError:
-        args = {k: _checksum(v) for k, v in exc.args_.items()}
-        return cls(exc.error, args, exc.raw)
-
-
-def _checksum(v: object) -> object:
-    if isinstance(v, str) and len(v) == 42 and v.startswith("0x"):
-        return Web3.to_checksum_address(v)
-    return v
+        return cls(exc.error, dict(exc.args_), exc.raw)
 
 
 class JobStatus(IntEnum):
