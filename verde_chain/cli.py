@@ -11,19 +11,20 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from verde_chain.agents.system import HELPER_CONTRACTS, deploy_full_system
+from verde_chain.agents.system import SYSTEM_CONTRACTS as MARKET_SYSTEM
 from verde_chain.chain.anvil import Anvil, install_signal_cleanup
 from verde_chain.chain.compile import compile_contracts
-from verde_chain.chain.deploy import DeploymentRecord, deploy_system
 from verde_chain.errors import VerdeError
 
 Command = tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 COMMANDS: list[Command] = []
 
-# Contracts that make up a deployment (constructor-less); extended as the system grows.
-SYSTEM_CONTRACTS = ["MerkleHarness"]
+# Contracts that make up a deployment: helpers + ScalarVM -> DisputeGame -> JobMarket (wired in order).
+SYSTEM_CONTRACTS = [*HELPER_CONTRACTS, *MARKET_SYSTEM]
 
 
 def command(name: str, help_text: str, configure: Callable[[argparse.ArgumentParser], None]):  # type: ignore[no-untyped-def]
@@ -81,7 +82,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             node = Anvil()
             rpc_url = node.rpc_url
             w3 = node.web3()
-        record, _ = deploy_system(w3, artifacts, rpc_url, SYSTEM_CONTRACTS)
+        record, _ = deploy_full_system(w3, artifacts, rpc_url)
         out = args.out or Path("build") / "deployments" / f"{record.chain_id}.json"
         record.write(out)
         if args.json:
@@ -99,13 +100,42 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="last line of output is the report as one JSON object")
+    p.add_argument("--seed", type=int, default=0, help="seed of the cheat site (step, node, element, bit)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cheat", default=None, metavar="STEP:NODE:ELEMENT[:BIT]",
+                   help="flip this bit instead of a drawn one")
+    g.add_argument("--cheat-level", type=int, choices=(1, 2, 4), default=None,
+                   help="where the cheat is caught: 4 one-step proof (a flipped bit, default), "
+                        "2 node reveal (a lazy trainer), 1 timeout (a cheater that never answers)")
+    p.add_argument("--job", choices=("digits", "transformer"), default="digits")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: 100 digits, 8 transformer)")
+    p.add_argument("--out", type=Path, default=Path("build") / "demo", help="output directory (bisection.png, state)")
 
 
 @command("demo", "run the end-to-end story on an embedded Anvil", _demo_args)
 def cmd_demo(args: argparse.Namespace) -> int:
     from verde_chain.demo import run_demo
 
-    return run_demo(json_out=args.json)
+    return run_demo(json_out=args.json, seed=args.seed, cheat=args.cheat, cheat_level=args.cheat_level,
+                    job_kind=args.job, steps=args.steps, out=args.out)
+
+
+def _register_agents() -> None:
+    from verde_chain.agents import commands as c
+
+    COMMANDS.extend([
+        ("client", "post a job, follow it to the end and collect the outcome", c.configure_client, c.run_client),
+        ("trainer", "trainer bot: `trainer run` stakes, trains with RepOps, submits and defends",
+         c.configure_trainer, c.run_trainer),
+        ("challenger", "challenger bot: `challenger run` re-executes submissions and disputes wrong ones",
+         c.configure_challenger, c.run_challenger),
+        ("job", "`job status JOB_ID`: a job's slots, results and disputes", c.configure_job, c.run_job_status),
+        ("dispute", "`dispute status GAME_ID`: a dispute's level, interval, clocks and outcome",
+         c.configure_dispute, c.run_dispute_status),
+    ])
+
+
+_register_agents()
 
 
 def _register_train() -> None:

@@ -1,0 +1,70 @@
+"""Jobs the client can post, and the shared bundle directory trainers fetch them from.
+
+A posted job carries only commitments on chain (specHash, graphRoot, C_0, batchRoot). The bundle
+itself (``job.json``, ``model.onnx``, ``data.npz``, ``init.npz``, see ``verde_chain/job.py``)
+is published under ``<bundles>/<specHash hex>/``: content addressed, as it would be on IPFS.
+Whoever fetches a bundle re-derives every commitment (``load_job``) and checks it against the
+on-chain job before spending compute on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verde_chain.agents.errors import AgentError
+from verde_chain.chain.market import JobSpec as ChainJobSpec
+from verde_chain.job import Job, load_job, save_job
+
+JOB_KINDS = ("digits", "transformer")
+
+
+def build_job(kind: str, steps: int, seed: int = 7) -> Job:
+    """The demo's jobs, kept small enough to dispute in well under a minute on two cores."""
+    if kind == "digits":
+        from verde_chain.examples.digits import digits_job
+
+        return digits_job(steps=steps, batch_size=64, hidden=64, checkpoint_interval=max(1, steps // 4), seed=seed)
+    if kind == "transformer":
+        from verde_chain.examples.transformer import transformer_job
+
+        return transformer_job(steps=steps, batch_size=2, context=8, dim=8, heads=2,
+                               checkpoint_interval=max(1, steps // 4), seed=seed)
+    raise AgentError(f"unknown job kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
+
+
+class Bundles:
+    """The shared, content-addressed directory of job bundles."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._cache: dict[bytes, Job] = {}
+
+    def publish(self, job: Job) -> bytes:
+        h = job.spec.hash()
+        save_job(job, self.root / h.hex())
+        self._cache[h] = job
+        return h
+
+    def fetch(self, spec_hash: bytes) -> Job:
+        if spec_hash not in self._cache:
+            d = self.root / spec_hash.hex()
+            if not (d / "job.json").exists():
+                raise AgentError(f"no bundle for spec 0x{spec_hash.hex()} under {self.root}", spec_hash=spec_hash)
+            job = load_job(d)
+            if job.spec.hash() != spec_hash:
+                raise AgentError(f"bundle {d} hashes to 0x{job.spec.hash().hex()}", spec_hash=spec_hash)
+            self._cache[spec_hash] = job
+        return self._cache[spec_hash]
+
+
+def check_against_chain(job: Job, chain_spec: ChainJobSpec) -> str | None:
+    """The first on-chain field that disagrees with the bundle, or None when they all match."""
+    checks = [
+        ("specHash", chain_spec.spec_hash, job.spec.hash()),
+        ("graphRoot", chain_spec.graph_root, job.spec.graph_root),
+        ("initialCommitment", chain_spec.initial_commitment, job.spec.initial_commitment),
+        ("batchRoot", chain_spec.batch_root, job.spec.batch_root),
+        ("numSteps", chain_spec.num_steps, job.spec.steps),
+        ("numNodes", chain_spec.num_nodes, job.spec.num_nodes),
+    ]
+    return next((name for name, a, b in checks if a != b), None)

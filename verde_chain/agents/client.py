@@ -1,0 +1,123 @@
+"""The client bot: publishes a job bundle, posts the job with its reward, follows it, finalizes
+it after the challenge window and collects the outcome (and any refund).
+
+Posting is made idempotent across crashes: the spec hash is stored before ``postJob`` is sent,
+and on restart a ``JobPosted`` event from this account with that hash is looked for first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verde_chain.agents.bot import Bot
+from verde_chain.agents.catalog import build_job
+from verde_chain.agents.wallet import retry
+from verde_chain.chain.market import ETH, JobSpec, JobStatus
+from verde_chain.errors import ContractRevert
+from verde_chain.job import Job
+
+FINALIZE_GAS = 3_000_000  # finalize loops over at most MAX_SLOTS = 32 slots
+
+
+@dataclass(frozen=True)
+class JobTerms:
+    """What the client offers and demands, in wei and seconds."""
+
+    kind: str = "digits"
+    steps: int = 6
+    reward: int = 10**18
+    trainer_stake: int = 2 * 10**17
+    min_challenge_bond: int = 10**17
+    slots: int = 2
+    submission_window: int = 3_600
+    challenge_window: int = 3_600
+    arity: int = 4
+    clock_seconds: int = 600
+    job_seed: int = 7
+
+
+class ClientBot(Bot):
+    role = "client"
+    EVENTS = ("JobPosted", "ResultSubmitted", "DisputeOpened", "DisputeSettled", "JobFinalized")
+
+    def plan(self, job_id: int):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("the client plays no games")
+
+    def post(self, terms: JobTerms, job: Job | None = None) -> int:
+        """Post a job (once: a restarted client finds its earlier post on chain). `job` overrides
+        the catalog's job built from `terms` (kind/steps/job_seed)."""
+        job = job or build_job(terms.kind, terms.steps, terms.job_seed)
+        spec_hash = self.bundles.publish(job)
+        pending = self.store.get("posting")
+        if pending == spec_hash.hex():
+            for ev in retry(lambda: self.market.logs("JobPosted", self.cfg.start_block)):
+                if ev.args["client"] == self.address and bytes(ev.args["specHash"]) == spec_hash:
+                    return self._record(int(ev.args["jobId"]), terms)
+        self.store.put("posting", spec_hash.hex())
+        now = self.now()
+        spec = JobSpec(
+            token=ETH, spec_hash=spec_hash, graph_root=job.spec.graph_root,
+            initial_commitment=job.spec.initial_commitment, batch_root=job.spec.batch_root,
+            num_steps=job.spec.steps, checkpoint_interval=max(1, job.spec.checkpoint_interval),
+            reward=terms.reward, trainer_stake=terms.trainer_stake, min_challenge_bond=terms.min_challenge_bond,
+            slots=terms.slots, submission_deadline=now + terms.submission_window,
+            challenge_window=terms.challenge_window, arity=terms.arity, clock_seconds=terms.clock_seconds,
+            num_nodes=job.spec.num_nodes,
+        )
+        receipt = self.sender.send(self.market.contract.functions.postJob(spec.as_tuple()), "postJob",
+                                   value=terms.reward)
+        job_id = int(self.market.events(receipt, "JobPosted")[0].args["jobId"])
+        self.log(f"posted job {job_id}: {terms.kind}, {terms.steps} steps, {len(job.program.graph.nodes)} nodes, "
+                 f"reward {terms.reward} wei, {terms.slots} trainer slots")
+        return self._record(job_id, terms)
+
+    def _record(self, job_id: int, terms: JobTerms) -> int:
+        self.store.update_job(job_id, state="posted", kind=terms.kind, steps=terms.steps)
+        self.store.put("posting", None)
+        return job_id
+
+    def tick(self) -> bool:
+        acted = False
+        for ev in self.poll():
+            jid = int(ev.args["jobId"])
+            rec = self.store.job(jid)
+            if rec is None:
+                continue
+            if ev.name == "ResultSubmitted":
+                self.log(f"job {jid}: slot {ev.args['slot']} submitted 0x{bytes(ev.args['result']).hex()[:16]}...")
+            elif ev.name == "DisputeOpened":
+                self.log(f"job {jid}: dispute {ev.args['gameId']} opened against slot {ev.args['defenderSlot']}")
+            elif ev.name == "DisputeSettled":
+                who = "defender" if ev.args["defenderWon"] else "challenger"
+                self.log(f"job {jid}: dispute {ev.args['gameId']} settled for the {who}; {ev.args['paid']} wei moved")
+        self.commit_cursor()
+        for jid, rec in self.store.jobs().items():
+            if rec.get("state") == "posted":
+                acted |= self._follow(jid)
+        return acted
+
+    def _follow(self, job_id: int) -> bool:
+        job = retry(lambda: self.market.job(job_id))
+        if job.status == JobStatus.OPEN:
+            if self.now() <= job.spec.challenge_deadline or job.active_disputes:
+                return False
+            try:
+                self.sender.send(self.market.contract.functions.finalize(job_id), "finalize", gas=FINALIZE_GAS)
+            except ContractRevert as exc:
+                if exc.error != "JobAlreadyFinalized":
+                    if self.store.job(job_id).get("finalize_error") != exc.error:  # type: ignore[union-attr]
+                        self.store.update_job(job_id, finalize_error=exc.error)
+                        self.log(f"job {job_id}: finalize refused: {exc.error}")
+                    return False
+            job = retry(lambda: self.market.job(job_id))
+        accepted = job.accepted_result
+        self._withdraw(job.spec.token)
+        survivors = [s for s in self.market.slots(job_id) if s.result == accepted and accepted != b"\x00" * 32]
+        self.store.update_job(job_id, state="done", accepted="0x" + accepted.hex(),
+                              trainers=[s.trainer for s in survivors])
+        if accepted == b"\x00" * 32:
+            self.log(f"job {job_id}: finalized with no accepted result (reward refunded)")
+        else:
+            self.log(f"job {job_id}: finalized; accepted C_T 0x{accepted.hex()[:16]}... from "
+                     f"{', '.join(s.trainer for s in survivors)}")
+        return True

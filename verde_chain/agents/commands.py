@@ -1,0 +1,206 @@
+"""Argument parsing and entry points of the bot and status subcommands (wired in ``cli.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from web3 import Web3
+
+from verde_chain.agents.bot import Bot, BotConfig
+from verde_chain.agents.catalog import JOB_KINDS
+from verde_chain.agents.errors import AgentError
+from verde_chain.agents.strategies import CHALLENGER_STRATEGIES, TRAINER_STRATEGIES
+from verde_chain.agents.wallet import connect
+from verde_chain.chain.compile import Artifact, compile_contracts
+from verde_chain.chain.deploy import DeploymentRecord
+from verde_chain.chain.game import DisputeGameClient
+from verde_chain.chain.market import Market
+
+DEFAULT_RPC = "http://127.0.0.1:8545"
+DEFAULT_STATE = Path("build") / "agents"
+
+
+def chain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rpc-url", default=DEFAULT_RPC, help=f"JSON-RPC endpoint (default {DEFAULT_RPC})")
+    p.add_argument("--market", default=None,
+                   help="JobMarket address (default: from build/deployments/<chain id>.json, see `deploy`)")
+
+
+def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
+    chain_args(p)
+    p.add_argument("--account", type=int, default=default_account, help="index of the funded test account")
+    p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="where bots keep SQLite files and bundles")
+    p.add_argument("--db", type=Path, default=None,
+                   help="this bot's SQLite file (default STATE_DIR/ROLE-ACCOUNT.sqlite)")
+    p.add_argument("--bundles", type=Path, default=None, help="shared job-bundle directory (default STATE_DIR/bundles)")
+    p.add_argument("--seed", type=int, default=0, help="seed of any random choice (cheat sites, garbage claims)")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between polls when idle")
+    p.add_argument("--start-block", type=int, default=0, help="first block to read events from on a fresh database")
+    p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _connect(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
+    w3 = connect(args.rpc_url)
+    artifacts = compile_contracts()
+    market = args.market
+    if market is None:
+        rec = Path("build") / "deployments" / f"{w3.eth.chain_id}.json"
+        if not rec.exists():
+            raise AgentError(f"no --market given and no deployment record at {rec}; run `verde-chain deploy` first")
+        market = DeploymentRecord.read(rec).contracts.get("JobMarket")
+        if market is None:
+            raise AgentError(f"{rec} has no JobMarket; redeploy with `verde-chain deploy`")
+    return w3, artifacts, Web3.to_checksum_address(market)
+
+
+def _config(args: argparse.Namespace, role: str, market: str, strategy: str) -> BotConfig:
+    name = f"{role}-{args.account}"
+    db = args.db or args.state_dir / f"{name}.sqlite"
+    bundles = args.bundles or args.state_dir / "bundles"
+    return BotConfig(args.rpc_url, market, args.account, str(db), str(bundles), strategy, args.seed, name,
+                     args.start_block)
+
+
+def _run_bot(bot: Bot, args: argparse.Namespace) -> int:
+    bot.log(f"running as {bot.address} (strategy {bot.cfg.strategy}); state in {bot.cfg.db}")
+    try:
+        bot.run(args.poll, max_ticks=args.max_ticks)
+    except (KeyboardInterrupt, SystemExit):
+        bot.log("stopped")
+    finally:
+        bot.close()
+    return 0
+
+
+# -- trainer / challenger ----------------------------------------------------------------------------
+
+def configure_trainer(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    r = sub.add_parser("run", help="take jobs, train, submit and defend until stopped")
+    bot_args(r, 2)
+    r.add_argument("--strategy", default="honest",
+                   help=f"{' | '.join(TRAINER_STRATEGIES)} (with :PARAMS, see docs/agents.md)")
+    r.add_argument("--max-jobs", type=int, default=1, help="jobs worked on at once")
+    r.add_argument("--dispute-rivals", action="store_true",
+                   help="dispute rival trainers whose result differs from ours (staking our slot, no bond)")
+
+
+def run_trainer(args: argparse.Namespace) -> int:
+    from verde_chain.agents.trainer import TrainerBot
+
+    w3, artifacts, market = _connect(args)
+    cfg = _config(args, "trainer", market, args.strategy)
+    return _run_bot(TrainerBot(w3, artifacts, cfg, max_jobs=args.max_jobs, dispute_rivals=args.dispute_rivals), args)
+
+
+def configure_challenger(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    r = sub.add_parser("run", help="watch submissions, re-execute, dispute and play until stopped")
+    bot_args(r, 4)
+    r.add_argument("--strategy", default="honest",
+                   help=f"{' | '.join(CHALLENGER_STRATEGIES)} (with :PARAMS, see docs/agents.md)")
+    r.add_argument("--bond", type=int, default=None, help="bond per dispute in wei (default: the job's minimum)")
+
+
+def run_challenger(args: argparse.Namespace) -> int:
+    from verde_chain.agents.challenger import ChallengerBot
+
+    w3, artifacts, market = _connect(args)
+    return _run_bot(ChallengerBot(w3, artifacts, _config(args, "challenger", market, args.strategy), bond=args.bond),
+                    args)
+
+
+# -- client --------------------------------------------------------------------------------------------
+
+def configure_client(p: argparse.ArgumentParser) -> None:
+    from verde_chain.agents.client import JobTerms
+
+    d = JobTerms()
+    bot_args(p, 1)
+    p.add_argument("--job", choices=JOB_KINDS, default=d.kind)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--reward", type=int, default=d.reward, help="wei")
+    p.add_argument("--stake", type=int, default=d.trainer_stake, help="trainer stake in wei")
+    p.add_argument("--bond", type=int, default=d.min_challenge_bond, help="minimum challenge bond in wei")
+    p.add_argument("--slots", type=int, default=d.slots)
+    p.add_argument("--submission-window", type=int, default=d.submission_window, help="seconds")
+    p.add_argument("--challenge-window", type=int, default=d.challenge_window, help="seconds")
+    p.add_argument("--clock", type=int, default=d.clock_seconds, help="chess-clock seconds per party per game")
+    p.add_argument("--arity", type=int, default=d.arity)
+    p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
+
+
+def run_client(args: argparse.Namespace) -> int:
+    from verde_chain.agents.client import ClientBot, JobTerms
+
+    w3, artifacts, market = _connect(args)
+    bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
+    terms = JobTerms(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
+                     args.challenge_window, args.arity, args.clock, args.seed or JobTerms().job_seed)
+    job_id = bot.post(terms)
+    done = lambda: (bot.store.job(job_id) or {}).get("state") == "done"
+    try:
+        bot.run(args.poll, stop=done, max_ticks=args.max_ticks)
+    except (KeyboardInterrupt, SystemExit):
+        bot.log("stopped before the job was finalized; run again with the same --db to resume")
+        return 1
+    finally:
+        rec = bot.store.job(job_id) or {}
+        bot.close()
+    if args.json:
+        print(json.dumps({"job_id": job_id, **rec}, sort_keys=True))
+    return 0 if rec.get("state") == "done" else 1
+
+
+# -- status --------------------------------------------------------------------------------------------
+
+def configure_job(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = sub.add_parser("status", help="a job's spec, slots and disputes")
+    chain_args(s)
+    s.add_argument("job_id", type=int)
+    s.add_argument("--json", action="store_true")
+
+
+def configure_dispute(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = sub.add_parser("status", help="a dispute game's level, interval, clocks and outcome")
+    chain_args(s)
+    s.add_argument("game_id", type=int)
+    s.add_argument("--json", action="store_true")
+
+
+def _views(args: argparse.Namespace) -> tuple[Web3, Market, DisputeGameClient]:
+    w3, artifacts, market_addr = _connect(args)
+    market = Market.at(w3, artifacts, market_addr)
+    game = w3.eth.contract(address=Web3.to_checksum_address(market.game_address()), abi=artifacts["DisputeGame"].abi)
+    return w3, market, DisputeGameClient(w3, game, artifacts)
+
+
+def run_job_status(args: argparse.Namespace) -> int:
+    from verde_chain.agents.status import format_job, job_status
+
+    _, market, games = _views(args)
+    if not 1 <= args.job_id <= market.job_count():
+        raise AgentError(f"no job {args.job_id} on market {market.address} (jobs: 1..{market.job_count()})")
+    _emit(job_status(market, games, args.job_id), args.json, format_job)
+    return 0
+
+
+def run_dispute_status(args: argparse.Namespace) -> int:
+    from verde_chain.agents.status import dispute_status, format_dispute
+
+    w3, market, games = _views(args)
+    if not 1 <= args.game_id <= games.game_count():
+        raise AgentError(f"no game {args.game_id} (games: 1..{games.game_count()})")
+    now = int(w3.eth.get_block("latest")["timestamp"])
+    _emit(dispute_status(market, games, args.game_id, now), args.json, format_dispute)
+    return 0
+
+
+def _emit(st: dict[str, Any], as_json: bool, fmt: Any) -> None:
+    print(json.dumps(st, sort_keys=True, default=str) if as_json else fmt(st))
+

@@ -1,0 +1,99 @@
+"""Read-only views for ``verde-chain job status`` and ``verde-chain dispute status``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verde_chain.agents.trace import interval
+from verde_chain.chain.game import DisputeGameClient, Phase
+from verde_chain.chain.market import Market
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + b.hex()
+
+
+def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[str, Any]:
+    job = market.job(job_id)
+    s = job.spec
+    disputes = []
+    for ev in market.logs("DisputeOpened", 0):
+        if int(ev.args["jobId"]) != job_id:
+            continue
+        gid = int(ev.args["gameId"])
+        d = market.dispute(gid)
+        v = games.game(gid)
+        disputes.append({
+            "game_id": gid, "defender_slot": d.defender_slot, "challenger": d.challenger, "kind": d.kind.name,
+            "bond": d.bond, "active": d.active, "phase": v.phase.name,
+            "winner": v.winner if v.phase == Phase.RESOLVED else None,
+        })
+    return {
+        "job_id": job_id, "status": job.status.name, "client": job.client,
+        "spec_hash": _hex(s.spec_hash), "num_steps": s.num_steps, "num_nodes": s.num_nodes, "arity": s.arity,
+        "reward": s.reward, "reward_held": job.reward_held, "trainer_stake": s.trainer_stake,
+        "min_challenge_bond": s.min_challenge_bond, "submission_deadline": s.submission_deadline,
+        "challenge_deadline": s.challenge_deadline, "clock_seconds": s.clock_seconds,
+        "active_disputes": job.active_disputes, "accepted_result": _hex(job.accepted_result),
+        "slots": [{"slot": i, "trainer": sl.trainer, "status": sl.status.name, "stake_held": sl.stake_held,
+                   "result": _hex(sl.result)} for i, sl in enumerate(market.slots(job_id))],
+        "disputes": disputes,
+    }
+
+
+def dispute_status(market: Market, games: DisputeGameClient, game_id: int, now: int) -> dict[str, Any]:
+    d = market.dispute(game_id)
+    v = games.game(game_id)
+    iv = interval(v)
+    counts: dict[str, int] = {}
+    for name, _ in games.history(game_id):
+        counts[name] = counts.get(name, 0) + 1
+    elapsed = max(0, now - v.turn_started_at)
+    return {
+        "game_id": game_id, "job_id": d.job_id, "kind": d.kind.name, "bond": d.bond, "active": d.active,
+        "defender": v.defender, "challenger": v.challenger, "phase": v.phase.name,
+        "level": v.phase.level if v.phase not in (Phase.NONE, Phase.RESOLVED) else None,
+        "interval": None if iv is None else {"unit": iv.unit, "lo": iv.lo, "hi": iv.hi, "total": iv.total},
+        "to_move": v.to_move, "defender_clock_left": v.defender_left, "challenger_clock_left": v.challenger_left,
+        "turn_elapsed": elapsed if v.to_move else None,
+        "step": v.step, "node": v.node_index, "element": v.element,
+        "winner": v.winner if v.phase == Phase.RESOLVED else None,
+        "resolution": v.resolution.name if v.phase == Phase.RESOLVED else None,
+        "events": counts,
+    }
+
+
+def format_job(st: dict[str, Any]) -> str:
+    lines = [f"job {st['job_id']}: {st['status']}  client {st['client']}",
+             f"  spec {st['spec_hash']}  {st['num_steps']} steps, {st['num_nodes']} nodes, arity {st['arity']}",
+             (f"  reward {st['reward']} (held {st['reward_held']}), stake {st['trainer_stake']}, "
+              f"min bond {st['min_challenge_bond']}"),
+             (f"  submission deadline {st['submission_deadline']}, challenge deadline {st['challenge_deadline']}, "
+              f"clock {st['clock_seconds']} s"),
+             f"  accepted result {st['accepted_result']}", "",
+             f"  {'slot':<5}{'trainer':<44}{'status':<11}{'stake held':>22}  result"]
+    for s in st["slots"]:
+        lines.append(f"  {s['slot']:<5}{s['trainer']:<44}{s['status']:<11}{s['stake_held']:>22}  {s['result'][:18]}...")
+    if st["disputes"]:
+        lines += ["", f"  {'game':<6}{'slot':<6}{'kind':<9}{'challenger':<44}{'phase':<11}{'active':<8}winner"]
+        for d in st["disputes"]:
+            lines.append(f"  {d['game_id']:<6}{d['defender_slot']:<6}{d['kind']:<9}{d['challenger']:<44}"
+                         f"{d['phase']:<11}{d['active']!s:<8}{d['winner'] or '-'}")
+    return "\n".join(lines)
+
+
+def format_dispute(st: dict[str, Any]) -> str:
+    iv = st["interval"]
+    lines = [
+        f"game {st['game_id']} (job {st['job_id']}, {st['kind']}, bond {st['bond']}): {st['phase']}",
+        f"  defender   {st['defender']}  clock left {st['defender_clock_left']} s",
+        f"  challenger {st['challenger']}  clock left {st['challenger_clock_left']} s",
+    ]
+    if iv:
+        lines.append(f"  level {st['level']}: {iv['unit']} [{iv['lo']}, {iv['hi']}] of [0, {iv['total']}]"
+                     f"  (step {st['step']}, node {st['node']}, element {st['element']})")
+        lines.append(f"  to move: {st['to_move']} ({st['turn_elapsed']} s into its turn)")
+    if st["winner"]:
+        lines.append(f"  resolved by {st['resolution']}: winner {st['winner']}")
+    lines.append("  events: " + ", ".join(f"{k} x{v}" for k, v in sorted(st["events"].items())))
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""Honest and adversarial behaviour of trainers and challengers, chosen by ``--strategy``.
+
+A bot is dishonest in one of two ways (as in ``verde_chain/game/players.py``): through its
+*World* (the execution it believes and commits to) or through its *conduct* in the game.
+
+  trainer strategies
+    honest                          correct execution, consistent play
+    lazy[:K]                        runs only K steps (default T//2) and claims C_K for every later step
+    poison[:K]                      trains on tampered batches from step K (default 1)
+    bitflip[:STEP:NODE:ELEM[:BIT]]  flips one bit of one output element of one node at one step and
+                                    carries on from there; without a site, one is drawn from --seed
+    inconsistent                    honest claims at every level but a different final C_T
+                                    (its L1 claims cannot be justified at L2)
+    garbage                         a bit-flip cheat that posts random claims in the bisections
+    silent[:N]                      a bit-flip cheat that stops moving after N moves in a game
+  challenger strategies
+    honest                          re-executes, disputes every result that differs from its own
+    lying[:STEP:NODE:ELEM[:BIT]]    believes a faulty execution and disputes honest results
+    random                          honest execution, uniformly random bisection choices
+    silent[:N]                      a lying challenger that stops after N moves
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from verde_chain.agents.errors import StrategyError
+from verde_chain.chain.game import NodeReveal
+from verde_chain.commit.merkle import keccak256
+from verde_chain.graph.world import OutputFault, TrainingWorld
+from verde_chain.job import Job
+
+TRAINER_STRATEGIES = ("honest", "lazy", "poison", "bitflip", "inconsistent", "garbage", "silent")
+CHALLENGER_STRATEGIES = ("honest", "lying", "random", "silent")
+
+
+@dataclass
+class Plan:
+    """What a bot believes and how it plays: its World, the players' strategy, an optional move
+    budget after which it goes silent, and the final commitment it submits."""
+
+    world: TrainingWorld | LazyWorld
+    player_strategy: str = "consistent"
+    silent_after: int | None = None
+    fault: OutputFault | None = None
+    tamper_result: bool = False
+
+    def result(self) -> bytes:
+        c_t = self.world.step_commitment(self.world.num_steps)
+        return keccak256(b"inconsistent" + c_t) if self.tamper_result else c_t
+
+
+def parse(strategy: str, allowed: tuple[str, ...]) -> tuple[str, list[int]]:
+    name, *rest = strategy.split(":")
+    if name not in allowed:
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(allowed)}", strategy=strategy)
+    try:
+        return name, [int(x) for x in rest]
+    except ValueError as exc:
+        raise StrategyError(f"strategy {strategy!r}: parameters must be integers") from exc
+
+
+def parse_cheat(text: str) -> OutputFault:
+    """``step:node:element[:bit]`` (the demo's ``--cheat``)."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not all(p.lstrip("-").isdigit() for p in parts):
+        raise StrategyError(f"--cheat wants step:node:element[:bit], got {text!r}")
+    s, d, e, *b = (int(p) for p in parts)
+    return OutputFault(s, d, e, b[0] if b else 0)
+
+
+def honest_world(job: Job) -> TrainingWorld:
+    return TrainingWorld.from_job(job)
+
+
+def check_fault(job: Job, f: OutputFault) -> OutputFault:
+    nodes = job.program.graph.nodes
+    if not 1 <= f.step <= job.spec.steps:
+        raise StrategyError(f"cheat step {f.step} not in 1..{job.spec.steps}")
+    if not 0 <= f.node < len(nodes):
+        raise StrategyError(f"cheat node {f.node} not in 0..{len(nodes) - 1}")
+    if not 0 <= f.element < nodes[f.node].desc.numel:
+        raise StrategyError(f"cheat element {f.element} not in 0..{nodes[f.node].desc.numel - 1} of node {f.node}")
+    if not 0 <= f.bit < 32:
+        raise StrategyError(f"cheat bit {f.bit} not in 0..31")
+    return f
+
+
+def draw_fault(job: Job, seed: int, honest_result: bytes | None = None) -> OutputFault:
+    """A cheat site drawn from `seed` that changes the final commitment (a flip in a value nothing
+    later reads, e.g. the reported loss of the last step, would change C_s but not C_T, and nobody
+    could tell the cheater from an honest trainer at the market's level)."""
+    rng = random.Random(seed)
+    nodes = [n for n in job.program.graph.nodes if not n.label.startswith("batch:")]
+    want = honest_result or honest_world(job).step_commitment(job.spec.steps)
+    for _ in range(64):
+        node = rng.choice(nodes)
+        f = OutputFault(rng.randint(1, job.spec.steps), node.index, rng.randrange(node.desc.numel), rng.randrange(31))
+        if TrainingWorld.from_job(job, f).step_commitment(job.spec.steps) != want:
+            return f
+    raise StrategyError(f"no cheat site found from seed {seed} that changes C_T")
+
+
+def _fault_from(job: Job, args: list[int], seed: int) -> OutputFault:
+    if not args:
+        return draw_fault(job, seed)
+    if len(args) not in (3, 4):
+        raise StrategyError("a cheat site is STEP:NODE:ELEM[:BIT]")
+    return check_fault(job, OutputFault(args[0], args[1], args[2], args[3] if len(args) == 4 else 0))
+
+
+def trainer_plan(strategy: str, job: Job, seed: int = 0) -> Plan:
+    name, args = parse(strategy, TRAINER_STRATEGIES)
+    T = job.spec.steps
+    if name == "honest":
+        return Plan(honest_world(job))
+    if name == "lazy":
+        k = args[0] if args else max(0, T // 2)
+        if not 0 <= k < T:
+            raise StrategyError(f"lazy:K wants 0 <= K < {T}")
+        return Plan(LazyWorld(honest_world(job), k))
+    if name == "poison":
+        k = args[0] if args else 1
+        return Plan(poisoned_world(job, k))
+    if name == "inconsistent":
+        return Plan(honest_world(job), tamper_result=True)
+    if name in ("bitflip", "garbage", "silent"):
+        site = args if name != "silent" else args[1:]
+        f = _fault_from(job, site, seed)
+        world = TrainingWorld.from_job(job, f)
+        if name == "garbage":
+            return Plan(world, "garbage", fault=f)
+        if name == "silent":
+            return Plan(world, silent_after=args[0] if args else 2, fault=f)
+        return Plan(world, fault=f)
+    raise AssertionError(name)
+
+
+def challenger_plan(strategy: str, job: Job, seed: int = 0) -> Plan:
+    name, args = parse(strategy, CHALLENGER_STRATEGIES)
+    if name == "honest":
+        return Plan(honest_world(job))
+    if name == "random":
+        return Plan(honest_world(job), "random")
+    site = args if name == "lying" else args[1:]
+    f = _fault_from(job, site, seed)
+    world = TrainingWorld.from_job(job, f)
+    if name == "silent":
+        return Plan(world, silent_after=args[0] if args else 2, fault=f)
+    return Plan(world, fault=f)
+
+
+def poisoned_world(job: Job, from_step: int) -> TrainingWorld:
+    """Trains on batches whose first sample's features are shifted by 0.5 from `from_step` on.
+    Its batch roots differ from the job's, so it can never justify a BATCH input on chain."""
+
+    def batches(s: int) -> np.ndarray:
+        b = np.array(job.batch(s), dtype=np.float32, copy=True)
+        if s >= from_step:
+            width = int(np.prod(job.dataset.X.shape[1:]))
+            b[:width] += np.float32(0.5)
+        return b
+
+    return TrainingWorld(job.program.graph, job.init_state, batches, job.spec.steps)
+
+
+class LazyWorld:
+    """A trainer that ran only the first `k` steps and reports state k for every later step."""
+
+    def __init__(self, inner: TrainingWorld, k: int) -> None:
+        self.inner = inner
+        self.k = k
+        self.num_steps = inner.num_steps
+        self.num_nodes = inner.num_nodes
+        self.graph = inner.graph
+
+    def _s(self, s: int) -> int:
+        return min(s, self.k)
+
+    def step_commitment(self, s: int) -> bytes:
+        return self.inner.step_commitment(self._s(s))
+
+    def node_levels(self, s: int) -> list[list[bytes]]:
+        return self.inner.node_levels(self._s(s))
+
+    def node_reveal(self, s: int, d: int) -> NodeReveal:
+        return self.inner.node_reveal(max(1, self._s(s)), d)
+
+    def desc(self, s: int, d: int) -> bytes:
+        return self.inner.desc(s, d)
+
+    def output_levels(self, s: int, d: int) -> list[list[bytes]]:
+        return self.inner.output_levels(max(1, self._s(s)), d)
+
+    def output_chunk(self, s: int, d: int, leaf: int) -> bytes:
+        return self.inner.output_chunk(max(1, self._s(s)), d, leaf)
+
+    def micro_steps(self, s: int, d: int) -> int:
+        return self.inner.micro_steps(s, d)
+
+    def micro_state(self, s: int, d: int, e: int, j: int) -> bytes:
+        return self.inner.micro_state(max(1, self._s(s)), d, e, j)
+
+    def step_proof(self, s: int, d: int, e: int, j: int) -> bytes:
+        return self.inner.step_proof(max(1, self._s(s)), d, e, j)
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def train(plan: Plan, progress: ProgressFn | None = None) -> bytes:
+    """Run every step of the plan's World (reporting progress) and return what it will submit."""
+    T = plan.world.num_steps
+    for s in range(1, T + 1):
+        plan.world.step_commitment(s)
+        if progress:
+            progress(s, T)
+    return plan.result()

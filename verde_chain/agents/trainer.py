@@ -1,0 +1,136 @@
+"""The trainer bot: takes jobs, stakes, trains with RepOps, submits C_T, defends its result.
+
+Per job, the state lives on chain (``getSlot``): no slot -> join; JOINED -> train and submit;
+SUBMITTED -> defend the games opened against it (and, with ``dispute_rivals``, dispute every rival
+trainer whose C_T differs from its own, staking its own slot instead of a bond: results are
+deterministic, so one of the two is wrong); after ``JobFinalized`` -> withdraw.
+"""
+
+from __future__ import annotations
+
+from verde_chain.agents.bot import Bot
+from verde_chain.agents.catalog import check_against_chain
+from verde_chain.agents.errors import AgentError
+from verde_chain.agents.strategies import Plan, train, trainer_plan
+from verde_chain.agents.wallet import retry
+from verde_chain.chain.market import JobStatus, MarketError, SlotStatus
+from verde_chain.errors import ContractRevert
+
+
+class TrainerBot(Bot):
+    role = "trainer"
+    EVENTS = ("JobPosted", "DisputeOpened", "JobFinalized")
+
+    def __init__(self, *args, max_jobs: int = 1, dispute_rivals: bool = False,  # type: ignore[no-untyped-def]
+                 **kw) -> None:
+        super().__init__(*args, **kw)
+        self.max_jobs = max_jobs
+        self.dispute_rivals = dispute_rivals
+
+    def plan(self, job_id: int) -> Plan:
+        if job_id not in self.plans:
+            spec = retry(lambda: self.market.job(job_id)).spec
+            job = self.bundles.fetch(spec.spec_hash)
+            self.plans[job_id] = trainer_plan(self.cfg.strategy, job, self.cfg.seed)
+        return self.plans[job_id]
+
+    def tick(self) -> bool:
+        acted = False
+        for ev in self.poll():
+            if ev.name == "JobPosted":
+                self._consider(int(ev.args["jobId"]))
+            elif ev.name == "DisputeOpened" and self.address in (ev.args["defender"], ev.args["challenger"]):
+                self.add_game(ev)
+            elif ev.name == "JobFinalized" and self.store.job(int(ev.args["jobId"])) is not None:
+                self.store.update_job(int(ev.args["jobId"]), finalized=True)
+        self.commit_cursor()
+        for job_id, rec in self.store.jobs().items():
+            if rec.get("state") in ("joining", "joined", "submitted"):
+                acted |= self._advance(job_id, rec)
+        acted |= self.play_games()
+        return acted
+
+    def _consider(self, job_id: int) -> None:
+        if self.store.job(job_id) is not None:
+            return
+        active = sum(1 for r in self.store.jobs().values() if r.get("state") in ("joining", "joined", "submitted"))
+        if active >= self.max_jobs:
+            self.store.update_job(job_id, state="skipped", reason="busy")
+            return
+        job = retry(lambda: self.market.job(job_id))
+        try:
+            bundle = self.bundles.fetch(job.spec.spec_hash)
+        except AgentError as exc:
+            self.store.update_job(job_id, state="skipped", reason=str(exc))
+            self.log(f"job {job_id}: skipped ({exc})")
+            return
+        bad = check_against_chain(bundle, job.spec)
+        if bad:
+            self.store.update_job(job_id, state="skipped", reason=f"bundle disagrees with chain on {bad}")
+            self.log(f"job {job_id}: skipped, bundle disagrees with the posted {bad}")
+            return
+        self.store.update_job(job_id, state="joining")
+
+    def _slot(self, job_id: int) -> int | None:
+        try:
+            return retry(lambda: self.market.slot_of(job_id, self.address))
+        except MarketError as exc:
+            if exc.error == "NotATrainer":
+                return None
+            raise
+
+    def _advance(self, job_id: int, rec: dict) -> bool:  # type: ignore[type-arg]
+        job = retry(lambda: self.market.job(job_id))
+        slot = self._slot(job_id)
+        if slot is None:
+            if job.status != JobStatus.OPEN or self.now() > job.spec.submission_deadline \
+                    or job.slots_taken >= job.spec.slots:
+                self.store.update_job(job_id, state="skipped", reason="could not join")
+                return False
+            try:
+                self.sender.send(self.market.contract.functions.join(job_id), "join", value=job.spec.trainer_stake)
+            except ContractRevert as exc:
+                self.store.update_job(job_id, state="skipped", reason=exc.error)
+                self.log(f"job {job_id}: join refused: {exc.error}")
+                return False
+            slot = self._slot(job_id)
+            self.log(f"job {job_id}: joined slot {slot}, staked {job.spec.trainer_stake} wei ({self.cfg.strategy})")
+            self.store.update_job(job_id, state="joined", slot=slot)
+            return True
+        s = retry(lambda: self.market.slot(job_id, slot))
+        if s.status == SlotStatus.JOINED:
+            if self.now() > job.spec.submission_deadline:
+                return False
+            plan = self.plan(job_id)
+            every = max(1, job.spec.num_steps // 10)  # ~10 progress lines per job, however long
+            result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
+                           if i % every == 0 or i == n else None)
+            self.sender.send(self.market.contract.functions.submit(job_id, result, b"\x00" * 32), "submit")
+            self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + result.hex())
+            self.log(f"job {job_id}: submitted C_T = 0x{result.hex()[:16]}...")
+            return True
+        if rec.get("state") != "submitted":
+            self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + s.result.hex())
+        if self.dispute_rivals and job.status == JobStatus.OPEN and s.status == SlotStatus.SUBMITTED \
+                and self.now() <= job.spec.challenge_deadline and self._dispute_rivals(job_id, slot):
+            return True
+        if job.status == JobStatus.FINALIZED:
+            self._withdraw(job.spec.token)
+            self.store.update_job(job_id, state="done", slot_status=s.status.name)
+            self.log(f"job {job_id}: finalized; my slot ended {s.status.name}")
+            return True
+        return False
+
+    def _dispute_rivals(self, job_id: int, own_slot: int) -> bool:
+        mine = {g["slot"] for g in self.store.games().values() if g["job_id"] == job_id and g["role"] == "challenger"}
+        for rival in retry(lambda: self.market.rivals(job_id, own_slot)):
+            if rival in mine:
+                continue
+            try:
+                self.sender.send(self.market.contract.functions.disputeRival(job_id, rival, own_slot), "disputeRival")
+            except ContractRevert as exc:
+                self.log(f"job {job_id}: disputeRival against slot {rival} refused: {exc.error}")
+                continue
+            self.log(f"job {job_id}: slot {rival}'s result differs from mine; disputed it with my stake")
+            return True  # the DisputeOpened event (next tick) records the game
+        return False
