@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 //
-// repops_cpu.cpp — RepOps CPU kernels (GEMM, reductions, elementwise) with one fixed order.
+// repops_cpu.cpp — RepOps CPU kernels (GEMM, reductions, elementwise, and a generic interpreter
+// of KernelDesc programs) with one fixed order.
 //
 // Built three times from this one source (see verde_chain/repops/cpu_kernels.py):
 //   REPOPS_ISA=0  scalar   (no ISA flags; fmaf from libm, correctly rounded)
@@ -41,6 +42,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -76,16 +78,14 @@ inline float canon(float x) { return x != x ? from_bits(CANONICAL_NAN_BITS) : x;
 
 // Spec max/min: NaN if either operand is NaN; among equal values (incl. -0 == +0) the sign
 // bits are ANDed for max (+0 wins) and ORed for min (-0 wins).
-inline float max_spec(float a, float b) {
+template <bool IS_MAX>
+inline float extreme_spec(float a, float b) {
     if (a != a || b != b) return from_bits(CANONICAL_NAN_BITS);
-    if (a == b) return from_bits(to_bits(a) & to_bits(b));
-    return a > b ? a : b;
+    if (a == b) return from_bits(IS_MAX ? (to_bits(a) & to_bits(b)) : (to_bits(a) | to_bits(b)));
+    return (IS_MAX ? a > b : a < b) ? a : b;
 }
-inline float min_spec(float a, float b) {
-    if (a != a || b != b) return from_bits(CANONICAL_NAN_BITS);
-    if (a == b) return from_bits(to_bits(a) | to_bits(b));
-    return a < b ? a : b;
-}
+inline float max_spec(float a, float b) { return extreme_spec<true>(a, b); }
+inline float min_spec(float a, float b) { return extreme_spec<false>(a, b); }
 
 // SAFETY: torch (set_flush_denormal) or another library may have turned on FTZ/DAZ in this
 // thread; either would flush subnormal operands/results and break bitwise agreement with the
@@ -100,6 +100,21 @@ struct FpEnvGuard {
     ~FpEnvGuard() { _mm_setcsr(saved); }
 #endif
 };
+
+#if REPOPS_X86 && defined(__AVX2__)
+inline __m256 y_canonical_nan() { return _mm256_castsi256_ps(_mm256_set1_epi32((int)CANONICAL_NAN_BITS)); }
+
+// Spec max/min on 8 lanes (see extreme_spec). Shared by the AVX2 Vec and the rows-to-lanes
+// reductions, which AVX-512 builds run on ymm registers too.
+template <bool IS_MAX>
+inline __m256 y_extreme_spec(__m256 a, __m256 b) {
+    const __m256 unord = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+    const __m256 eq = _mm256_cmp_ps(a, b, _CMP_EQ_OQ);
+    const __m256 r = IS_MAX ? _mm256_blendv_ps(_mm256_max_ps(a, b), _mm256_and_ps(a, b), eq)
+                            : _mm256_blendv_ps(_mm256_min_ps(a, b), _mm256_or_ps(a, b), eq);
+    return _mm256_blendv_ps(r, y_canonical_nan(), unord);
+}
+#endif
 
 // ----------------------------------------------------------------------------------------
 // Vector abstraction: W lanes of independent output elements.
@@ -123,18 +138,14 @@ inline Vec vcanon(Vec a) {
     __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
     return {_mm512_mask_blend_ps(nan, a.v, _mm512_castsi512_ps(_mm512_set1_epi32((int)CANONICAL_NAN_BITS)))};
 }
-inline Vec vmax_spec(Vec a, Vec b) {
-    __mmask16 unord = _mm512_cmp_ps_mask(a.v, b.v, _CMP_UNORD_Q);
-    __mmask16 eq = _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ);
-    __m512 both = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a.v), _mm512_castps_si512(b.v)));
-    __m512 r = _mm512_mask_blend_ps(eq, _mm512_max_ps(a.v, b.v), both);
-    return {_mm512_mask_blend_ps(unord, r, _mm512_castsi512_ps(_mm512_set1_epi32((int)CANONICAL_NAN_BITS)))};
-}
-inline Vec vmin_spec(Vec a, Vec b) {
-    __mmask16 unord = _mm512_cmp_ps_mask(a.v, b.v, _CMP_UNORD_Q);
-    __mmask16 eq = _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ);
-    __m512 either = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a.v), _mm512_castps_si512(b.v)));
-    __m512 r = _mm512_mask_blend_ps(eq, _mm512_min_ps(a.v, b.v), either);
+// Spec max/min on 16 lanes (see extreme_spec): hardware max/min, then the -0/+0 tie rule, then NaN.
+template <bool IS_MAX>
+inline Vec vextreme_spec(Vec a, Vec b) {
+    const __mmask16 unord = _mm512_cmp_ps_mask(a.v, b.v, _CMP_UNORD_Q);
+    const __mmask16 eq = _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ);
+    const __m512i ai = _mm512_castps_si512(a.v), bi = _mm512_castps_si512(b.v);
+    const __m512 tie = _mm512_castsi512_ps(IS_MAX ? _mm512_and_si512(ai, bi) : _mm512_or_si512(ai, bi));
+    const __m512 r = _mm512_mask_blend_ps(eq, IS_MAX ? _mm512_max_ps(a.v, b.v) : _mm512_min_ps(a.v, b.v), tie);
     return {_mm512_mask_blend_ps(unord, r, _mm512_castsi512_ps(_mm512_set1_epi32((int)CANONICAL_NAN_BITS)))};
 }
 constexpr int GEMM_MR = 12;
@@ -158,17 +169,9 @@ inline Vec vcanon(Vec a) {
     __m256 nan = _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q);
     return {_mm256_blendv_ps(a.v, _mm256_castsi256_ps(_mm256_set1_epi32((int)CANONICAL_NAN_BITS)), nan)};
 }
-inline Vec vmax_spec(Vec a, Vec b) {
-    __m256 unord = _mm256_cmp_ps(a.v, b.v, _CMP_UNORD_Q);
-    __m256 eq = _mm256_cmp_ps(a.v, b.v, _CMP_EQ_OQ);
-    __m256 r = _mm256_blendv_ps(_mm256_max_ps(a.v, b.v), _mm256_and_ps(a.v, b.v), eq);
-    return {_mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32((int)CANONICAL_NAN_BITS)), unord)};
-}
-inline Vec vmin_spec(Vec a, Vec b) {
-    __m256 unord = _mm256_cmp_ps(a.v, b.v, _CMP_UNORD_Q);
-    __m256 eq = _mm256_cmp_ps(a.v, b.v, _CMP_EQ_OQ);
-    __m256 r = _mm256_blendv_ps(_mm256_min_ps(a.v, b.v), _mm256_or_ps(a.v, b.v), eq);
-    return {_mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32((int)CANONICAL_NAN_BITS)), unord)};
+template <bool IS_MAX>
+inline Vec vextreme_spec(Vec a, Vec b) {
+    return {y_extreme_spec<IS_MAX>(a.v, b.v)};
 }
 constexpr int GEMM_MR = 6;
 constexpr int GEMM_NV = 2;  // 6 x 16 tile: 12 ymm accumulators
@@ -188,13 +191,17 @@ inline Vec vsub(Vec a, Vec b) { return {a.v - b.v}; }
 inline Vec vdiv(Vec a, Vec b) { return {a.v / b.v}; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return {std::fma(a.v, b.v, c.v)}; }
 inline Vec vcanon(Vec a) { return {canon(a.v)}; }
-inline Vec vmax_spec(Vec a, Vec b) { return {max_spec(a.v, b.v)}; }
-inline Vec vmin_spec(Vec a, Vec b) { return {min_spec(a.v, b.v)}; }
+template <bool IS_MAX>
+inline Vec vextreme_spec(Vec a, Vec b) {
+    return {extreme_spec<IS_MAX>(a.v, b.v)};
+}
 constexpr int GEMM_MR = 4;
 constexpr int GEMM_NV = 4;  // 4 x 4 tile of scalars
 #endif
 
 constexpr int GEMM_NR = GEMM_NV * W;
+inline Vec vmax_spec(Vec a, Vec b) { return vextreme_spec<true>(a, b); }
+inline Vec vmin_spec(Vec a, Vec b) { return vextreme_spec<false>(a, b); }
 
 // ----------------------------------------------------------------------------------------
 // Threads: items are independent output blocks, claimed from a shared counter by `threads`
@@ -243,6 +250,16 @@ void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, 
     for (int64_t ip = 0; ip < rows; ip += GEMM_MR) {
         float* o = out + ip * kc;
         int64_t r_valid = std::min<int64_t>(GEMM_MR, rows - ip);
+        if (sai == 1 && sak != 1) {
+            // A transposed (x^T @ g, the weight gradient): rows are contiguous, walk them inner.
+            for (int64_t k = 0; k < kc; k++) {
+                const float* src = A + (i0 + ip) + (p0 + k) * sak;
+                int64_t r = 0;
+                for (; r < r_valid; r++) o[k * GEMM_MR + r] = src[r];
+                for (; r < GEMM_MR; r++) o[k * GEMM_MR + r] = 0.0f;
+            }
+            continue;
+        }
         for (int64_t r = 0; r < GEMM_MR; r++) {
             if (r < r_valid) {
                 const float* src = A + (i0 + ip + r) * sai + p0 * sak;
@@ -476,16 +493,10 @@ inline void transpose8(__m256 r[8]) {
     }
 }
 
-inline __m256 y_canonical_nan() { return _mm256_castsi256_ps(_mm256_set1_epi32((int)CANONICAL_NAN_BITS)); }
-
 template <int OP>
 inline __m256 y_step(__m256 acc, __m256 x) {
     if (OP == 0 || OP == 2) return _mm256_add_ps(acc, x);  // sum, mean
-    const __m256 unord = _mm256_cmp_ps(acc, x, _CMP_UNORD_Q);
-    const __m256 eq = _mm256_cmp_ps(acc, x, _CMP_EQ_OQ);
-    const __m256 r = OP == 1 ? _mm256_blendv_ps(_mm256_max_ps(acc, x), _mm256_and_ps(acc, x), eq)
-                             : _mm256_blendv_ps(_mm256_min_ps(acc, x), _mm256_or_ps(acc, x), eq);
-    return _mm256_blendv_ps(r, y_canonical_nan(), unord);
+    return y_extreme_spec<OP == 1>(acc, x);
 }
 
 // Rows r .. r+8G-1 (row stride sr, unit k stride), K >= 1; writes O[r .. r+8G-1]. G groups of
@@ -633,6 +644,419 @@ torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op,
     return out;
 }
 
+// ----------------------------------------------------------------------------------------
+// Generic KernelDesc interpreter: any RepOps scalar program (verde_chain/repops/program.py),
+// run on blocks of BLOCK output elements. Registers are BLOCK-lane arrays of raw bit patterns;
+// every instruction is one loop over the lanes (which the compiler vectorises), and the loop
+// index k runs prologue (k = 0), body (k = 1 .. K-1 ascending), epilogue (k = K-1) exactly as
+// the spec does. Lanes only ever hold different output elements, so ISA and thread count
+// cannot change a bit. Instruction semantics follow verde_chain/repops/fp32.py.
+// ----------------------------------------------------------------------------------------
+
+constexpr int MAX_RANK = 6;
+constexpr int NUM_REGS = 16;
+constexpr int BLOCK = 256;
+constexpr uint32_t ONE_BITS = 0x3F800000u;
+
+enum Opcode : int32_t {
+    OP_ADD = 0, OP_SUB, OP_MUL, OP_DIV, OP_FMA, OP_SQRT, OP_MAX, OP_MIN, OP_LT, OP_EQ, OP_SELECT, OP_RINT,
+    OP_LDEXP, OP_GETEXP, OP_GETMANT, OP_NEG, OP_ABS, OP_CONST, OP_LOAD, OP_COORD, OP_LOADIDX, OP_MOV, OP_FLOOR,
+    OP_COUNT
+};
+
+struct Instr {
+    int32_t op, dst, a, b;
+    uint32_t imm;  // c register for FMA/SELECT, else the immediate
+};
+
+struct InputMap {
+    const uint32_t* data;
+    int64_t numel, kstride, offset, idx_stride;
+    int64_t strides[MAX_RANK];
+    // Linear maps (address = offset + e * lstride for flat output element e: contiguous
+    // inputs, lstride 1, and scalars broadcast everywhere, lstride 0) need no per-lane table.
+    bool linear;
+    int64_t lstride;
+    int64_t last;  // the innermost output axis runs follow (see Lanes)
+};
+
+inline uint32_t canon_bits(uint32_t u) { return (u & 0x7FFFFFFFu) > 0x7F800000u ? CANONICAL_NAN_BITS : u; }
+
+// LDEXP a, b (fp32.py): b must be integral; +-inf act as huge exponents; clamping |b| to 400
+// keeps the binary64 product exact, so the one float conversion is the only rounding.
+inline uint32_t ldexp_bits(uint32_t ua, uint32_t ub) {
+    const double a = (double)from_bits(ua), b = (double)from_bits(ub);
+    if (b != b) return CANONICAL_NAN_BITS;
+    const bool finite_b = std::isfinite(b);
+    if (finite_b && std::floor(b) != b) return CANONICAL_NAN_BITS;
+    if (b == INFINITY && a == 0.0) return CANONICAL_NAN_BITS;
+    if (b == -INFINITY && std::isinf(a)) return CANONICAL_NAN_BITS;
+    const int e = (int)std::min(400.0, std::max(-400.0, b));
+    return canon_bits(to_bits((float)std::ldexp(a, e)));
+}
+
+// GETEXP / GETMANT (fp32.py): exact exponent and significand of |a|; binary64 makes
+// subnormals normal. 0 -> (-inf, 1), inf -> (+inf, 1), NaN -> NaN.
+inline uint32_t getexp_bits(uint32_t ua) {
+    const float a = from_bits(ua);
+    if (a != a) return CANONICAL_NAN_BITS;
+    if (a == 0.0f) return to_bits(-INFINITY);
+    if (std::isinf(a)) return to_bits(INFINITY);
+    int e;
+    std::frexp(std::fabs((double)a), &e);
+    return to_bits((float)(e - 1));
+}
+inline uint32_t getmant_bits(uint32_t ua) {
+    const float a = from_bits(ua);
+    if (a != a) return CANONICAL_NAN_BITS;
+    if (a == 0.0f || std::isinf(a)) return ONE_BITS;
+    int e;
+    return to_bits((float)(2.0 * std::frexp(std::fabs((double)a), &e)));
+}
+
+// The address of LOADIDX, exact in 128 bits; nullopt-like -1 when not a finite integral index
+// or outside [0, numel).
+inline int64_t loadidx_address(const InputMap& m, int64_t base, uint32_t ureg) {
+    const float x = from_bits(ureg);
+    if (!std::isfinite(x) || std::floor(x) != x) return -1;
+    // |index| > 2^100 times a non-zero stride is out of range anyway; the clamp keeps int128 exact.
+    const double xd = std::min(std::ldexp(1.0, 100), std::max(-std::ldexp(1.0, 100), (double)x));
+    const __int128 addr = (__int128)base + (__int128)xd * (__int128)m.idx_stride;
+    return (addr < 0 || addr >= (__int128)m.numel) ? -1 : (int64_t)addr;
+}
+
+struct Lanes {
+    int n = 0;
+    alignas(64) uint32_t reg[NUM_REGS][BLOCK];
+    alignas(64) uint32_t coord[MAX_RANK][BLOCK];  // coordinates as binary32 bits
+    std::vector<int64_t> base;                      // [input][lane]: offset + sum c[d]*strides[d]
+    std::vector<int64_t> base0;                     // [input]: lane 0's address (linear maps)
+    // Runs along the innermost output axis (non-linear maps): lanes [start, start + len) read
+    // run_base[input][run] + j * strides[last], j = 0 .. len-1 (before the k term).
+    int n_runs = 0;
+    int run_start[BLOCK], run_len[BLOCK];
+    std::vector<int64_t> run_base;  // [input][run]
+};
+
+// Address of lane i of input t (before the k term).
+inline int64_t lane_base(const InputMap& m, const Lanes& L, int64_t t, int i) {
+    return m.linear ? L.base0[t] + i * m.lstride : L.base[t * BLOCK + i];
+}
+
+template <class F>
+inline void lanes_unary(uint32_t* d, const uint32_t* a, int n, F f) {
+    for (int i = 0; i < n; i++) d[i] = canon_bits(to_bits(f(from_bits(a[i]))));
+}
+template <class F>
+inline void lanes_binary(uint32_t* d, const uint32_t* a, const uint32_t* b, int n, F f) {
+    for (int i = 0; i < n; i++) d[i] = canon_bits(to_bits(f(from_bits(a[i]), from_bits(b[i]))));
+}
+
+void exec_instr(const Instr& in, int64_t k, const std::vector<InputMap>& maps, Lanes& L) {
+    const int n = L.n;
+    uint32_t* d = L.reg[in.dst];
+    const uint32_t* a = L.reg[in.a];
+    const uint32_t* b = L.reg[in.b];
+    const uint32_t* c = L.reg[in.imm & (NUM_REGS - 1)];
+    switch (in.op) {
+        case OP_ADD: lanes_binary(d, a, b, n, [](float x, float y) { return x + y; }); break;
+        case OP_SUB: lanes_binary(d, a, b, n, [](float x, float y) { return x - y; }); break;
+        case OP_MUL: lanes_binary(d, a, b, n, [](float x, float y) { return x * y; }); break;
+        case OP_DIV: lanes_binary(d, a, b, n, [](float x, float y) { return x / y; }); break;
+        case OP_FMA:
+            for (int i = 0; i < n; i++) d[i] = canon_bits(to_bits(std::fma(from_bits(a[i]), from_bits(b[i]), from_bits(c[i]))));
+            break;
+        case OP_SQRT: lanes_unary(d, a, n, [](float x) { return std::sqrt(x); }); break;
+        case OP_MAX: lanes_binary(d, a, b, n, max_spec); break;
+        case OP_MIN: lanes_binary(d, a, b, n, min_spec); break;
+        case OP_LT:
+            for (int i = 0; i < n; i++) d[i] = from_bits(a[i]) < from_bits(b[i]) ? ONE_BITS : 0u;
+            break;
+        case OP_EQ:
+            for (int i = 0; i < n; i++) d[i] = from_bits(a[i]) == from_bits(b[i]) ? ONE_BITS : 0u;
+            break;
+        case OP_SELECT:  // NaN counts as true, -0 as zero
+            for (int i = 0; i < n; i++) d[i] = canon_bits(from_bits(a[i]) != 0.0f ? b[i] : c[i]);
+            break;
+        case OP_RINT: lanes_unary(d, a, n, [](float x) { return std::nearbyint(x); }); break;
+        case OP_FLOOR: lanes_unary(d, a, n, [](float x) { return std::floor(x); }); break;
+        case OP_LDEXP:
+            for (int i = 0; i < n; i++) d[i] = ldexp_bits(a[i], b[i]);
+            break;
+        case OP_GETEXP:
+            for (int i = 0; i < n; i++) d[i] = getexp_bits(a[i]);
+            break;
+        case OP_GETMANT:
+            for (int i = 0; i < n; i++) d[i] = getmant_bits(a[i]);
+            break;
+        case OP_NEG:
+            for (int i = 0; i < n; i++) d[i] = canon_bits(a[i] ^ 0x80000000u);
+            break;
+        case OP_ABS:
+            for (int i = 0; i < n; i++) d[i] = canon_bits(a[i] & 0x7FFFFFFFu);
+            break;
+        case OP_MOV:
+            for (int i = 0; i < n; i++) d[i] = canon_bits(a[i]);
+            break;
+        case OP_CONST:
+            for (int i = 0; i < n; i++) d[i] = in.imm;
+            break;
+        case OP_COORD: std::memcpy(d, L.coord[in.imm], sizeof(uint32_t) * n); break;
+        case OP_LOAD: {
+            const InputMap& m = maps[in.imm];
+            const int64_t koff = k * m.kstride;
+            if (m.linear) {
+                const uint32_t* src = m.data + (L.base0[in.imm] + koff);
+                if (m.lstride == 1) {
+                    std::memcpy(d, src, sizeof(uint32_t) * n);
+                } else {
+                    for (int i = 0; i < n; i++) d[i] = src[i * m.lstride];
+                }
+            } else {
+                // Per run: a copy (innermost stride 1), a fill (0, broadcast), or a strided read.
+                const int64_t st = m.strides[m.last];
+                const int64_t* rb = L.run_base.data() + (int64_t)in.imm * BLOCK;
+                for (int r = 0; r < L.n_runs; r++) {
+                    const uint32_t* src = m.data + (rb[r] + koff);
+                    uint32_t* out = d + L.run_start[r];
+                    const int len = L.run_len[r];
+                    if (st == 1) {
+                        std::memcpy(out, src, sizeof(uint32_t) * len);
+                    } else if (st == 0) {
+                        const uint32_t v = src[0];
+                        for (int j = 0; j < len; j++) out[j] = v;
+                    } else {
+                        for (int j = 0; j < len; j++) out[j] = src[j * st];
+                    }
+                }
+            }
+            break;
+        }
+        case OP_LOADIDX: {
+            const InputMap& m = maps[in.imm];
+            for (int i = 0; i < n; i++) {
+                const int64_t addr = loadidx_address(m, lane_base(m, L, in.imm, i) + k * m.kstride, a[i]);
+                d[i] = addr < 0 ? CANONICAL_NAN_BITS : m.data[addr];
+            }
+            break;
+        }
+        default: TORCH_CHECK(false, "unknown opcode ", in.op);
+    }
+}
+
+std::vector<Instr> read_program(const torch::Tensor& code) {
+    TORCH_CHECK(code.dim() == 2 && code.size(1) == 5 && code.scalar_type() == torch::kInt64,
+                "programs are (n, 5) int64 tensors: op, dst, a, b, imm");
+    auto c = code.contiguous();
+    const int64_t* p = c.data_ptr<int64_t>();
+    std::vector<Instr> out(c.size(0));
+    for (int64_t i = 0; i < c.size(0); i++) {
+        const int64_t* w = p + 5 * i;
+        TORCH_CHECK(w[0] >= 0 && w[0] < OP_COUNT, "unknown opcode ", w[0]);
+        for (int j = 1; j < 4; j++) TORCH_CHECK(w[j] >= 0 && w[j] < NUM_REGS, "register out of range");
+        out[i] = {(int32_t)w[0], (int32_t)w[1], (int32_t)w[2], (int32_t)w[3], (uint32_t)w[4]};
+    }
+    return out;
+}
+
+// inputs: flat int32 bit tensors. maps: (n_inputs, rank + 4) int64 rows
+// [strides..., kstride, offset, idx_stride, numel]. Addresses of LOAD are checked in range by
+// the Python KernelDesc.validate; they are re-checked here so a bad call cannot read wild memory.
+// r0_init (optional, numel int32 bits): run ONLY the epilogue with r0 preset (the prologue and
+// body were done by a faster kernel; the caller checked the epilogue reads no other register).
+torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch::Tensor& maps_t,
+                          std::vector<int64_t> out_shape, int64_t K, const torch::Tensor& pro_t,
+                          const torch::Tensor& body_t, const torch::Tensor& epi_t,
+                          const c10::optional<torch::Tensor>& r0_init, int64_t threads) {
+    const int64_t rank = (int64_t)out_shape.size();
+    TORCH_CHECK(rank <= MAX_RANK, "rank ", rank, " > ", MAX_RANK);
+    TORCH_CHECK(K >= 1, "K must be >= 1");
+    const int64_t n_in = (int64_t)inputs.size();
+    TORCH_CHECK(maps_t.scalar_type() == torch::kInt64 && maps_t.dim() == 2 && maps_t.size(0) == n_in &&
+                    maps_t.size(1) == rank + 4,
+                "maps must be (n_inputs, rank + 4) int64");
+    const std::vector<Instr> pro = read_program(pro_t), body = read_program(body_t), epi = read_program(epi_t);
+    int64_t numel = 1;
+    for (int64_t dsz : out_shape) {
+        TORCH_CHECK(dsz >= 1, "output dims must be >= 1");
+        numel *= dsz;
+    }
+    auto mp = maps_t.contiguous();
+    std::vector<InputMap> maps(n_in);
+    std::vector<torch::Tensor> keep;
+    for (int64_t t = 0; t < n_in; t++) {
+        const torch::Tensor& x = inputs[t];
+        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kInt32 && x.is_contiguous(),
+                    "inputs must be contiguous CPU int32 bit tensors");
+        const int64_t* row = mp.data_ptr<int64_t>() + t * (rank + 4);
+        InputMap& m = maps[t];
+        m.data = reinterpret_cast<const uint32_t*>(x.data_ptr<int32_t>());
+        for (int64_t dd = 0; dd < rank; dd++) m.strides[dd] = row[dd];
+        m.kstride = row[rank];
+        m.offset = row[rank + 1];
+        m.idx_stride = row[rank + 2];
+        m.numel = row[rank + 3];
+        TORCH_CHECK(m.numel == x.numel(), "input ", t, " has ", x.numel(), " elements, map says ", m.numel);
+        // SAFETY: LOAD reads data[base + k*kstride] unchecked in the lane loop; prove the whole
+        // box of addresses lies inside the tensor first.
+        int64_t lo = m.offset, hi = m.offset;
+        for (int64_t dd = 0; dd < rank; dd++) {
+            const int64_t span = m.strides[dd] * (out_shape[dd] - 1);
+            lo += std::min<int64_t>(0, span);
+            hi += std::max<int64_t>(0, span);
+        }
+        const int64_t kspan = m.kstride * (K - 1);
+        lo += std::min<int64_t>(0, kspan);
+        hi += std::max<int64_t>(0, kspan);
+        bool loads = false;
+        for (const auto* prog : {&pro, &body, &epi})
+            for (const Instr& in : *prog) loads |= in.op == OP_LOAD && (int64_t)in.imm == t;
+        TORCH_CHECK(!loads || (lo >= 0 && hi < m.numel), "input ", t, " addresses [", lo, ", ", hi,
+                    "] leave [0, ", m.numel, ")");
+    }
+    bool need_coords = false;      // COORD used, or some map is not linear
+    bool use_coord = false;        // COORD used
+    bool need_lane_table = false;  // LOADIDX used: per-lane addresses of non-linear maps
+    int64_t run_axis = std::max<int64_t>(0, rank - 1);  // innermost axis of size > 1 (runs follow it)
+    {
+        int64_t cstride[MAX_RANK], acc = 1, last = -1;
+        for (int64_t dd = rank - 1; dd >= 0; dd--) {
+            cstride[dd] = acc;
+            acc *= out_shape[dd];
+            if (last < 0 && out_shape[dd] > 1) last = dd;
+        }
+        if (last >= 0) run_axis = last;
+        for (InputMap& m : maps) {
+            m.last = run_axis;
+            m.lstride = last < 0 ? 0 : m.strides[last];
+            m.linear = true;
+            for (int64_t dd = 0; dd < rank; dd++)
+                if (out_shape[dd] > 1 && m.strides[dd] != m.lstride * cstride[dd]) m.linear = false;
+            need_coords |= !m.linear;
+        }
+    }
+    for (const auto* prog : {&pro, &body, &epi})
+        for (const Instr& in : *prog) {
+            if (in.op == OP_LOAD || in.op == OP_LOADIDX) TORCH_CHECK((int64_t)in.imm < n_in, "LOAD of a missing input");
+            need_lane_table |= in.op == OP_LOADIDX;
+            if (in.op == OP_COORD) {
+                TORCH_CHECK((int64_t)in.imm < rank, "COORD axis out of range");
+                need_coords = use_coord = true;
+            }
+            if (in.op == OP_FMA || in.op == OP_SELECT) TORCH_CHECK(in.imm < NUM_REGS, "c register out of range");
+        }
+    const uint32_t* init = nullptr;
+    if (r0_init.has_value()) {
+        TORCH_CHECK(r0_init->scalar_type() == torch::kInt32 && r0_init->is_contiguous() && r0_init->numel() == numel,
+                    "r0_init must be a contiguous int32 tensor with one value per output element");
+        init = reinterpret_cast<const uint32_t*>(r0_init->data_ptr<int32_t>());
+    }
+    torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(torch::kInt32));
+    uint32_t* O = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+    const int64_t n_blocks = ceil_div(numel, BLOCK);
+    // Small programs on small tensors: a thread wake-up costs more than the work.
+    const int64_t work = numel * (int64_t)(pro.size() + (K - 1) * body.size() + epi.size());
+    if (work < (1 << 16)) threads = 1;
+    threads = std::max<int64_t>(1, std::min(threads, n_blocks));
+    // Registers the executed sequence reads before writing them start as +0.0 (the spec's
+    // initial state); zeroing only those keeps small nodes cheap.
+    bool live[NUM_REGS] = {};
+    {
+        bool written[NUM_REGS] = {};
+        if (init != nullptr) written[0] = true;
+        auto scan = [&](const std::vector<Instr>& prog) {
+            for (const Instr& in : prog) {
+                const int op = in.op;
+                const bool reads_a = op != OP_CONST && op != OP_LOAD && op != OP_COORD;
+                const bool reads_b = reads_a && op != OP_SQRT && op != OP_RINT && op != OP_FLOOR && op != OP_GETEXP &&
+                                     op != OP_GETMANT && op != OP_NEG && op != OP_ABS && op != OP_MOV && op != OP_LOADIDX;
+                const bool reads_c = op == OP_FMA || op == OP_SELECT;
+                if (reads_a && !written[in.a]) live[in.a] = true;
+                if (reads_b && !written[in.b]) live[in.b] = true;
+                if (reads_c && !written[in.imm]) live[in.imm] = true;
+                written[in.dst] = true;
+            }
+        };
+        if (init == nullptr) {
+            scan(pro);
+            if (K > 1) scan(body);
+        }
+        scan(epi);
+        if (!written[0]) live[0] = true;  // the result register is read at the end
+    }
+    std::vector<std::unique_ptr<Lanes>> lanes(threads);
+    parallel_items(n_blocks, threads, [&](int64_t blk, int64_t t) {
+        if (!lanes[t]) {
+            // `new Lanes` (default-init), not make_unique (value-init would zero ~22 KB per call;
+            // every register a program reads before writing is zeroed per block below).
+            lanes[t] = std::unique_ptr<Lanes>(new Lanes);
+            lanes[t]->base.resize(std::max<int64_t>(1, n_in) * BLOCK);
+            lanes[t]->base0.resize(std::max<int64_t>(1, n_in));
+            lanes[t]->run_base.resize(std::max<int64_t>(1, n_in) * BLOCK);
+        }
+        Lanes& L = *lanes[t];
+        const int64_t e0 = blk * BLOCK;
+        L.n = (int)std::min<int64_t>(BLOCK, numel - e0);
+        for (int r = 0; r < NUM_REGS; r++)
+            if (live[r]) std::memset(L.reg[r], 0, sizeof(uint32_t) * L.n);
+        for (int64_t tt = 0; tt < n_in; tt++) L.base0[tt] = maps[tt].offset + e0 * maps[tt].lstride;
+        if (need_coords) {
+            // Coordinates of the block's first element by division, then runs along the
+            // innermost axis: inside a run only the last coordinate moves (by one), so both the
+            // coordinate and every address are arithmetic sequences (vectorised loops).
+            int64_t cs[MAX_RANK];
+            int64_t e = e0;
+            for (int64_t dd = rank - 1; dd >= 0; dd--) {
+                cs[dd] = e % out_shape[dd];
+                e /= out_shape[dd];
+            }
+            const int64_t last = run_axis;
+            L.n_runs = 0;
+            for (int i = 0; i < L.n;) {
+                const int run = (int)std::min<int64_t>(out_shape[last] - cs[last], L.n - i);
+                if (use_coord) {
+                    for (int64_t dd = 0; dd < last; dd++) {
+                        const uint32_t cb = to_bits((float)cs[dd]);
+                        for (int j = 0; j < run; j++) L.coord[dd][i + j] = cb;
+                    }
+                    for (int j = 0; j < run; j++) L.coord[last][i + j] = to_bits((float)(cs[last] + j));
+                }
+                L.run_start[L.n_runs] = i;
+                L.run_len[L.n_runs] = run;
+                for (int64_t tt = 0; tt < n_in; tt++) {
+                    const InputMap& m = maps[tt];
+                    if (m.linear) continue;
+                    int64_t b = m.offset;
+                    for (int64_t dd = 0; dd < rank; dd++) b += cs[dd] * m.strides[dd];
+                    L.run_base[tt * BLOCK + L.n_runs] = b;
+                    if (need_lane_table) {  // LOADIDX reads per-lane addresses
+                        const int64_t st = m.strides[last];
+                        int64_t* dst = L.base.data() + tt * BLOCK + i;
+                        for (int j = 0; j < run; j++) dst[j] = b + j * st;
+                    }
+                }
+                L.n_runs++;
+                i += run;
+                cs[last] += run;
+                for (int64_t dd = last; dd > 0 && cs[dd] == out_shape[dd]; dd--) {
+                    cs[dd] = 0;
+                    cs[dd - 1]++;
+                }
+            }
+        }
+        if (init != nullptr) {
+            std::memcpy(L.reg[0], init + e0, sizeof(uint32_t) * L.n);
+        } else {
+            for (const Instr& in : pro) exec_instr(in, 0, maps, L);
+            for (int64_t k = 1; k < K; k++)
+                for (const Instr& in : body) exec_instr(in, k, maps, L);
+        }
+        for (const Instr& in : epi) exec_instr(in, K - 1, maps, L);
+        std::memcpy(O + e0, L.reg[0], sizeof(uint32_t) * L.n);
+    });
+    return out;
+}
+
 // MXCSR as a worker thread sees it (after the guard): lets tests prove FTZ/DAZ are off.
 int64_t worker_mxcsr() {
     int64_t value = -1;
@@ -663,6 +1087,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("op"), pybind11::arg("threads"));
     m.def("binary", &binary, "elementwise IEEE op with canonical NaN", pybind11::arg("a"), pybind11::arg("b"),
           pybind11::arg("op"), pybind11::arg("threads"));
+    m.def("run_program", &run_program, "run any KernelDesc program (generic interpreter)", pybind11::arg("inputs"),
+          pybind11::arg("maps"), pybind11::arg("out_shape"), pybind11::arg("K"), pybind11::arg("prologue"),
+          pybind11::arg("body"), pybind11::arg("epilogue"), pybind11::arg("r0_init"), pybind11::arg("threads"));
     m.def("worker_mxcsr", &worker_mxcsr);
     m.def("info", &info);
 }

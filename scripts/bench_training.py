@@ -1,82 +1,259 @@
-"""Benchmark the training executor on the two example jobs.
+"""Training-step cost of RepOps vs plain torch eager FP32, commitment share, dispute-time table.
 
-Prints, per example: nodes per step, parameters, batch elements, seconds per step (execution
-including tensor roots and node hashes), the share spent hashing, checkpoint save/load time and
-the time to recompute one step commitment from the nearest checkpoint.
+    .venv/bin/python scripts/bench_training.py [--threads 1] [--steps 30] [--backend cpp]
+                                               [--T 1000] [--k 16] [--configs ...] [--json]
 
-    .venv/bin/python scripts/bench_training.py [--steps 20] [--backend reference]
+1. Step time, per example (digits MLP, tiny transformer, and digits-wide: the MLP with a
+   1024-unit hidden layer and batch 512), same model, batch, optimizer and
+   thread count: the RepOps executor (kernels + every tensor root, node hash and C_s) against a
+   plain torch eager step (zero_grad, forward, cross-entropy, backward, optimizer.step).
+   Medians over ``--steps`` steps after warm-up, both measured in this process. Goal <= 1.5x.
+2. Commitment share at the job's default checkpoint interval: time in tensor roots, node
+   hashes, step commitments and checkpoint writes over a run of two intervals. Goal <= 5%.
+3. Dispute-time table: steps a trainer re-executes to answer every request of a full L1
+   (step-level) bisection over T steps with k-ary rounds (``verde_chain/game/rules.py``, the
+   twin of ``contracts/lib/Bisection.sol``), and the storage it keeps, for checkpoint intervals
+   N = 1, 5, 10, 20, 50, 100. Policy: a round's claims C_{p_1} .. C_{p_{n-1}} are computed in one
+   ascending sweep, each from the closest of (the stored checkpoint <= p, the previous point
+   of the sweep, the agreed state lo, which the trainer computed in an earlier round and keeps);
+   the final [s, s+1] interval then costs one more step (node tensors of step s+1 for L2..L4).
+   Reported as mean and max over every divergence step 1..T, and as seconds with the measured
+   s/step of each example.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Self
 
-from verde_chain.commit import tensor
+import numpy as np
+import torch
+
+import verde_chain.graph.executor as ex
 from verde_chain.examples import EXAMPLES
+from verde_chain.game import rules
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.kernels import make_runner
+from verde_chain.job import Job
+
+CHECKPOINT_INTERVALS = (1, 5, 10, 20, 50, 100)
+# name -> (example, job kwargs): the two examples as shipped, and a wider MLP whose nodes are big
+# enough that per-node overhead no longer dominates
+CONFIGS: dict[str, tuple[str, dict[str, int]]] = {
+    "digits": ("digits", {}),
+    "transformer": ("transformer", {}),
+    "digits-wide": ("digits", {"hidden": 1024, "batch_size": 512}),
+}
 
 
-def bench(name: str, steps: int, backend: str) -> dict[str, object]:
-    job = EXAMPLES[name](steps=steps, checkpoint_interval=max(1, steps // 2))
-    g = job.program.graph
-    hashing = [0.0]
-    orig = tensor.tensor_root
+# ======================================================================= torch eager twins
 
-    def timed_root(t: object) -> bytes:
+
+def torch_step_fn(example: str, job: Job) -> Callable[[], None]:
+    """A plain torch eager FP32 training step of the example's model, loss and optimizer."""
+    from verde_chain.examples.digits import digits_module
+    from verde_chain.examples.transformer import corpus_dataset, tiny_transformer
+
+    gen = torch.Generator().manual_seed(0)
+    if example == "digits":
+        model = digits_module(job.program.graph.states[0].shape[0])
+        x = torch.randn(job.spec.batch_size, 64, generator=gen)
+        y = torch.randint(0, 10, (job.spec.batch_size,), generator=gen)
+        o = job.spec.optimizer
+        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum)
+        forward = lambda: torch.nn.functional.cross_entropy(model(x), y)
+    else:
+        _, vocab = corpus_dataset(16)
+        b, ctx = job.spec.batch_size, 16
+        model = tiny_transformer(len(vocab), ctx, b)
+        x = torch.randint(0, len(vocab), (b, ctx), generator=gen)
+        y = torch.randint(0, len(vocab), (b, ctx), generator=gen)
+        o = job.spec.optimizer
+        opt = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        forward = lambda: torch.nn.functional.cross_entropy(model(x).reshape(b * ctx, -1), y.reshape(-1))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        forward().backward()
+        opt.step()
+
+    return step
+
+
+def median_time(fn: Callable[[], object], n: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
         t0 = time.perf_counter()
-        try:
-            return orig(t)
-        finally:
-            hashing[0] += time.perf_counter() - t0
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
-    import verde_chain.graph.executor as ex
 
-    ex.tensor_root = timed_root  # type: ignore[assignment]
+# ======================================================================= commitment accounting
+
+
+class CommitTimer:
+    """Wraps the executor's hashing functions and CheckpointStore.save with timers."""
+
+    def __init__(self) -> None:
+        self.roots_s = 0.0  # tensor roots (keccak Merkle trees of every node output)
+        self.nodes_s = 0.0  # node hashes and step commitments
+        self.ckpt_s = 0.0
+        self._orig: dict[str, Any] = {}
+
+    @property
+    def hash_s(self) -> float:
+        return self.roots_s + self.nodes_s
+
+    def _wrap(self, fn: Callable[..., Any], field: str) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+
+        return timed
+
+    def __enter__(self) -> Self:
+        for name in ("tensor_root", "node_hash", "step_commitment"):
+            self._orig[name] = getattr(ex, name)
+            setattr(ex, name, self._wrap(self._orig[name], "roots_s" if name == "tensor_root" else "nodes_s"))
+        self._orig["save"] = CheckpointStore.save
+        CheckpointStore.save = self._wrap(CheckpointStore.save, "ckpt_s")  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in ("tensor_root", "node_hash", "step_commitment"):
+            setattr(ex, name, self._orig[name])
+        CheckpointStore.save = self._orig["save"]  # type: ignore[method-assign]
+
+
+def state_bytes(job: Job) -> int:
+    return 4 * sum(s.numel for s in job.program.graph.states)
+
+
+def bench_example(config: str, steps: int, threads: int, backend: str) -> dict[str, Any]:
+    example, kw = CONFIGS[config]
+    interval = EXAMPLES[example]().spec.checkpoint_interval  # the job's default
+    job = EXAMPLES[example](steps=max(steps + 3, 2 * interval), **kw)
+    runner = make_runner(backend, threads)
+    # --- step time, no checkpoint writes: kernels + commitments vs torch eager
+    run = job.make_run(None, 0, runner, steps + 3)
+    hashed_until: list[float] = []
+    with CommitTimer() as ct:
+        run.run(progress=lambda log: hashed_until.append(ct.hash_s))
+    per_step_hash = np.diff([0.0, *hashed_until])
+    repops_step = statistics.median(log.wall_s for log in run.logs[3:])
+    hash_per_step = statistics.median(per_step_hash[3:])
+    torch_step = median_time(torch_step_fn(example, job), max(steps, 20))
+    # --- commitment share at the default checkpoint interval (disk writes included)
     with tempfile.TemporaryDirectory() as d:
-        run = job.make_run(Path(d), runner=make_runner(backend))
-        t0 = time.perf_counter()
-        run.run()
-        wall = time.perf_counter() - t0
-        ex.tensor_root = orig  # type: ignore[assignment]
-        store = CheckpointStore(Path(d), g)
-        t1 = time.perf_counter()
-        store.save(run.state)
-        save_s = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        store.load(run.state.step)
-        load_s = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        run.commitment(steps)  # nearest checkpoint is steps/2 .. steps-1 away
-        recompute_s = time.perf_counter() - t1
+        run2 = job.make_run(Path(d), interval, runner, 2 * interval)
+        with CommitTimer() as ct2:
+            t0 = time.perf_counter()
+            run2.run()
+            wall = time.perf_counter() - t0
     return {
-        "example": name,
-        "nodes/step": len(g.nodes),
-        "params": sum(s.numel for s in g.states if s.role == "param"),
-        "batch elems": g.batch_numel,
-        "s/step": round(wall / steps, 4),
-        "hash share": f"{100 * hashing[0] / wall:.1f}%",
-        "ckpt save s": round(save_s, 4),
-        "ckpt load s": round(load_s, 4),
-        "recompute C_T s": round(recompute_s, 3),
-        "first loss": round(run.logs[0].loss, 4),
-        "last loss": round(run.logs[-1].loss, 4),
+        "example": config,
+        "threads": threads,
+        "nodes/step": len(job.program.graph.nodes),
+        "repops_ms/step": round(1e3 * repops_step, 2),
+        "of which hashing ms": round(1e3 * hash_per_step, 2),
+        "torch_ms/step": round(1e3 * torch_step, 2),
+        "ratio": round(repops_step / torch_step, 2),
+        "ratio_kernels_only": round((repops_step - hash_per_step) / torch_step, 2),
+        "ckpt_interval": interval,
+        "commit_share_%": round(100 * (ct2.hash_s + ct2.ckpt_s) / wall, 1),
+        "hash_share_%": round(100 * ct2.hash_s / wall, 1),
+        "roots_share_%": round(100 * ct2.roots_s / wall, 1),
+        "node_hash_share_%": round(100 * ct2.nodes_s / wall, 1),
+        "ckpt_write_share_%": round(100 * ct2.ckpt_s / wall, 1),
+        "state_bytes": state_bytes(job),
+        "_s_per_step": repops_step,
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--backend", default="reference")
-    args = p.parse_args()
-    rows = [bench(n, args.steps, args.backend) for n in ("digits", "transformer")]
-    keys = list(rows[0])
+# ======================================================================= dispute-time table
+
+
+def round_cost(lo: int, hi: int, k: int, N: int) -> int:
+    """Steps re-executed to post the claims of one bisection round of [lo, hi] (see docstring)."""
+    pts = rules.split_points(lo, hi, k)[1:-1]
+    cost, prev = 0, lo
+    for p in pts:
+        start = max(p // N * N, prev)
+        cost += p - start
+        prev = p
+    return cost
+
+
+def dispute_cost(T: int, k: int, N: int, diverge: int) -> tuple[int, int]:
+    """(steps re-executed, rounds) for a bisection that ends on [diverge - 1, diverge]."""
+    lo, hi, cost, rounds = 0, T, 0, 0
+    while hi - lo > 1:
+        cost += round_cost(lo, hi, k, N)
+        p = rules.split_points(lo, hi, k)
+        i = next(j for j in range(len(p) - 1) if p[j] < diverge <= p[j + 1])
+        lo, hi = p[i], p[i + 1]
+        rounds += 1
+    return cost + 1, rounds  # + step lo+1 re-run once for the node-level levels
+
+
+def dispute_table(T: int, k: int, per_example: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for N in CHECKPOINT_INTERVALS:
+        costs = [dispute_cost(T, k, N, d) for d in range(1, T + 1)]
+        steps = [c for c, _ in costs]
+        row: dict[str, Any] = {
+            "N": N,
+            "rounds": max(r for _, r in costs),
+            "reexec_steps_mean": round(statistics.mean(steps), 1),
+            "reexec_steps_max": max(steps),
+            "checkpoints_kept": T // N + 1,
+        }
+        for name, r in per_example.items():
+            row[f"{name}_storage_MB"] = round(row["checkpoints_kept"] * r["state_bytes"] / 1e6, 2)
+            row[f"{name}_dispute_s_max"] = round(row["reexec_steps_max"] * r["_s_per_step"], 2)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    keys = [k for k in rows[0] if not k.startswith("_")]
     print(" | ".join(keys))
     for r in rows:
         print(" | ".join(str(r[k]) for k in keys))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backend", default="cpp")
+    p.add_argument("--T", type=int, default=1000)
+    p.add_argument("--k", type=int, default=16)
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    per = {n: bench_example(n, args.steps, args.threads, args.backend) for n in args.configs}
+    print(f"== step time vs torch eager ({args.backend}, {args.threads} thread(s), torch {torch.__version__})")
+    print_table(list(per.values()))
+    table = dispute_table(args.T, args.k, per)
+    print(f"\n== dispute re-execution for a full L1 bisection, T = {args.T}, k = {args.k}")
+    print_table(table)
+    if args.json:
+        out = {"steps": [{k: v for k, v in r.items() if not k.startswith("_")} for r in per.values()], "dispute": table}
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

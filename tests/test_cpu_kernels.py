@@ -237,6 +237,10 @@ def test_matmul_tiles_and_threads_do_not_change_bits(isa: str) -> None:
     # kc = 1 and 7: the accumulator is carried through memory between every K block.
     for tile, threads in itertools.product([None, (1, 1, 1), (12, 7, 32), (24, 64, 16), (600, 1000, 600)], (1, 2, 3)):
         assert_same_bits(ck.matmul(ta, tb, isa=isa, threads=threads, tile=tile), want)
+    # A stored transposed (the weight-gradient layout) is packed along its contiguous rows.
+    at = torch.from_numpy(np.ascontiguousarray(a.T))
+    for tile, threads in itertools.product([None, (1, 1, 1), (12, 7, 32), (600, 1000, 600)], (1, 2)):
+        assert_same_bits(ck.matmul(at, tb, trans_a=True, isa=isa, threads=threads, tile=tile), want)
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])

@@ -182,3 +182,18 @@ def test_node_hash_twin(harness, artifacts) -> None:  # type: ignore[no-untyped-
     outs = [bytes([3]) * 32]
     desc = merkle.keccak256(b"desc")
     assert call(harness.functions.nodeHash(7, desc, ins, outs), artifacts) == tensor.node_hash(7, desc, ins, outs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    index=st.integers(0, 2**256 - 1),
+    desc=leaf_st,
+    ins=st.lists(leaf_st, max_size=5),
+    outs=st.lists(leaf_st, max_size=3),
+)
+def test_node_hash_is_abi_encode(index: int, desc: bytes, ins: list[bytes], outs: list[bytes]) -> None:
+    """The hand-laid node hash equals keccak(abi.encode(uint256, bytes32, bytes32[], bytes32[]))."""
+    from eth_abi import encode
+
+    expected = merkle.keccak256(encode(["uint256", "bytes32", "bytes32[]", "bytes32[]"], [index, desc, ins, outs]))
+    assert tensor.node_hash(index, desc, ins, outs) == expected

@@ -225,3 +225,24 @@ def test_normal_and_dropout() -> None:
     keep = rng.dropout_keep(5, 1, (10000,), 0.25)
     assert set(np.unique(keep)) <= {0.0, 1.0} and 0.72 < keep.mean() < 0.78
     assert (rng.dropout_keep(5, 1, (10000,), 0.0) == 1).all()
+
+
+def test_loadidx_index_must_be_int32_everywhere() -> None:
+    """Huge integral indices are invalid (NaN) in every executor, as the on-chain prover decides."""
+    from verde_chain.repops import backend_cpu
+    from verde_chain.scalarvm import vm
+
+    desc = spec.gather((4, 2), (5,))
+    data = np.arange(8, dtype=np.float32)
+    idx = np.array([2.0**31, -(2.0**31) - 256, 1e30, 2.0**62, 3.0], dtype=np.float32)
+    want = np.array([np.nan] * 8 + [6.0, 7.0], dtype=np.float32).reshape(5, 2)
+    for name, out in (
+        ("spec", program.run_spec(desc, [data, idx])),
+        ("reference", reference.run(desc, [data, idx])),
+        ("cpp", backend_cpu.backend(desc, [data, idx])),
+    ):
+        if out is None:  # the C++ kernels could not be built here
+            continue
+        np.testing.assert_array_equal(np.asarray(out).reshape(5, 2), want, err_msg=name)
+    for e in range(10):
+        assert vm.run_states(desc, [data, idx], e)[-1].regs[0] == int(want.reshape(-1).view(np.uint32)[e])

@@ -18,18 +18,20 @@ import numpy as np
 
 from verde_chain.errors import VerdeError
 from verde_chain.graph.executor import StepLog
-from verde_chain.graph.kernels import make_runner
+from verde_chain.graph.kernels import DEFAULT_BACKEND, make_runner
 from verde_chain.job import Job, load_job, save_job
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="a job bundle (directory or job.json), or an example: digits | transformer")
     p.add_argument("--steps", type=int, default=None, help="number of steps (examples: T of the job; bundles: stop early)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (never changes a bit)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the C++ kernels (never changes a bit)")
     p.add_argument("--checkpoint-interval", type=int, default=None, help="store the full state every N steps")
     p.add_argument("--out", type=Path, default=None, help="directory for checkpoints, commitments and the job bundle")
     p.add_argument("--resume", action="store_true", help="continue from the latest verified checkpoint in --out")
-    p.add_argument("--backend", default="reference", help="RepOps backend: reference (numpy) or a registered one")
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help="RepOps backend: cpp (C++ kernels; default, falls back to reference if it cannot build), "
+                   "reference (numpy) or a registered one")
     p.add_argument("--json", action="store_true", help="print one JSON summary line at the end")
 
 
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise VerdeError("--resume needs --out (the directory holding the checkpoints)")
     if args.out is not None and not args.resume:
         save_job(job, args.out / "job")
-    tr = job.make_run(args.out, args.checkpoint_interval, make_runner(args.backend), job.spec.steps, fresh=not args.resume)
+    tr = job.make_run(args.out, args.checkpoint_interval, make_runner(args.backend, args.threads), job.spec.steps, fresh=not args.resume)
     if args.resume:
         start = tr.resume()
         if not args.json:

@@ -13,7 +13,11 @@ All three give the same bits as the spec (``verde_chain/repops/spec.py``):
 * reduce_sum / reduce_mean / reduce_max / reduce_min: ``acc = x[0]`` then one op per k,
   k ascending in row-major order over the reduced axes; mean = sum / fl32(K);
 * binary: IEEE add/sub/mul/div and spec max/min, numpy broadcasting;
+* run_program: a generic interpreter of ANY KernelDesc program (every opcode, the spec's
+  prologue / body / epilogue order), vectorised over blocks of output elements;
 * NaN results are the canonical 0x7FC00000; subnormals are kept (FTZ/DAZ cleared per thread).
+
+``verde_chain/repops/backend_cpu.py`` turns these into a RepOps backend (desc -> result).
 
 ``isa=None`` picks the widest variant the CPU supports; ``threads=None`` uses
 ``torch.get_num_threads()``. Neither changes any bit of the result; tests check that.
@@ -28,7 +32,7 @@ import functools
 import hashlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -59,7 +63,7 @@ _ISA_CPU_FLAGS: dict[str, frozenset[str]] = {
 # whole micro-tiles in C++. Any value gives the same bits.
 DEFAULT_TILE = (144, 256, 512)
 
-_REDUCE_OPS = {"sum": 0, "max": 1, "mean": 2, "min": 3}
+REDUCE_OPS = {"sum": 0, "max": 1, "mean": 2, "min": 3}
 BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "max": 4, "min": 5}
 
 
@@ -210,13 +214,25 @@ def matmul(
     # which changes no value.
     a3 = a2.expand(*batch, m, k).reshape(-1, m, k)
     b3 = b2.expand(*batch, k, n).reshape(-1, k, n)
-    mc, kc, nc = _tile(tile)
-    c = _ext(isa).matmul3(a3, b3, _threads(threads), mc, kc, nc).reshape(*batch, m, n)
+    c = matmul3(a3, b3, isa, threads, tile).reshape(*batch, m, n)
     if a_vec:
         c = c.squeeze(-2)
     if b_vec:
         c = c.squeeze(-1)
     return c
+
+
+def matmul3(
+    a3: torch.Tensor,
+    b3: torch.Tensor,
+    isa: str | None = None,
+    threads: int | None = None,
+    tile: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """(batch, M, K) @ (batch, K, N) views with any strides (0 for broadcast) -> contiguous
+    (batch, M, N); the fixed fma chain. The backend's entry point; :func:`matmul` wraps it."""
+    mc, kc, nc = _tile(tile)
+    return _ext(isa).matmul3(_f32(a3, "matmul a"), _f32(b3, "matmul b"), _threads(threads), mc, kc, nc)
 
 
 def gemm(
@@ -273,49 +289,50 @@ def _reduce(
         raise RepOpsError(f"reduce_{kind}: empty reduction (K = 0)")
     # k runs row-major over the reduced axes (ascending axis order), as spec.reduce fixes.
     view = x.permute(*kept, *dims).reshape(-1, big_k)
-    out = _ext(isa).reduce_last(view, _REDUCE_OPS[kind], _threads(threads))
+    out = _ext(isa).reduce_last(view, REDUCE_OPS[kind], _threads(threads))
     shape = [1 if d in dims else x.shape[d] for d in range(x.dim())] if keepdim else [x.shape[d] for d in kept]
     return out.reshape(shape)
 
 
-def reduce_sum(
+def reduce(
+    kind: str,
     x: torch.Tensor,
     dim: int | Sequence[int] | None = None,
     keepdim: bool = False,
     isa: str | None = None,
     threads: int | None = None,
 ) -> torch.Tensor:
-    return _reduce("sum", x, dim, keepdim, isa, threads)
+    """Reduction ``kind`` (sum, mean, max, min) over ``dim`` (all axes if None), k ascending."""
+    if kind not in REDUCE_OPS:
+        raise RepOpsError(f"reduce: unknown kind {kind!r}; supported: {sorted(REDUCE_OPS)}")
+    return _reduce(kind, x, dim, keepdim, isa, threads)
 
 
-def reduce_mean(
-    x: torch.Tensor,
-    dim: int | Sequence[int] | None = None,
-    keepdim: bool = False,
-    isa: str | None = None,
-    threads: int | None = None,
-) -> torch.Tensor:
-    return _reduce("mean", x, dim, keepdim, isa, threads)
+Reducer = Callable[..., torch.Tensor]
 
 
-def reduce_max(
-    x: torch.Tensor,
-    dim: int | Sequence[int] | None = None,
-    keepdim: bool = False,
-    isa: str | None = None,
-    threads: int | None = None,
-) -> torch.Tensor:
-    return _reduce("max", x, dim, keepdim, isa, threads)
+def _reducer(kind: str) -> Reducer:
+    def fn(
+        x: torch.Tensor,
+        dim: int | Sequence[int] | None = None,
+        keepdim: bool = False,
+        isa: str | None = None,
+        threads: int | None = None,
+    ) -> torch.Tensor:
+        return _reduce(kind, x, dim, keepdim, isa, threads)
+
+    fn.__name__ = fn.__qualname__ = f"reduce_{kind}"
+    fn.__doc__ = f"reduce({kind!r}, ...): see :func:`reduce`."
+    return fn
 
 
-def reduce_min(
-    x: torch.Tensor,
-    dim: int | Sequence[int] | None = None,
-    keepdim: bool = False,
-    isa: str | None = None,
-    threads: int | None = None,
-) -> torch.Tensor:
-    return _reduce("min", x, dim, keepdim, isa, threads)
+reduce_sum, reduce_mean = _reducer("sum"), _reducer("mean")
+reduce_max, reduce_min = _reducer("max"), _reducer("min")
+
+
+def reduce_rows(view: torch.Tensor, kind: str, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
+    """Fold each row of a 2-D (rows, K) view (any strides), k ascending: shape (rows,)."""
+    return _ext(isa).reduce_last(_f32(view, f"reduce_{kind}"), REDUCE_OPS[kind], _threads(threads))
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,6 +350,22 @@ def binary(op: str, a: Any, b: Any, isa: str | None = None, threads: int | None 
     except RuntimeError as exc:
         raise RepOpsError(f"binary {op}: shapes do not broadcast: {exc}") from exc
     return _ext(isa).binary(ea.contiguous(), eb.contiguous(), BINARY_OPS[op], _threads(threads))
+
+
+def run_program(
+    inputs: Sequence[torch.Tensor],
+    maps: torch.Tensor,
+    out_shape: Sequence[int],
+    K: int,
+    programs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    r0_init: torch.Tensor | None = None,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """Generic interpreter of one KernelDesc program (see ``backend_cpu.py`` for the encoding of
+    ``maps`` and ``programs``): flat int32 bit patterns out. ``r0_init`` runs only the epilogue."""
+    pro, body, epi = programs
+    return _ext(isa).run_program(list(inputs), maps, list(out_shape), int(K), pro, body, epi, r0_init, _threads(threads))
 
 
 def worker_mxcsr(isa: str | None = None) -> int:

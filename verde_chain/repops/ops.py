@@ -3,8 +3,8 @@
 Each function builds the operator's canonical composition (``spec.py``) and runs its primitive
 nodes on a backend chosen by ``tensor.device.type``:
 
-    BACKENDS["cpu"] = reference.run            (numpy; bit-exact definition)
-    BACKENDS[...]   = register_backend(...)    (e.g. engineer C's C++/CUDA kernels)
+    BACKENDS["cpu"] = backend_cpu.backend      (C++ kernels; None -> the numpy reference)
+    BACKENDS[...]   = register_backend(...)    (e.g. a CUDA backend where torch has CUDA)
 
 A backend is ``fn(desc, inputs: list[np.ndarray float32 flat]) -> np.ndarray | None``; returning
 ``None`` means "not handled" and the node falls back to the numpy reference, so a backend may
@@ -26,7 +26,14 @@ from verde_chain.repops import reference, spec
 from verde_chain.repops.program import KernelDesc
 
 Backend = Callable[[KernelDesc, list[np.ndarray]], "np.ndarray | None"]
-BACKENDS: dict[str, Backend] = {"cpu": reference.run}
+def _cpu_backend(desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | None:
+    """The C++ kernels (imported on first use, so importing ops never compiles anything)."""
+    from verde_chain.repops import backend_cpu
+
+    return backend_cpu.backend(desc, inputs)
+
+
+BACKENDS: dict[str, Backend] = {"cpu": _cpu_backend}
 
 
 def register_backend(device_type: str, fn: Backend) -> None:

@@ -290,9 +290,10 @@ def check_inputs(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> list[np.ndar
 
 
 def index_of(bits: int) -> int | None:
-    """The integer a LOADIDX index register denotes, or None if it is not a finite integral."""
+    """The integer a LOADIDX index register denotes, or None unless it is an integral value in
+    the int32 range (the rule the on-chain prover decides; see docs/repops-spec.md)."""
     x = isa.bits_f32(bits)
-    if math.isnan(x) or math.isinf(x) or x != math.floor(x):
+    if math.isnan(x) or math.isinf(x) or x != math.floor(x) or not -(2**31) <= x < 2**31:
         return None
     return int(x)
 

@@ -26,13 +26,11 @@ def _coords(desc: KernelDesc) -> list[np.ndarray]:
 
 
 def _index_values(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(valid, int64 index) for LOADIDX: valid where the float is finite and integral."""
+    """(valid, int64 index) for LOADIDX: valid where the float is integral and in int32 range."""
     x = bits.view(np.float32).astype(np.float64)
     with np.errstate(invalid="ignore"):
-        valid = np.isfinite(x) & (np.floor(x) == x)
-    # Clip before the cast so huge (but integral) floats cannot overflow int64; they are out of
-    # range anyway and the address check below rejects them.
-    idx = np.where(valid, np.clip(x, -(2.0**62), 2.0**62), 0).astype(np.int64)
+        valid = np.isfinite(x) & (np.floor(x) == x) & (x >= -(2.0**31)) & (x < 2.0**31)
+    idx = np.where(valid, x, 0).astype(np.int64)
     return valid, idx
 
 
