@@ -39,11 +39,13 @@ demo: setup
 bench: setup
 	$(PY) scripts/bench_merkle.py
 
+# TMPDIR inside build/: ape isolates its compile in a temp copy unless the project already lies
+# under the temp dir (e.g. a clone in /tmp), where it would unpack dependencies in place.
 ape-compile: setup
-	$(VENV)/bin/ape compile --force
+	mkdir -p build/ape-tmp && TMPDIR=$(CURDIR)/build/ape-tmp $(VENV)/bin/ape compile --force
 
 ape-test: setup
-	$(VENV)/bin/ape test tests/ape
+	mkdir -p build/ape-tmp && TMPDIR=$(CURDIR)/build/ape-tmp $(VENV)/bin/ape test tests/ape
 
 clean:
 	rm -rf build .pytest_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from verde_chain.chain.paths import ANVIL_BIN, REPO, SOLC_SHIM
 
 pytestmark = pytest.mark.chain
 SOLCX_DIR = REPO / "build" / "toolchain" / "solcx"
+APE_TMP = REPO / "build" / "ape-tmp"
 
 
 def _env() -> dict[str, str]:
@@ -23,6 +25,12 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{ANVIL_BIN.parent}:{Path(sys.executable).parent}:{env['PATH']}"
     env["SOLCX_BINARY_PATH"] = str(SOLCX_DIR)
+    # ape compiles in an isolated temp copy, except when the project itself already lies under
+    # the temp dir (a clone in /tmp): then it unpacks dependencies into contracts/.cache in place
+    # and later lists only the top-level sources. A temp dir inside build/ keeps it isolated.
+    env["TMPDIR"] = str(APE_TMP)
+    APE_TMP.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(REPO / "contracts" / ".cache", ignore_errors=True)
     return env
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops.edges import edge_floats
 
 CANON = np.uint32(0x7FC00000)
 
@@ -119,36 +120,7 @@ def ref_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return canon(r.astype(np.float32))
 
 
-EDGE = np.array(
-    [
-        0.0,
-        -0.0,
-        1.0,
-        -1.0,
-        0.5,
-        3.0,
-        np.inf,
-        -np.inf,
-        np.nan,
-        3.4028235e38,
-        -3.4028235e38,
-        1.1754944e-38,
-        -1.1754944e-38,
-        1e-45,
-        -1e-45,
-        4e-40,
-        1.5e-39,
-        1e20,
-        -1e20,
-        1e-20,
-        16777217.0,
-        0.1,
-        -0.1,
-        1.0000001,
-        0.99999994,
-    ],
-    dtype=np.float32,
-)
+EDGE = edge_floats()
 
 
 def edge_matrix(shape: tuple[int, ...], seed: int, edge_fraction: float = 0.3) -> np.ndarray:
