@@ -11,29 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agents import STEPS, TERMS, World, finished, node_of
+from test_agents import TERMS, World, bundles, finished, job, node_of  # noqa: F401 - shared fixtures
 from web3 import Web3
 
 from verde_chain import cli
-from verde_chain.agents.catalog import Bundles, build_job
 from verde_chain.chain.game import Phase
 from verde_chain.chain.market import Market
 from verde_chain.job import Job
 
 pytestmark = pytest.mark.chain
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def job() -> Job:
-    return build_job("digits", STEPS)
-
-
-@pytest.fixture(scope="module")
-def bundles(job: Job, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bundles")
-    Bundles(root).publish(job)
-    return root
 
 
 @pytest.fixture

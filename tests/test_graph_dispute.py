@@ -14,15 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_graph_helpers import build
+from test_graph_helpers import build, play_real
 from torch import nn
 
-from verde_chain.chain.anvil import increase_time
-from verde_chain.chain.game import DisputeGameClient, GameParams, Resolution
-from verde_chain.chain.tx import call
-from verde_chain.game import players as pl
+from verde_chain.chain.game import Resolution
 from verde_chain.game import runner
-from verde_chain.graph.data import batch_root_list
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.graph.world import OutputFault, TrainingWorld
 
@@ -46,20 +42,8 @@ def world(p: TrainingProgram, fault: OutputFault | None = None) -> TrainingWorld
 
 
 def _play(w3: Any, deploy: Any, artifacts: Any, dworld: TrainingWorld, cworld: TrainingWorld) -> tuple[runner.Outcome, str, str]:
-    game = deploy("DisputeGame", deploy("ScalarVM").address)
-    resolver = deploy("ResolverMock")
-    client = DisputeGameClient(w3, game, artifacts)
-    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
-    g = dworld.graph
-    params = GameParams(
-        defender, challenger, dworld.step_commitment(0), dworld.step_commitment(T), T, g.root(),
-        batch_root_list(dworld.batch_roots), 4, CLOCK, len(g.nodes),
-    )
-    gid = client.create_game_via(resolver, params)
-    out = runner.play(client, gid, pl.Defender(dworld), pl.Challenger(cworld), lambda s: increase_time(w3, s))
-    callbacks = [tuple(c) for c in call(resolver.functions.callbacks(gid), artifacts)]
-    assert callbacks == [(game.address, out.winner, challenger if out.winner == defender else defender)]
-    return out, defender, challenger
+    g = play_real(w3, deploy, artifacts, dworld, cworld, steps=T, arity=4, clock=CLOCK)
+    return g.out, g.defender, g.challenger
 
 
 def _fault(p: TrainingProgram, label: str = "matmul") -> OutputFault:

@@ -2,12 +2,53 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 
+from verde_chain.chain.anvil import increase_time
+from verde_chain.chain.game import DisputeGameClient, GameParams, GameView
+from verde_chain.chain.tx import call
+from verde_chain.game import players as pl
+from verde_chain.game import runner
+from verde_chain.graph.data import batch_root_list
 from verde_chain.graph.executor import StepExecutor, StepResult
 from verde_chain.graph.onnx_import import import_torch
 from verde_chain.graph.training import LossSpec, OptimizerSpec, TrainingProgram, build_training_graph
+from verde_chain.graph.world import TrainingWorld
+
+
+@dataclass
+class Played:
+    out: runner.Outcome
+    final: GameView
+    events: list[str]
+    defender: str
+    challenger: str
+
+
+def play_real(w3: Any, deploy: Any, artifacts: Any, dworld: TrainingWorld, cworld: TrainingWorld, *,
+              steps: int, arity: int, clock: int, dstrat: str = "consistent", cstrat: str = "consistent") -> Played:
+    """Play one game over a real training job with the real DisputeGame and ScalarVM, through a
+    ResolverMock; checks that the resolver heard the result exactly once, with the right parties."""
+    game = deploy("DisputeGame", deploy("ScalarVM").address)
+    resolver = deploy("ResolverMock")
+    client = DisputeGameClient(w3, game, artifacts)
+    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
+    g = dworld.graph
+    params = GameParams(
+        defender, challenger, dworld.step_commitment(0), dworld.step_commitment(steps), steps, g.root(),
+        batch_root_list(dworld.batch_roots), arity, clock, len(g.nodes),
+    )
+    gid = client.create_game_via(resolver, params)
+    out = runner.play(client, gid, pl.Defender(dworld, dstrat, seed=1), pl.Challenger(cworld, cstrat, seed=1),
+                      lambda s: increase_time(w3, s))
+    loser = challenger if out.winner == defender else defender
+    assert [tuple(c) for c in call(resolver.functions.callbacks(gid), artifacts)] == [(game.address, out.winner, loser)]
+    assert out.final is not None
+    return Played(out, out.final, [n for n, _ in client.history(gid)], defender, challenger)
 
 
 def build(module: torch.nn.Module, x: torch.Tensor, loss: str = "cross_entropy",

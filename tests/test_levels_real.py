@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_graph_helpers import build
+from test_graph_helpers import Played, build, play_real
 from torch import nn
 
 from verde_chain.chain.anvil import increase_time
-from verde_chain.chain.game import DisputeGameClient, GameParams, GameView, Resolution
+from verde_chain.chain.game import DisputeGameClient, Resolution
 from verde_chain.chain.market import ETH, JobSpec, Market, SlotStatus
-from verde_chain.chain.tx import call
 from verde_chain.game import cheats, runner
 from verde_chain.game import players as pl
 from verde_chain.graph.data import batch_root_list
@@ -149,34 +148,10 @@ def _cheat(p: TrainingProgram, name: str) -> tuple[Cheat, Any]:
     return c, make
 
 
-@dataclass
-class Played:
-    out: runner.Outcome
-    final: GameView
-    events: list[str]
-    defender: str
-    challenger: str
-
-
 def _play(w3: Any, deploy: Any, artifacts: Any, dworld: TrainingWorld, cworld: TrainingWorld,
           dstrat: str = "consistent", cstrat: str = "consistent") -> Played:
-    game = deploy("DisputeGame", deploy("ScalarVM").address)
-    resolver = deploy("ResolverMock")
-    client = DisputeGameClient(w3, game, artifacts)
-    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
-    g = dworld.graph
-    params = GameParams(
-        defender, challenger, dworld.step_commitment(0), dworld.step_commitment(T), T, g.root(),
-        batch_root_list(dworld.batch_roots), ARITY, CLOCK, len(g.nodes),
-    )
-    gid = client.create_game_via(resolver, params)
-    out = runner.play(client, gid, pl.Defender(dworld, dstrat, seed=1), pl.Challenger(cworld, cstrat, seed=1),
-                      lambda s: increase_time(w3, s))
-    # the resolver heard the result exactly once, with the right winner and loser
-    loser = challenger if out.winner == defender else defender
-    assert [tuple(c) for c in call(resolver.functions.callbacks(gid), artifacts)] == [(game.address, out.winner, loser)]
-    assert out.final is not None
-    return Played(out, out.final, [n for n, _ in client.history(gid)], defender, challenger)
+    return play_real(w3, deploy, artifacts, dworld, cworld, steps=T, arity=ARITY, clock=CLOCK,
+                     dstrat=dstrat, cstrat=cstrat)
 
 
 # -- the cheating worlds lie where they should (no chain) ------------------------------------------
