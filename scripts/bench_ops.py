@@ -95,6 +95,7 @@ def repops_breakdown(config: str, steps: int, threads: int, backend: str) -> tup
         return out
 
     run = job.make_run(None, 0, timed, steps + 3)
+    run.commit_every = True  # commit every step, so "commitments" measures the per-step commitment cost
     run.run(until=3)  # warm-up (per-desc preparation, page faults)
     counting[0] = True
     t0 = time.perf_counter()

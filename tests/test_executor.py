@@ -1,5 +1,6 @@
 """Executor: bit-determinism, checkpoints (verified), resume, recomputation, openings, traces,
-and the referee's view of a node (structure leaf, input sources, C_0 pseudo step)."""
+the referee's view of a node (structure leaf, input sources, C_0 pseudo step), and committing
+only checkpoint steps and the final step while every C_j stays bit-identical on request."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from test_graph_helpers import build
 from torch import nn
 
 from verde_chain.commit import merkle, node_hash, step_commitment, tensor_root, verify_element
+from verde_chain.graph import executor
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.data import batch_leaf, batch_root_list
 from verde_chain.graph.errors import CheckpointError, ShapeMismatchError
-from verde_chain.graph.executor import TrainingRun
+from verde_chain.graph.executor import StepState, TrainingRun
+from verde_chain.graph.kernels import make_runner
 from verde_chain.graph.structure import SourceKind, TrainingGraph, structure_leaf
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 
@@ -42,8 +45,8 @@ def batches(p: TrainingProgram):  # type: ignore[no-untyped-def]
     return batch
 
 
-def new_run(p: TrainingProgram, interval: int = 0, out: Path | None = None) -> TrainingRun:
-    return TrainingRun(p.graph, p.initial_state(), batches(p), T, interval, out)
+def new_run(p: TrainingProgram, interval: int = 0, out: Path | None = None, steps: int = T, **kw) -> TrainingRun:  # type: ignore[no-untyped-def]
+    return TrainingRun(p.graph, p.initial_state(), batches(p), steps, interval, out, **kw)
 
 
 def test_same_commitments_whatever_the_checkpoint_interval(prog: TrainingProgram, tmp_path: Path) -> None:
@@ -202,3 +205,153 @@ def test_wrong_batch_size_is_refused(prog: TrainingProgram) -> None:
     r = new_run(prog)
     with pytest.raises(ShapeMismatchError):
         r.exec.run_step(r.init, np.zeros(prog.graph.batch_numel + 1, dtype=np.float32))
+
+
+# ======================================================================= commit only what is needed
+
+LONG = 15  # long enough for intervals 2, 3 and 7 to leave several plain steps between checkpoints
+
+
+@pytest.fixture(scope="module")
+def every_step(prog: TrainingProgram) -> dict[int, bytes]:
+    """C_0 .. C_LONG of a run that commits every step (the behaviour before this change)."""
+    r = new_run(prog, steps=LONG, commit_every=True)
+    r.run()
+    assert all(log.commitment is not None for log in r.logs)
+    known = r.commitments.computed()
+    assert sorted(known) == list(range(LONG + 1)) and len(set(known.values())) == LONG + 1
+    return known
+
+
+class HashCounter:
+    """Counts step commitments the executor computes (patched in its module namespace)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.steps = 0
+        orig = executor.step_commitment
+
+        def counted(hashes):  # type: ignore[no-untyped-def]
+            self.steps += 1
+            return orig(hashes)
+
+        monkeypatch.setattr(executor, "step_commitment", counted)
+
+
+@pytest.mark.parametrize("interval", [0, 1, 2, 3, 7])
+def test_only_checkpoint_steps_and_the_last_are_committed(
+    prog: TrainingProgram, every_step: dict[int, bytes], interval: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for out in (None, tmp_path):
+        counter = HashCounter(monkeypatch)
+        r = new_run(prog, interval, out, steps=LONG)
+        assert r.run() == every_step[LONG]
+        expected = {0, LONG} | ({s for s in range(1, LONG + 1) if s % interval == 0} if interval else set())
+        assert counter.steps == len(expected - {0})  # no hashing at the plain steps
+        assert r.commitments.computed() == {s: every_step[s] for s in sorted(expected)}
+        assert [log.step for log in r.logs if log.commitment is not None] == sorted(expected - {0})
+        for log in r.logs:
+            assert log.commitment in (None, every_step[log.step])
+            assert log.loss == log.loss  # plain steps still report the loss
+        if out is not None:
+            index = json.loads((out / "checkpoints" / "index.json").read_text())
+            assert index == {str(s): "0x" + every_step[s].hex() for s in sorted(expected)}
+            stored = CheckpointStore(out, prog.graph).steps()
+            assert stored == [0, *(s for s in range(1, LONG + 1) if interval and s % interval == 0)]
+        # every other C_j comes back on request, bit-identical to the every-step run
+        assert dict(r.commitments) == every_step
+
+
+@pytest.mark.parametrize("interval", [2, 3, 7])
+def test_recomputed_commitment_of_random_steps_equals_the_every_step_run(
+    prog: TrainingProgram, every_step: dict[int, bytes], interval: int, tmp_path: Path
+) -> None:
+    r = new_run(prog, interval, tmp_path, steps=LONG)
+    r.run()
+    for j in np.random.default_rng(interval).choice(np.arange(1, LONG + 1), 5, replace=False):
+        res = r.recompute_step(int(j))
+        assert res.commitment == r.commitment(int(j)) == r.commitments[int(j)] == every_step[int(j)]
+        assert step_commitment(res.node_hashes) == res.commitment
+
+
+def test_resume_from_checkpoint_with_plain_steps_in_between(
+    prog: TrainingProgram, every_step: dict[int, bytes], tmp_path: Path
+) -> None:
+    first = new_run(prog, 3, tmp_path, steps=LONG)
+    assert first.run(until=8) == every_step[8]  # the last step of a run() is committed: "crash" here
+    for f in (tmp_path / "checkpoints").glob("step_0000000[78].*"):
+        f.unlink()  # nothing after checkpoint 6 survived
+    second = new_run(prog, 3, tmp_path, steps=LONG, save_initial=False)
+    assert second.resume() == 6
+    assert second.run() == every_step[LONG]
+    assert second.commitment(7) == every_step[7] and second.commitment(2) == every_step[2]
+
+
+def test_threads_do_not_change_the_commitments(prog: TrainingProgram, every_step: dict[int, bytes]) -> None:
+    for threads in (1, 2):
+        r = TrainingRun(prog.graph, prog.initial_state(), batches(prog), LONG, 4, runner=make_runner("cpp", threads))
+        assert r.run() == every_step[LONG]
+        assert r.commitment(5) == every_step[5]
+
+
+def test_plain_step_has_the_same_tensors_and_is_committed_on_request(prog: TrainingProgram) -> None:
+    r = new_run(prog)
+    plain = r.exec.run_plain(r.init, batches(prog)(1))
+    full = r.exec.run_step(r.init, batches(prog)(1))
+    assert not isinstance(plain.state, StepState) and plain.state.roots == {}
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(plain.outputs, full.outputs))
+    # step 2 from the plain state computes the missing state roots itself: same C_2
+    assert r.exec.run_step(plain.state, batches(prog)(2)).commitment == r.exec.run_step(full.state, batches(prog)(2)).commitment
+    assert plain.state.roots == full.state.roots
+    # a tamper (adversarial agents) acts on plain steps as well
+    d = len(prog.graph.nodes) - 1
+    tampered = r.exec.run_plain(r.init, batches(prog)(1), tamper=lambda i, o: o + 1 if i == d else o)
+    assert np.array_equal(tampered.outputs[d], full.outputs[d] + 1)
+
+
+def test_an_uncommitted_state_is_never_checkpointed(prog: TrainingProgram, tmp_path: Path) -> None:
+    r = new_run(prog)
+    plain = r.exec.run_plain(r.init, batches(prog)(1)).state
+    with pytest.raises(CheckpointError, match="not committed"):
+        CheckpointStore(tmp_path, prog.graph).save(plain)  # type: ignore[arg-type]
+
+
+def test_commitments_mapping_covers_only_executed_steps(prog: TrainingProgram) -> None:
+    r = new_run(prog, 2)
+    r.run(until=3)
+    assert len(r.commitments) == 4 and 3 in r.commitments and 4 not in r.commitments
+    assert sorted(r.commitments.computed()) == [0, 2, 3]
+    with pytest.raises(KeyError):
+        r.commitments[4]
+    assert r.commitments[1] == r.commitment(1)  # recomputed on first access, then kept
+    assert sorted(r.commitments.computed()) == [0, 1, 2, 3]
+
+
+def test_a_failed_background_checkpoint_write_fails_the_run(
+    prog: TrainingProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = new_run(prog, 2, tmp_path)  # step 0 is written synchronously, before the patch
+
+    def broken(*a, **k):  # type: ignore[no-untyped-def]
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(CheckpointError, match="disk full"):
+        r.run(until=3)
+    monkeypatch.undo()
+    assert CheckpointStore(tmp_path, prog.graph).steps() == [0]  # no manifest for a failed write
+
+
+def test_train_cli_uses_the_default_checkpoint_interval_capped_at_T() -> None:
+    import argparse
+
+    from verde_chain.graph import train_cli
+
+    def loaded(**kw):  # type: ignore[no-untyped-def]
+        args = argparse.Namespace(job="digits", steps=None, checkpoint_interval=None)
+        vars(args).update(kw)
+        return train_cli._load(args).spec
+
+    assert executor.DEFAULT_CHECKPOINT_INTERVAL == 50
+    assert loaded().checkpoint_interval == 50  # digits: T = 150
+    assert loaded(steps=30).checkpoint_interval == 30  # never above T (the market refuses it)
+    assert loaded(steps=30, checkpoint_interval=4).checkpoint_interval == 4

@@ -4,12 +4,19 @@ Layout under ``out_dir/checkpoints``::
 
     step_00000012.npz    the state tensors after step 12 (one array per state name)
     step_00000012.json   manifest: step, C_12, graph root, every tensor's root, state root
-    index.json           C_0 .. C_T of the finished run (written at the end)
+    index.json           the commitments the finished run computed: C_0, every checkpoint
+                         step's C_s and C_T (written at the end; any other C_j is recomputed
+                         from the nearest checkpoint when a dispute asks for it)
 
 ``state root = list_commitment([tensor_root(t) for t in states, in graph order])``. Loading
 recomputes every tensor root and the state root and compares them with the manifest, and the
 manifest's graph root with the job's; any difference raises :class:`CheckpointError` naming the
 file and tensor — a corrupt checkpoint is never silently used.
+
+``save_async`` writes on one background thread so a training run does not wait on the file
+system (the tensors are never modified after their step, so the writer reads them safely);
+``flush`` waits for the writes and raises the first failure, and every read (``steps``,
+``load``) flushes first, so nothing reads a checkpoint that is still being written.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,12 +50,38 @@ class CheckpointStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.graph = graph
         self.graph_root = graph.root()
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
 
     def paths(self, step: int) -> tuple[Path, Path]:
         stem = self.dir / f"step_{step:08d}"
         return stem.with_suffix(".npz"), stem.with_suffix(".json")
 
+    def _check_committed(self, st: StepState) -> None:
+        if getattr(st, "commitment", None) is None or any(s.producer not in st.roots for s in self.graph.states):
+            # the run commits every checkpoint step; a plain state here is a bug, not a file
+            raise CheckpointError(f"state of step {st.step} was not committed; cannot checkpoint it")
+
+    def save_async(self, st: StepState) -> None:
+        """``save`` on the background writer (checked here, so a plain state fails at once)."""
+        self._check_committed(st)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending.append(self._writer.submit(self.save, st))
+
+    def flush(self) -> None:
+        """Wait for every pending write; re-raise the first that failed."""
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending]
+        if self._writer is not None:  # idle now: let its thread go (the next save starts another)
+            self._writer.shutdown(wait=False)
+            self._writer = None
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise CheckpointError(f"writing a checkpoint under {self.dir} failed: {first}", file=str(self.dir)) from first
+
     def save(self, st: StepState) -> None:
+        self._check_committed(st)
         npz, man = self.paths(st.step)
         arrays = {s.name: st.tensors[s.producer] for s in self.graph.states}
         roots = [st.roots[s.producer] for s in self.graph.states]
@@ -64,11 +98,13 @@ class CheckpointStore:
         man.write_text(json.dumps(manifest, indent=1))
 
     def steps(self) -> list[int]:
+        self.flush()
         return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := NAME.match(p.name)))
 
     def load(self, step: int) -> StepState:
         from verde_chain.graph.executor import StepState
 
+        self.flush()
         npz, man = self.paths(step)
         try:
             manifest = json.loads(man.read_text())
@@ -113,4 +149,5 @@ class CheckpointStore:
         return self.load_at_or_before(limit)
 
     def write_index(self, commitments: dict[int, bytes]) -> None:
+        self.flush()
         (self.dir / "index.json").write_text(json.dumps({str(k): _hex(v) for k, v in commitments.items()}, indent=1))

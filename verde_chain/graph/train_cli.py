@@ -2,12 +2,20 @@
 
 The lead wires this into ``verde_chain/cli.py`` with ``configure(parser)`` and ``run(args)``.
 The last line with ``--json`` is one JSON object: final_commitment (0x hex), steps, wall_s,
-final_loss, accuracy (digits: test accuracy; else null), spec_hash, graph_root, c0, nodes.
+final_loss, accuracy (digits: test accuracy; else null), spec_hash, graph_root, c0, nodes,
+checkpoint_interval.
+
+The run commits only the steps it stores or publishes (checkpoint steps and the last step; see
+``graph/executor.py``); ``commitments.json`` lists those. The checkpoint interval is
+``--checkpoint-interval`` if given, else the job's own if it names one (> 0), else
+``DEFAULT_CHECKPOINT_INTERVAL`` (50 steps; the example jobs are built with it, or with T if
+that is shorter: the market refuses an interval above T).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -17,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from verde_chain.errors import VerdeError
-from verde_chain.graph.executor import StepLog
+from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL, StepLog, StepState
 from verde_chain.graph.kernels import DEFAULT_BACKEND, make_runner
 from verde_chain.job import Job, load_job, save_job
 
@@ -26,7 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="a job bundle (directory or job.json), or an example: digits | transformer")
     p.add_argument("--steps", type=int, default=None, help="number of steps (examples: T of the job; bundles: stop early)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the C++ kernels (never changes a bit)")
-    p.add_argument("--checkpoint-interval", type=int, default=None, help="store the full state every N steps")
+    p.add_argument("--checkpoint-interval", type=int, default=None,
+                   help=f"store (and commit) the full state every N steps; default: the job's, else "
+                   f"{DEFAULT_CHECKPOINT_INTERVAL}; 0 = only step 0 and the final step")
     p.add_argument("--out", type=Path, default=None, help="directory for checkpoints, commitments and the job bundle")
     p.add_argument("--resume", action="store_true", help="continue from the latest verified checkpoint in --out")
     p.add_argument("--backend", default=DEFAULT_BACKEND,
@@ -44,6 +54,9 @@ def _load(args: argparse.Namespace) -> Job:
             kw["steps"] = args.steps
         if args.checkpoint_interval is not None:
             kw["checkpoint_interval"] = args.checkpoint_interval
+        else:  # the market refuses a checkpoint interval above T
+            steps = kw.get("steps", inspect.signature(EXAMPLES[args.job]).parameters["steps"].default)
+            kw["checkpoint_interval"] = min(DEFAULT_CHECKPOINT_INTERVAL, steps)
         return EXAMPLES[args.job](**kw)
     return load_job(args.job)
 
@@ -78,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         raise VerdeError("--resume needs --out (the directory holding the checkpoints)")
     if args.out is not None and not args.resume:
         save_job(job, args.out / "job")
-    tr = job.make_run(args.out, args.checkpoint_interval, make_runner(args.backend, args.threads), job.spec.steps, fresh=not args.resume)
+    interval = args.checkpoint_interval
+    if interval is None:
+        interval = job.spec.checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
+    if interval < 0:
+        raise VerdeError(f"--checkpoint-interval must be >= 0, got {interval}")
+    tr = job.make_run(args.out, interval, make_runner(args.backend, args.threads), job.spec.steps, fresh=not args.resume)
     if args.resume:
         start = tr.resume()
         if not args.json:
@@ -91,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     state = {s.name: tr.state.tensors[s.producer].reshape(s.shape) for s in job.program.graph.states}
     final = tr.logs[-1] if tr.logs else None
+    assert isinstance(tr.state, StepState)  # run() always commits its last step; resume loads a committed one
     summary = {
         "final_commitment": "0x" + tr.state.commitment.hex(),
         "steps": tr.state.step,
@@ -101,10 +120,11 @@ def run(args: argparse.Namespace) -> int:
         "graph_root": "0x" + job.spec.graph_root.hex(),
         "c0": "0x" + job.spec.initial_commitment.hex(),
         "nodes": job.spec.num_nodes,
+        "checkpoint_interval": interval,
     }
     if args.out is not None:
         (args.out / "commitments.json").write_text(
-            json.dumps({str(k): "0x" + v.hex() for k, v in sorted(tr.commitments.items())}, indent=1)
+            json.dumps({str(k): "0x" + v.hex() for k, v in tr.commitments.computed().items()}, indent=1)
         )
     if args.json:
         print(json.dumps(summary))
