@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -241,6 +242,12 @@ struct GemmArgs {
     int64_t sbb, sbk, sbj;  // b(b, k, j) = B[b*sbb + k*sbk + j*sbj]
     float* C;               // contiguous (batch, M, N)
     int64_t batch, M, N, K;
+    // Optional per-batch element offsets (batch dims that do not collapse to one stride, e.g.
+    // a transposed (B, H) pair): a(b, ...) starts at A[aoff[b]] instead of A[b*sab].
+    const int64_t* aoff = nullptr;
+    const int64_t* boff = nullptr;
+    const float* a_at(int64_t bi) const { return A + (aoff ? aoff[bi] : bi * sab); }
+    const float* b_at(int64_t bi) const { return B + (boff ? boff[bi] : bi * sbb); }
 };
 
 // Packs rows [i0, i0+rows) x k [p0, p0+kc) into MR-tall panels, layout [panel][k][MR],
@@ -389,8 +396,8 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         parallel_items(n_pairs, threads, [&](int64_t item, int64_t t) {
             const int64_t bi = item / n_nblocks;
             const int64_t j0 = (item % n_nblocks) * nc, cols = std::min(nc, g.N - j0);
-            const float* A = g.A + bi * g.sab;
-            const float* B = g.B + bi * g.sbb;
+            const float* A = g.a_at(bi);
+            const float* B = g.b_at(bi);
             float* C = g.C + bi * g.M * g.N;
             bbuf[t].resize(round_up(nc, GEMM_NR) * kc);
             for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
@@ -407,8 +414,8 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     std::vector<float> bpack(round_up(nc, GEMM_NR) * kc);
     std::vector<std::vector<float>> abuf(threads);
     for (int64_t bi = 0; bi < g.batch; bi++) {
-        const float* A = g.A + bi * g.sab;
-        const float* B = g.B + bi * g.sbb;
+        const float* A = g.a_at(bi);
+        const float* B = g.b_at(bi);
         float* C = g.C + bi * g.M * g.N;
         for (int64_t j0 = 0; j0 < g.N; j0 += nc) {
             const int64_t cols = std::min(nc, g.N - j0);
@@ -537,16 +544,9 @@ void reduce_rows_unit_k(const float* X, int64_t sr, int64_t K, float kf, float* 
 #define REPOPS_HAVE_ROWS8 1
 #endif
 
-torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
-    check_f32_cpu(x, "x");
-    TORCH_CHECK(x.dim() == 2, "reduce_last takes a 2-D (rows, K) view");
-    TORCH_CHECK(op >= RED_SUM && op <= RED_MIN, "unknown reduce op ", op);
-    const int64_t R = x.size(0), K = x.size(1), sr = x.stride(0), sk = x.stride(1);
-    TORCH_CHECK(K > 0, "reduction over an empty axis");
-    torch::Tensor out = torch::empty({R}, x.options());
-    if (R == 0) return out;
-    const float* X = x.data_ptr<float>();
-    float* O = out.data_ptr<float>();
+// out[r] = fold_k X[r*sr + k*sk], r < R, K >= 1 (the caller checked the addresses).
+void reduce_into(const float* X, int64_t R, int64_t K, int64_t sr, int64_t sk, int64_t op, float* O,
+                 int64_t threads) {
     const float kf = (float)K;  // mean divides by K rounded to binary32 once
     constexpr int64_t CHUNK = 4096;
     const int64_t n_items = ceil_div(R, CHUNK);
@@ -591,6 +591,17 @@ torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
             O[r] = canon(op == RED_MEAN ? acc / kf : acc);
         }
     });
+}
+
+torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
+    check_f32_cpu(x, "x");
+    TORCH_CHECK(x.dim() == 2, "reduce_last takes a 2-D (rows, K) view");
+    TORCH_CHECK(op >= RED_SUM && op <= RED_MIN, "unknown reduce op ", op);
+    const int64_t R = x.size(0), K = x.size(1);
+    TORCH_CHECK(K > 0, "reduction over an empty axis");
+    torch::Tensor out = torch::empty({R}, x.options());
+    if (R == 0) return out;
+    reduce_into(x.data_ptr<float>(), R, K, x.stride(0), x.stride(1), op, out.data_ptr<float>(), threads);
     return out;
 }
 
@@ -622,17 +633,7 @@ inline float sbinary(int64_t op, float x, float y) {
     }
 }
 
-torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op, int64_t threads) {
-    check_f32_cpu(a, "a");
-    check_f32_cpu(b, "b");
-    TORCH_CHECK(a.sizes() == b.sizes(), "binary takes equal shapes (broadcast first)");
-    TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "binary takes contiguous tensors");
-    TORCH_CHECK(op >= BIN_ADD && op <= BIN_MIN, "unknown binary op ", op);
-    torch::Tensor out = torch::empty_like(a, a.options().memory_format(torch::MemoryFormat::Contiguous));
-    const int64_t n = a.numel();
-    const float* A = a.data_ptr<float>();
-    const float* B = b.data_ptr<float>();
-    float* O = out.data_ptr<float>();
+void binary_into(const float* A, const float* B, float* O, int64_t n, int64_t op, int64_t threads) {
     constexpr int64_t CHUNK = 1 << 14;
     if (n < (1 << 17)) threads = 1;
     parallel_items(ceil_div(n, CHUNK), threads, [&](int64_t item, int64_t) {
@@ -641,6 +642,16 @@ torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op,
         for (; i + W <= i1; i += W) vstore(O + i, vcanon(vbinary(op, vload(A + i), vload(B + i))));
         for (; i < i1; i++) O[i] = canon(sbinary(op, A[i], B[i]));
     });
+}
+
+torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op, int64_t threads) {
+    check_f32_cpu(a, "a");
+    check_f32_cpu(b, "b");
+    TORCH_CHECK(a.sizes() == b.sizes(), "binary takes equal shapes (broadcast first)");
+    TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "binary takes contiguous tensors");
+    TORCH_CHECK(op >= BIN_ADD && op <= BIN_MIN, "unknown binary op ", op);
+    torch::Tensor out = torch::empty_like(a, a.options().memory_format(torch::MemoryFormat::Contiguous));
+    binary_into(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), a.numel(), op, threads);
     return out;
 }
 
@@ -859,44 +870,57 @@ std::vector<Instr> read_program(const torch::Tensor& code) {
     return out;
 }
 
-// inputs: flat int32 bit tensors. maps: (n_inputs, rank + 4) int64 rows
-// [strides..., kstride, offset, idx_stride, numel]. Addresses of LOAD are checked in range by
-// the Python KernelDesc.validate; they are re-checked here so a bad call cannot read wild memory.
-// r0_init (optional, numel int32 bits): run ONLY the epilogue with r0 preset (the prologue and
-// body were done by a faster kernel; the caller checked the epilogue reads no other register).
-torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch::Tensor& maps_t,
-                          std::vector<int64_t> out_shape, int64_t K, const torch::Tensor& pro_t,
-                          const torch::Tensor& body_t, const torch::Tensor& epi_t,
-                          const c10::optional<torch::Tensor>& r0_init, int64_t threads) {
-    const int64_t rank = (int64_t)out_shape.size();
-    TORCH_CHECK(rank <= MAX_RANK, "rank ", rank, " > ", MAX_RANK);
+// A validated program invocation without data pointers: built once (per node of a StepPlan, or
+// per call of run_program) and executed on any inputs of the sizes it was checked against.
+struct Prog {
+    std::vector<Instr> pro, body, epi;
+    std::vector<InputMap> maps;  // .data is filled in per execution
+    int64_t rank = 0, K = 1, numel = 1, run_axis = 0;
+    int64_t out_shape[MAX_RANK] = {};
+    bool need_coords = false;      // COORD used, or some map is not linear
+    bool use_coord = false;        // COORD used
+    bool need_lane_table = false;  // LOADIDX used: per-lane addresses of non-linear maps
+    // Registers the executed sequence reads before writing them start as +0.0 (the spec's
+    // initial state); zeroing only those keeps small nodes cheap. [0]: full run, [1]: epilogue
+    // only with r0 preset.
+    bool live[2][NUM_REGS] = {};
+    int64_t work = 0;  // instructions executed, to decide whether threads pay off
+};
+
+// rows: n_in rows of rank + 4 int64 [strides..., kstride, offset, idx_stride, numel];
+// input_numels: the element count of each input the program will be run on. Addresses of LOAD
+// are checked in range by the Python KernelDesc.validate; they are re-checked here so a bad call
+// cannot read wild memory.
+Prog make_prog(const int64_t* rows, int64_t n_in, const std::vector<int64_t>& out_shape, int64_t K,
+               std::vector<Instr> pro, std::vector<Instr> body, std::vector<Instr> epi,
+               const std::vector<int64_t>& input_numels) {
+    Prog P;
+    P.rank = (int64_t)out_shape.size();
+    TORCH_CHECK(P.rank <= MAX_RANK, "rank ", P.rank, " > ", MAX_RANK);
     TORCH_CHECK(K >= 1, "K must be >= 1");
-    const int64_t n_in = (int64_t)inputs.size();
-    TORCH_CHECK(maps_t.scalar_type() == torch::kInt64 && maps_t.dim() == 2 && maps_t.size(0) == n_in &&
-                    maps_t.size(1) == rank + 4,
-                "maps must be (n_inputs, rank + 4) int64");
-    const std::vector<Instr> pro = read_program(pro_t), body = read_program(body_t), epi = read_program(epi_t);
-    int64_t numel = 1;
-    for (int64_t dsz : out_shape) {
-        TORCH_CHECK(dsz >= 1, "output dims must be >= 1");
-        numel *= dsz;
+    TORCH_CHECK((int64_t)input_numels.size() == n_in, "one element count per input");
+    P.K = K;
+    P.pro = std::move(pro);
+    P.body = std::move(body);
+    P.epi = std::move(epi);
+    const int64_t rank = P.rank;
+    for (int64_t dd = 0; dd < rank; dd++) {
+        TORCH_CHECK(out_shape[dd] >= 1, "output dims must be >= 1");
+        P.out_shape[dd] = out_shape[dd];
+        P.numel *= out_shape[dd];
     }
-    auto mp = maps_t.contiguous();
-    std::vector<InputMap> maps(n_in);
-    std::vector<torch::Tensor> keep;
+    P.maps.resize(n_in);
     for (int64_t t = 0; t < n_in; t++) {
-        const torch::Tensor& x = inputs[t];
-        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kInt32 && x.is_contiguous(),
-                    "inputs must be contiguous CPU int32 bit tensors");
-        const int64_t* row = mp.data_ptr<int64_t>() + t * (rank + 4);
-        InputMap& m = maps[t];
-        m.data = reinterpret_cast<const uint32_t*>(x.data_ptr<int32_t>());
+        const int64_t* row = rows + t * (rank + 4);
+        InputMap& m = P.maps[t];
+        m.data = nullptr;
         for (int64_t dd = 0; dd < rank; dd++) m.strides[dd] = row[dd];
         m.kstride = row[rank];
         m.offset = row[rank + 1];
         m.idx_stride = row[rank + 2];
         m.numel = row[rank + 3];
-        TORCH_CHECK(m.numel == x.numel(), "input ", t, " has ", x.numel(), " elements, map says ", m.numel);
+        TORCH_CHECK(m.numel == input_numels[t], "input ", t, " has ", input_numels[t], " elements, map says ",
+                    m.numel);
         // SAFETY: LOAD reads data[base + k*kstride] unchecked in the lane loop; prove the whole
         // box of addresses lies inside the tensor first.
         int64_t lo = m.offset, hi = m.offset;
@@ -909,15 +933,12 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
         lo += std::min<int64_t>(0, kspan);
         hi += std::max<int64_t>(0, kspan);
         bool loads = false;
-        for (const auto* prog : {&pro, &body, &epi})
+        for (const auto* prog : {&P.pro, &P.body, &P.epi})
             for (const Instr& in : *prog) loads |= in.op == OP_LOAD && (int64_t)in.imm == t;
         TORCH_CHECK(!loads || (lo >= 0 && hi < m.numel), "input ", t, " addresses [", lo, ", ", hi,
                     "] leave [0, ", m.numel, ")");
     }
-    bool need_coords = false;      // COORD used, or some map is not linear
-    bool use_coord = false;        // COORD used
-    bool need_lane_table = false;  // LOADIDX used: per-lane addresses of non-linear maps
-    int64_t run_axis = std::max<int64_t>(0, rank - 1);  // innermost axis of size > 1 (runs follow it)
+    P.run_axis = std::max<int64_t>(0, rank - 1);  // innermost axis of size > 1 (runs follow it)
     {
         int64_t cstride[MAX_RANK], acc = 1, last = -1;
         for (int64_t dd = rank - 1; dd >= 0; dd--) {
@@ -925,45 +946,31 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
             acc *= out_shape[dd];
             if (last < 0 && out_shape[dd] > 1) last = dd;
         }
-        if (last >= 0) run_axis = last;
-        for (InputMap& m : maps) {
-            m.last = run_axis;
+        if (last >= 0) P.run_axis = last;
+        for (InputMap& m : P.maps) {
+            m.last = P.run_axis;
             m.lstride = last < 0 ? 0 : m.strides[last];
             m.linear = true;
             for (int64_t dd = 0; dd < rank; dd++)
                 if (out_shape[dd] > 1 && m.strides[dd] != m.lstride * cstride[dd]) m.linear = false;
-            need_coords |= !m.linear;
+            P.need_coords |= !m.linear;
         }
     }
-    for (const auto* prog : {&pro, &body, &epi})
+    for (const auto* prog : {&P.pro, &P.body, &P.epi})
         for (const Instr& in : *prog) {
             if (in.op == OP_LOAD || in.op == OP_LOADIDX) TORCH_CHECK((int64_t)in.imm < n_in, "LOAD of a missing input");
-            need_lane_table |= in.op == OP_LOADIDX;
+            P.need_lane_table |= in.op == OP_LOADIDX;
             if (in.op == OP_COORD) {
                 TORCH_CHECK((int64_t)in.imm < rank, "COORD axis out of range");
-                need_coords = use_coord = true;
+                P.need_coords = P.use_coord = true;
             }
             if (in.op == OP_FMA || in.op == OP_SELECT) TORCH_CHECK(in.imm < NUM_REGS, "c register out of range");
         }
-    const uint32_t* init = nullptr;
-    if (r0_init.has_value()) {
-        TORCH_CHECK(r0_init->scalar_type() == torch::kInt32 && r0_init->is_contiguous() && r0_init->numel() == numel,
-                    "r0_init must be a contiguous int32 tensor with one value per output element");
-        init = reinterpret_cast<const uint32_t*>(r0_init->data_ptr<int32_t>());
-    }
-    torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(torch::kInt32));
-    uint32_t* O = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
-    const int64_t n_blocks = ceil_div(numel, BLOCK);
-    // Small programs on small tensors: a thread wake-up costs more than the work.
-    const int64_t work = numel * (int64_t)(pro.size() + (K - 1) * body.size() + epi.size());
-    if (work < (1 << 16)) threads = 1;
-    threads = std::max<int64_t>(1, std::min(threads, n_blocks));
-    // Registers the executed sequence reads before writing them start as +0.0 (the spec's
-    // initial state); zeroing only those keeps small nodes cheap.
-    bool live[NUM_REGS] = {};
-    {
+    P.work = P.numel * (int64_t)(P.pro.size() + (K - 1) * P.body.size() + P.epi.size());
+    for (int with_init = 0; with_init < 2; with_init++) {
         bool written[NUM_REGS] = {};
-        if (init != nullptr) written[0] = true;
+        bool* live = P.live[with_init];
+        if (with_init) written[0] = true;
         auto scan = [&](const std::vector<Instr>& prog) {
             for (const Instr& in : prog) {
                 const int op = in.op;
@@ -977,30 +984,54 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
                 written[in.dst] = true;
             }
         };
-        if (init == nullptr) {
-            scan(pro);
-            if (K > 1) scan(body);
+        if (!with_init) {
+            scan(P.pro);
+            if (K > 1) scan(P.body);
         }
-        scan(epi);
+        scan(P.epi);
         if (!written[0]) live[0] = true;  // the result register is read at the end
     }
-    std::vector<std::unique_ptr<Lanes>> lanes(threads);
+    return P;
+}
+
+// Per-worker register blocks, reused across the nodes of one StepPlan run.
+using LanesCache = std::vector<std::unique_ptr<Lanes>>;
+
+// Runs P on inputs data[0 .. n_in) into O (numel bit patterns). init (optional, numel bits):
+// run ONLY the epilogue with r0 preset (the prologue and body were done by a faster kernel;
+// the caller checked the epilogue reads no other register). O may equal init: each block
+// reads its own init range before writing the same range.
+void exec_prog(const Prog& P, const uint32_t* const* data, uint32_t* O, const uint32_t* init, int64_t threads,
+               LanesCache& cache) {
+    const int64_t n_in = (int64_t)P.maps.size(), numel = P.numel, rank = P.rank, K = P.K;
+    std::vector<InputMap> maps = P.maps;
+    for (int64_t t = 0; t < n_in; t++) maps[t].data = data[t];
+    const int64_t n_blocks = ceil_div(numel, BLOCK);
+    // Small programs on small tensors: a thread wake-up costs more than the work.
+    if (P.work < (1 << 16)) threads = 1;
+    threads = std::max<int64_t>(1, std::min(threads, n_blocks));
+    const bool* live = P.live[init != nullptr ? 1 : 0];
+    if ((int64_t)cache.size() < threads) cache.resize(threads);
+    const int64_t* out_shape = P.out_shape;
     parallel_items(n_blocks, threads, [&](int64_t blk, int64_t t) {
-        if (!lanes[t]) {
+        if (!cache[t]) {
             // `new Lanes` (default-init), not make_unique (value-init would zero ~22 KB per call;
             // every register a program reads before writing is zeroed per block below).
-            lanes[t] = std::unique_ptr<Lanes>(new Lanes);
-            lanes[t]->base.resize(std::max<int64_t>(1, n_in) * BLOCK);
-            lanes[t]->base0.resize(std::max<int64_t>(1, n_in));
-            lanes[t]->run_base.resize(std::max<int64_t>(1, n_in) * BLOCK);
+            cache[t] = std::unique_ptr<Lanes>(new Lanes);
         }
-        Lanes& L = *lanes[t];
+        Lanes& L = *cache[t];
+        const size_t need = (size_t)std::max<int64_t>(1, n_in);
+        if (L.base0.size() < need) {
+            L.base.resize(need * BLOCK);
+            L.base0.resize(need);
+            L.run_base.resize(need * BLOCK);
+        }
         const int64_t e0 = blk * BLOCK;
         L.n = (int)std::min<int64_t>(BLOCK, numel - e0);
         for (int r = 0; r < NUM_REGS; r++)
             if (live[r]) std::memset(L.reg[r], 0, sizeof(uint32_t) * L.n);
         for (int64_t tt = 0; tt < n_in; tt++) L.base0[tt] = maps[tt].offset + e0 * maps[tt].lstride;
-        if (need_coords) {
+        if (P.need_coords) {
             // Coordinates of the block's first element by division, then runs along the
             // innermost axis: inside a run only the last coordinate moves (by one), so both the
             // coordinate and every address are arithmetic sequences (vectorised loops).
@@ -1010,11 +1041,11 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
                 cs[dd] = e % out_shape[dd];
                 e /= out_shape[dd];
             }
-            const int64_t last = run_axis;
+            const int64_t last = P.run_axis;
             L.n_runs = 0;
             for (int i = 0; i < L.n;) {
                 const int run = (int)std::min<int64_t>(out_shape[last] - cs[last], L.n - i);
-                if (use_coord) {
+                if (P.use_coord) {
                     for (int64_t dd = 0; dd < last; dd++) {
                         const uint32_t cb = to_bits((float)cs[dd]);
                         for (int j = 0; j < run; j++) L.coord[dd][i + j] = cb;
@@ -1029,7 +1060,7 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
                     int64_t b = m.offset;
                     for (int64_t dd = 0; dd < rank; dd++) b += cs[dd] * m.strides[dd];
                     L.run_base[tt * BLOCK + L.n_runs] = b;
-                    if (need_lane_table) {  // LOADIDX reads per-lane addresses
+                    if (P.need_lane_table) {  // LOADIDX reads per-lane addresses
                         const int64_t st = m.strides[last];
                         int64_t* dst = L.base.data() + tt * BLOCK + i;
                         for (int j = 0; j < run; j++) dst[j] = b + j * st;
@@ -1047,15 +1078,324 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
         if (init != nullptr) {
             std::memcpy(L.reg[0], init + e0, sizeof(uint32_t) * L.n);
         } else {
-            for (const Instr& in : pro) exec_instr(in, 0, maps, L);
+            for (const Instr& in : P.pro) exec_instr(in, 0, maps, L);
             for (int64_t k = 1; k < K; k++)
-                for (const Instr& in : body) exec_instr(in, k, maps, L);
+                for (const Instr& in : P.body) exec_instr(in, k, maps, L);
         }
-        for (const Instr& in : epi) exec_instr(in, K - 1, maps, L);
+        for (const Instr& in : P.epi) exec_instr(in, K - 1, maps, L);
         std::memcpy(O + e0, L.reg[0], sizeof(uint32_t) * L.n);
     });
+}
+
+// The rows of an (n_rows, n_cols) int64 table, flat.
+std::vector<int64_t> int64_rows(const torch::Tensor& t, int64_t n_rows, int64_t n_cols, const char* what) {
+    TORCH_CHECK(t.scalar_type() == torch::kInt64 && t.dim() == 2 && t.size(0) == n_rows && t.size(1) == n_cols,
+                what, " must be an (", n_rows, ", ", n_cols, ") int64 tensor");
+    auto c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n_rows * n_cols);
+}
+
+// inputs: flat int32 bit tensors. maps: (n_inputs, rank + 4) int64 rows
+// [strides..., kstride, offset, idx_stride, numel]. r0_init: see exec_prog.
+torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch::Tensor& maps_t,
+                          std::vector<int64_t> out_shape, int64_t K, const torch::Tensor& pro_t,
+                          const torch::Tensor& body_t, const torch::Tensor& epi_t,
+                          const c10::optional<torch::Tensor>& r0_init, int64_t threads) {
+    const int64_t n_in = (int64_t)inputs.size(), rank = (int64_t)out_shape.size();
+    TORCH_CHECK(rank <= MAX_RANK, "rank ", rank, " > ", MAX_RANK);
+    std::vector<int64_t> numels(n_in);
+    std::vector<const uint32_t*> data(std::max<int64_t>(1, n_in), nullptr);
+    for (int64_t t = 0; t < n_in; t++) {
+        const torch::Tensor& x = inputs[t];
+        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kInt32 && x.is_contiguous(),
+                    "inputs must be contiguous CPU int32 bit tensors");
+        numels[t] = x.numel();
+        data[t] = reinterpret_cast<const uint32_t*>(x.data_ptr<int32_t>());
+    }
+    const Prog P = make_prog(int64_rows(maps_t, n_in, rank + 4, "maps").data(), n_in, out_shape, K, read_program(pro_t),
+                             read_program(body_t), read_program(epi_t), numels);
+    const uint32_t* init = nullptr;
+    if (r0_init.has_value()) {
+        TORCH_CHECK(r0_init->scalar_type() == torch::kInt32 && r0_init->is_contiguous() &&
+                        r0_init->numel() == P.numel,
+                    "r0_init must be a contiguous int32 tensor with one value per output element");
+        init = reinterpret_cast<const uint32_t*>(r0_init->data_ptr<int32_t>());
+    }
+    torch::Tensor out = torch::empty({P.numel}, torch::TensorOptions().dtype(torch::kInt32));
+    LanesCache cache;
+    exec_prog(P, data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), init, threads, cache);
     return out;
 }
+
+// ----------------------------------------------------------------------------------------
+// StepPlan: all nodes of one training step in one call (built once per graph by
+// verde_chain/repops/backend_cpu.py; see StepKernel there). Every node output lives in one
+// arena tensor allocated per run, at offsets fixed when the plan is built; node inputs are
+// (buffer, offset, numel) references into this step's arena (outputs of earlier nodes), the
+// previous step's arena (state tensors) or the batch. Each node runs the same kernel as the
+// per-node path (GEMM, fold, binary, compiled map, or the interpreter), so the bits are the
+// same; what disappears is the per-node Python, pybind and allocation overhead, which dominated
+// nodes of a few thousand elements. Every address a node can touch is checked when it is added.
+// ----------------------------------------------------------------------------------------
+
+enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4 };
+enum Buffer : int64_t { BUF_ARENA = 0, BUF_PREV = 1, BUF_BATCH = 2 };
+using JitFn = void (*)(const void* const*, uint32_t*, int64_t, int64_t);
+
+struct Ref {
+    int64_t buf, offset, numel;
+};
+
+struct PlanNode {
+    int64_t kind = NK_PROGRAM;
+    int64_t out_offset = 0, out_numel = 0;
+    std::vector<Ref> ins;
+    bool has_prog = false;  // PROGRAM: the whole program; DOT/FOLD: an epilogue, run with r0 preset
+    Prog prog;
+    int64_t op = 0;  // FOLD: reduce op; BINARY: binary op
+    // DOT: input slots, geometry (pointers set per run), per-batch element offsets
+    int64_t sa = 0, sb = 0;
+    GemmArgs g{};
+    std::vector<int64_t> aoff, boff;
+    // FOLD: out[r] = fold_k X[xoff + r*sr + k*sk]
+    int64_t slot = 0, R = 0, Kr = 0, sr = 0, sk = 0, xoff = 0;
+    // JIT: a compiled map over n = out_numel elements
+    JitFn fn = nullptr;
+    int64_t work = 0;
+};
+
+class StepPlan {
+  public:
+    StepPlan(int64_t arena_numel, int64_t prev_numel, int64_t batch_numel, int64_t mc, int64_t kc, int64_t nc)
+        : size_{arena_numel, prev_numel, batch_numel},
+          mc_(round_up(std::max<int64_t>(1, mc), GEMM_MR)),
+          kc_(std::max<int64_t>(1, kc)),
+          nc_(round_up(std::max<int64_t>(1, nc), GEMM_NR)) {
+        for (int64_t s : size_) TORCH_CHECK(s >= 0, "buffer sizes must be >= 0");
+    }
+
+    void add_program(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                     const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi,
+                     int64_t out_offset) {
+        PlanNode nd = base_node(NK_PROGRAM, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = true;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A dot node: GEMM (batch = aoff.numel()) then, if the epilogue is not empty, the epilogue.
+    void add_dot(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                 const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
+                 int64_t sa, int64_t sb, int64_t M, int64_t N, const torch::Tensor& aoff, int64_t sai, int64_t sak,
+                 const torch::Tensor& boff, int64_t sbk, int64_t sbj) {
+        PlanNode nd = base_node(NK_DOT, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = epi.size(0) > 0;
+        const int64_t n_in = (int64_t)nd.ins.size();
+        TORCH_CHECK(sa >= 0 && sa < n_in && sb >= 0 && sb < n_in, "dot input slot out of range");
+        nd.sa = sa;
+        nd.sb = sb;
+        nd.aoff = offsets(aoff);
+        nd.boff = offsets(boff);
+        const int64_t nb = (int64_t)nd.aoff.size();
+        TORCH_CHECK((int64_t)nd.boff.size() == nb && nb >= 1 && M >= 1 && N >= 1, "bad dot geometry");
+        TORCH_CHECK(nb * M * N == nd.out_numel, "dot output ", nb, "x", M, "x", N, " != ", nd.out_numel);
+        check_box(nd.aoff, {sai, sak}, {M, K}, nd.ins[sa].numel, "dot A");
+        check_box(nd.boff, {sbk, sbj}, {K, N}, nd.ins[sb].numel, "dot B");
+        nd.g.sai = sai;
+        nd.g.sak = sak;
+        nd.g.sbk = sbk;
+        nd.g.sbj = sbj;
+        nd.g.batch = nb;
+        nd.g.M = M;
+        nd.g.N = N;
+        nd.g.K = K;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A fold node: out[r] = fold over k of X[xoff + r*sr + k*sk] (r < numel, k < K), then the
+    // epilogue if not empty.
+    void add_fold(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                  const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
+                  int64_t slot, int64_t op, int64_t xoff, int64_t sr, int64_t sk) {
+        PlanNode nd = base_node(NK_FOLD, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = epi.size(0) > 0;
+        TORCH_CHECK(slot >= 0 && slot < (int64_t)nd.ins.size(), "fold input slot out of range");
+        TORCH_CHECK(op >= RED_SUM && op <= RED_MIN, "unknown reduce op ", op);
+        check_box({xoff}, {sr, sk}, {nd.out_numel, K}, nd.ins[slot].numel, "fold X");
+        nd.slot = slot;
+        nd.op = op;
+        nd.xoff = xoff;
+        nd.R = nd.out_numel;
+        nd.Kr = K;
+        nd.sr = sr;
+        nd.sk = sk;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // out[e] = a[e] (op) b[e], both inputs exactly out_numel long.
+    void add_binary(const torch::Tensor& refs, int64_t out_offset, int64_t numel, int64_t op) {
+        PlanNode nd;
+        nd.kind = NK_BINARY;
+        nd.ins = read_refs(refs);
+        set_out(nd, out_offset, numel);
+        TORCH_CHECK(op >= BIN_ADD && op <= BIN_MIN, "unknown binary op ", op);
+        TORCH_CHECK(nd.ins.size() == 2 && nd.ins[0].numel == numel && nd.ins[1].numel == numel,
+                    "binary inputs must have the output's size");
+        nd.op = op;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A compiled map (backend_cpu.jit_source): input t is read at lin[t] = (offset, stride) as
+    // offset + e*stride for e < numel. fn_addr is the map's address (the library stays loaded
+    // by functools.cache in Python; the plan's owner keeps a reference too).
+    void add_jit(const torch::Tensor& refs, const torch::Tensor& lin, int64_t out_offset, int64_t numel,
+                 int64_t fn_addr, int64_t work) {
+        PlanNode nd;
+        nd.kind = NK_JIT;
+        nd.ins = read_refs(refs);
+        set_out(nd, out_offset, numel);
+        TORCH_CHECK(fn_addr != 0, "null map function");
+        const std::vector<int64_t> rows = int64_rows(lin, (int64_t)nd.ins.size(), 2, "lin");
+        for (size_t t = 0; t < nd.ins.size(); t++)
+            check_box({rows[2 * t]}, {rows[2 * t + 1]}, {numel}, nd.ins[t].numel, "map input");
+        nd.fn = reinterpret_cast<JitFn>(fn_addr);
+        nd.work = work;
+        nodes_.push_back(std::move(nd));
+    }
+
+    int64_t size() const { return (int64_t)nodes_.size(); }
+
+    // times (optional, float64, one per node): each node's seconds are ADDED to its entry
+    // (profiling: scripts/bench_ops.py files them under op families).
+    torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
+                      const c10::optional<torch::Tensor>& times) const {
+        check_buffer(prev, size_[BUF_PREV], "previous arena");
+        check_buffer(batch, size_[BUF_BATCH], "batch");
+        double* node_s = nullptr;
+        if (times.has_value()) {
+            TORCH_CHECK(times->scalar_type() == torch::kFloat64 && times->is_contiguous() &&
+                            times->numel() == (int64_t)nodes_.size(),
+                        "times must be a contiguous float64 tensor with one entry per node");
+            node_s = times->data_ptr<double>();
+        }
+        torch::Tensor arena = torch::empty({size_[BUF_ARENA]}, torch::TensorOptions().dtype(torch::kFloat32));
+        float* base[3] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
+                          const_cast<float*>(batch.data_ptr<float>())};
+        LanesCache cache;
+        std::vector<const uint32_t*> data;
+        for (size_t i = 0; i < nodes_.size(); i++) {
+            const PlanNode& nd = nodes_[i];
+            const auto t0 = std::chrono::steady_clock::now();
+            data.assign(std::max<size_t>(1, nd.ins.size()), nullptr);
+            for (size_t t = 0; t < nd.ins.size(); t++)
+                data[t] = reinterpret_cast<const uint32_t*>(base[nd.ins[t].buf] + nd.ins[t].offset);
+            float* out = base[BUF_ARENA] + nd.out_offset;
+            uint32_t* out_bits = reinterpret_cast<uint32_t*>(out);
+            switch (nd.kind) {
+                case NK_PROGRAM: exec_prog(nd.prog, data.data(), out_bits, nullptr, threads, cache); break;
+                case NK_DOT: {
+                    GemmArgs g = nd.g;
+                    g.A = reinterpret_cast<const float*>(data[nd.sa]);
+                    g.B = reinterpret_cast<const float*>(data[nd.sb]);
+                    g.C = out;
+                    g.aoff = nd.aoff.data();
+                    g.boff = nd.boff.data();
+                    gemm(g, threads, mc_, kc_, nc_);
+                    break;
+                }
+                case NK_FOLD:
+                    reduce_into(reinterpret_cast<const float*>(data[nd.slot]) + nd.xoff, nd.R, nd.Kr, nd.sr, nd.sk,
+                                nd.op, out, threads);
+                    break;
+                case NK_BINARY:
+                    binary_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
+                                out, nd.out_numel, nd.op, threads);
+                    break;
+                default: run_jit(nd, data, out_bits, threads); break;
+            }
+            if (nd.has_prog && nd.kind != NK_PROGRAM) exec_prog(nd.prog, data.data(), out_bits, out_bits, threads, cache);
+            if (node_s) node_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        return arena;
+    }
+
+  private:
+    int64_t size_[3];
+    int64_t mc_, kc_, nc_;
+    std::vector<PlanNode> nodes_;
+
+    static void run_jit(const PlanNode& nd, const std::vector<const uint32_t*>& data, uint32_t* out,
+                        int64_t threads) {
+        const void* const* in = reinterpret_cast<const void* const*>(data.data());
+        const int64_t n = nd.out_numel;
+        // The same threshold as the Python pool of the per-node path (backend_cpu._run_jit).
+        if (threads <= 1 || nd.work < (1 << 18)) {
+            nd.fn(in, out, 0, n);
+            return;
+        }
+        parallel_items(threads, threads, [&](int64_t i, int64_t) { nd.fn(in, out, n * i / threads, n * (i + 1) / threads); });
+    }
+
+    static void check_buffer(const torch::Tensor& t, int64_t numel, const char* what) {
+        TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), what,
+                    " must be a contiguous CPU float32 tensor");
+        TORCH_CHECK(t.numel() == numel, what, " has ", t.numel(), " elements, the plan expects ", numel);
+    }
+
+    std::vector<Ref> read_refs(const torch::Tensor& refs) const {
+        TORCH_CHECK(refs.dim() == 2, "refs must be (n_inputs, 3)");
+        const std::vector<int64_t> rows = int64_rows(refs, refs.size(0), 3, "refs");
+        std::vector<Ref> out(refs.size(0));
+        for (size_t t = 0; t < out.size(); t++) {
+            const Ref r{rows[3 * t], rows[3 * t + 1], rows[3 * t + 2]};
+            TORCH_CHECK(r.buf >= BUF_ARENA && r.buf <= BUF_BATCH, "unknown buffer ", r.buf);
+            TORCH_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= size_[r.buf], "input ", t,
+                        " [", r.offset, ", +", r.numel, ") leaves buffer ", r.buf, " of ", size_[r.buf]);
+            out[t] = r;
+        }
+        return out;
+    }
+
+    void set_out(PlanNode& nd, int64_t out_offset, int64_t numel) const {
+        TORCH_CHECK(out_offset >= 0 && numel >= 1 && out_offset + numel <= size_[BUF_ARENA], "output [", out_offset,
+                    ", +", numel, ") leaves the arena of ", size_[BUF_ARENA]);
+        nd.out_offset = out_offset;
+        nd.out_numel = numel;
+    }
+
+    PlanNode base_node(int64_t kind, const torch::Tensor& refs, const torch::Tensor& maps,
+                       const std::vector<int64_t>& out_shape, int64_t K, const torch::Tensor& pro,
+                       const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset) const {
+        PlanNode nd;
+        nd.kind = kind;
+        nd.ins = read_refs(refs);
+        std::vector<int64_t> numels;
+        for (const Ref& r : nd.ins) numels.push_back(r.numel);
+        nd.prog = make_prog(int64_rows(maps, (int64_t)nd.ins.size(), (int64_t)out_shape.size() + 4, "maps").data(),
+                            (int64_t)nd.ins.size(), out_shape, K, read_program(pro), read_program(body),
+                            read_program(epi), numels);
+        set_out(nd, out_offset, nd.prog.numel);
+        return nd;
+    }
+
+    static std::vector<int64_t> offsets(const torch::Tensor& t) {
+        TORCH_CHECK(t.scalar_type() == torch::kInt64 && t.dim() == 1, "offsets must be a 1-D int64 tensor");
+        auto c = t.contiguous();
+        return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    }
+
+    // SAFETY: the kernels read base + sum(i_d * stride_d) unchecked for every i_d < extent_d;
+    // with non-negative strides the extremes are base and base + sum((extent_d - 1) * stride_d).
+    static void check_box(const std::vector<int64_t>& bases, std::vector<int64_t> strides,
+                          std::vector<int64_t> extents, int64_t numel, const char* what) {
+        int64_t span = 0;
+        for (size_t d = 0; d < strides.size(); d++) {
+            TORCH_CHECK(strides[d] >= 0 && extents[d] >= 1, what, ": strides must be >= 0");
+            span += strides[d] * (extents[d] - 1);
+        }
+        for (int64_t b : bases)
+            TORCH_CHECK(b >= 0 && b + span < numel, what, " addresses [", b, ", ", b + span, "] leave [0, ", numel, ")");
+    }
+};
 
 // MXCSR as a worker thread sees it (after the guard): lets tests prove FTZ/DAZ are off.
 int64_t worker_mxcsr() {
@@ -1090,6 +1430,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("run_program", &run_program, "run any KernelDesc program (generic interpreter)", pybind11::arg("inputs"),
           pybind11::arg("maps"), pybind11::arg("out_shape"), pybind11::arg("K"), pybind11::arg("prologue"),
           pybind11::arg("body"), pybind11::arg("epilogue"), pybind11::arg("r0_init"), pybind11::arg("threads"));
+    pybind11::class_<StepPlan>(m, "StepPlan", "all nodes of one training step in one call")
+        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("arena_numel"),
+             pybind11::arg("prev_numel"), pybind11::arg("batch_numel"), pybind11::arg("mc"), pybind11::arg("kc"),
+             pybind11::arg("nc"))
+        .def("add_program", &StepPlan::add_program)
+        .def("add_dot", &StepPlan::add_dot)
+        .def("add_fold", &StepPlan::add_fold)
+        .def("add_binary", &StepPlan::add_binary)
+        .def("add_jit", &StepPlan::add_jit)
+        .def("__len__", &StepPlan::size)
+        .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
+             pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
     m.def("worker_mxcsr", &worker_mxcsr);
     m.def("info", &info);
 }

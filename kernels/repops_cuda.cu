@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 //
-// repops_cuda.cu — RepOps GEMM on CUDA with the canonical dot-product order.
+// repops_cuda.cu — RepOps on CUDA: the GEMM with the canonical dot-product order, and the
+// generic program interpreter (one thread per output element) for every other KernelDesc.
 //
 // Build flags that the semantics depend on (see tests/test_cuda_compile.py, scripts/gpu_check.py):
 //   --fmad=false      never contract a*b+c written as two ops (we use explicit intrinsics anyway)
@@ -29,6 +30,9 @@
 #include <stdint.h>
 
 #include "repops_cuda.h"
+#include "repops_program.cuh"
+
+#include <vector>
 
 namespace {
 
@@ -146,4 +150,95 @@ extern "C" int repops_cuda_gemm(const float* A, int64_t sab, int64_t sai, int64_
     dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((M + BM - 1) / BM), (unsigned)batch);
     repops_gemm_kernel<<<grid, THREADS, 0, s>>>(p);
     return cudaGetLastError();
+}
+
+// ============================================================================ program interpreter
+//
+// Any KernelDesc, one thread per output element (grid-stride), through rp_run_element of
+// kernels/repops_program.cuh: the same code the host build runs in tests/test_cuda_program.py.
+// The decoded descriptor (input maps, then the instruction stream) is staged in shared memory
+// when it fits: every thread of a warp reads the same instruction and map (a broadcast).
+
+namespace {
+
+constexpr int PROGRAM_THREADS = 256;
+constexpr int64_t PROGRAM_MAX_BLOCKS = 1 << 20;
+constexpr int64_t SHARED_STAGE_BYTES = 32 * 1024;
+static_assert(sizeof(RpMap) % 4 == 0 && sizeof(RpInstr) % 4 == 0, "staged as 32-bit words");
+
+__global__ void __launch_bounds__(PROGRAM_THREADS)
+    repops_program_kernel(RpProgram p, const uint32_t* __restrict__ r0_init, uint32_t* __restrict__ out, int stage) {
+    extern __shared__ __align__(16) uint32_t stage_smem[];
+    if (stage) {
+        // The scratch layout is [maps][code], contiguous (see repops_cuda_run_program).
+        const int64_t map_bytes = (int64_t)sizeof(RpMap) * p.n_in;
+        const int64_t words = (map_bytes + (int64_t)sizeof(RpInstr) * (p.n_pro + p.n_body + p.n_epi)) / 4;
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(p.maps);
+        for (int64_t i = threadIdx.x; i < words; i += blockDim.x) stage_smem[i] = src[i];
+        __syncthreads();
+        p.maps = reinterpret_cast<const RpMap*>(stage_smem);
+        p.code = reinterpret_cast<const RpInstr*>(reinterpret_cast<const char*>(stage_smem) + map_bytes);
+    }
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < p.numel; e += step)
+        out[e] = rp_run_element(p, e, r0_init != nullptr ? r0_init + e : nullptr);
+}
+
+void put_error(char* err, int64_t err_len, const char* msg) {
+    if (err == nullptr || err_len <= 0) return;
+    int64_t i = 0;
+    for (; msg[i] != 0 && i < err_len - 1; i++) err[i] = msg[i];
+    err[i] = 0;
+}
+
+}  // namespace
+
+extern "C" int64_t repops_cuda_program_scratch_bytes(int64_t n_in, int64_t n_instr) {
+    return (int64_t)sizeof(RpMap) * n_in + (int64_t)sizeof(RpInstr) * n_instr + 16;
+}
+
+extern "C" int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_in, const int64_t* maps,
+                                       const int64_t* out_shape, int64_t rank, int64_t K, const int64_t* pro,
+                                       int64_t n_pro, const int64_t* body, int64_t n_body, const int64_t* epi,
+                                       int64_t n_epi, const uint32_t* r0_init, uint32_t* out, void* scratch,
+                                       int64_t scratch_bytes, void* stream, char* err, int64_t err_len) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (n_in < 0 || n_pro < 0 || n_body < 0 || n_epi < 0) {
+        put_error(err, err_len, "negative count");
+        return -1;
+    }
+    const int64_t n_instr = n_pro + n_body + n_epi;
+    // Staging area, host side: maps first (8-byte aligned), then the instructions.
+    std::vector<RpMap> maps_h((size_t)(n_in > 0 ? n_in : 1));
+    std::vector<RpInstr> code_h((size_t)(n_instr > 0 ? n_instr : 1));
+    RpProgram prog{};
+    // SAFETY: nothing is launched unless the encodings pass every check (opcodes, registers,
+    // input slots, COORD axes, and the LOAD address boxes).
+    const char* bad = rp_decode(inputs, n_in, maps, out_shape, rank, K, pro, n_pro, body, n_body, epi, n_epi, &prog,
+                                maps_h.data(), code_h.data());
+    if (bad != nullptr) {
+        put_error(err, err_len, bad);
+        return -1;
+    }
+    if (scratch_bytes < repops_cuda_program_scratch_bytes(n_in, n_instr)) {
+        put_error(err, err_len, "scratch buffer too small");
+        return -1;
+    }
+    char* dev = static_cast<char*>(scratch);
+    const size_t map_bytes = sizeof(RpMap) * (size_t)n_in, code_bytes = sizeof(RpInstr) * (size_t)n_instr;
+    cudaError_t rc = cudaSuccess;
+    // Pageable host -> device: the source is copied to a staging buffer before the call
+    // returns, so the host vectors may die at the end of this function.
+    if (map_bytes) rc = cudaMemcpyAsync(dev, maps_h.data(), map_bytes, cudaMemcpyHostToDevice, s);
+    if (rc == cudaSuccess && code_bytes)
+        rc = cudaMemcpyAsync(dev + map_bytes, code_h.data(), code_bytes, cudaMemcpyHostToDevice, s);
+    if (rc != cudaSuccess) return (int)rc;
+    prog.maps = reinterpret_cast<const RpMap*>(dev);
+    prog.code = reinterpret_cast<const RpInstr*>(dev + map_bytes);
+    const int64_t want = (prog.numel + PROGRAM_THREADS - 1) / PROGRAM_THREADS;
+    const unsigned blocks = (unsigned)(want < PROGRAM_MAX_BLOCKS ? want : PROGRAM_MAX_BLOCKS);
+    const size_t stage_bytes = map_bytes + code_bytes;
+    const int stage = (int64_t)stage_bytes <= SHARED_STAGE_BYTES ? 1 : 0;
+    repops_program_kernel<<<blocks, PROGRAM_THREADS, stage ? stage_bytes : 0, s>>>(prog, r0_init, out, stage);
+    return (int)cudaGetLastError();
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 //
-// repops_cuda.h — host interface of the RepOps CUDA kernels (kernels/repops_cuda.cu).
+// repops_cuda.h — host interface of the RepOps CUDA kernels (kernels/repops_cuda.cu): the GEMM
+// and the generic program interpreter.
 // Plain C types only, so the .cu file compiles with nvcc alone (no torch headers) and the
 // torch binding (kernels/repops_cuda_binding.cpp) is built by the host compiler.
 #pragma once
@@ -18,6 +19,22 @@ extern "C" {
 int repops_cuda_gemm(const float* A, int64_t sab, int64_t sai, int64_t sak, const float* B, int64_t sbb,
                      int64_t sbk, int64_t sbj, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
                      void* stream);
+
+// Scratch device memory (bytes) repops_cuda_run_program needs for n_in maps and n_instr
+// instructions (the decoded descriptor is staged there; stream-ordered, reusable afterwards).
+int64_t repops_cuda_program_scratch_bytes(int64_t n_in, int64_t n_instr);
+
+// Run any RepOps program (kernels/repops_program.cuh): out[e] = r0 after element e's run.
+// Encodings as kernels/repops_cpu.cpp's run_program (HOST arrays): maps (n_in, rank + 4) int64
+// rows `strides..., kstride, offset, idx_stride, numel`; programs (n, 5) int64 rows
+// `op, dst, a, b, imm`. `inputs`: a HOST array of n_in DEVICE pointers to the inputs' bits;
+// r0_init (device, numel values, or NULL): preset r0 and run only the epilogue; out: device,
+// numel values; scratch: device memory of repops_cuda_program_scratch_bytes(...) bytes.
+// Returns 0, -1 when the descriptor is refused (the reason in err), or a cudaError_t (> 0).
+int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_in, const int64_t* maps, const int64_t* out_shape,
+                            int64_t rank, int64_t K, const int64_t* pro, int64_t n_pro, const int64_t* body,
+                            int64_t n_body, const int64_t* epi, int64_t n_epi, const uint32_t* r0_init, uint32_t* out,
+                            void* scratch, int64_t scratch_bytes, void* stream, char* err, int64_t err_len);
 
 #ifdef __cplusplus
 }

@@ -5,9 +5,11 @@
 For the digits MLP, the tiny transformer block and digits-wide (the MLP at hidden 1024, batch
 512; see bench_training.CONFIGS), forward + backward + optimizer:
 
-* RepOps: every node of the training graph is timed around the backend call and filed under a
-  family by its graph label and its backend plan (see ``family_of_node``); "commitments" is the
-  rest of the executor's step (tensor roots, node hashes, C_s).
+* RepOps: every node of the training graph is timed inside the whole-step kernel (the C++
+  ``StepPlan`` records each node's seconds; other backends are timed around each node call) and
+  filed under a family by its graph label and its backend plan (see ``family_of_node``);
+  "commitments + executor" is the rest of the step: Python around the kernel call, and the one
+  committed step (the run's last) amortised over ``--steps`` plain steps.
 * torch eager: the same model/loss/optimizer (``bench_training.torch_step_fn``), profiled with
   ``torch.profiler``; each aten op's self CPU time is filed under the same families by name
   (``family_of_aten``). Profiler times are scaled to the unprofiled median step time, and the
@@ -82,25 +84,33 @@ def repops_breakdown(config: str, steps: int, threads: int, backend: str) -> tup
     job = EXAMPLES[example](steps=steps + 3, checkpoint_interval=0, **kw)
     runner = make_runner(backend, threads)
     graph = job.program.graph
-    by_desc = {id(n.desc): n for n in graph.nodes}
-    spent: dict[str, float] = collections.defaultdict(float)
-    counting = [False]
-
-    def timed(desc: Any, ins: list[np.ndarray]) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = runner(desc, ins)
-        if counting[0]:
-            kind = runner.plan(desc).kind if isinstance(runner, CppBackend) else "program"
-            spent[family_of_node(by_desc[id(desc)], kind)] += time.perf_counter() - t0
-        return out
-
-    run = job.make_run(None, 0, timed, steps + 3)
-    run.commit_every = True  # commit every step, so "commitments" measures the per-step commitment cost
+    # plain steps, as a training run executes them between checkpoints (the last step of each
+    # run() call is committed: "commitments + executor" holds that one commitment, amortised)
+    run = job.make_run(None, 0, runner, steps + 3)
     run.run(until=3)  # warm-up (per-desc preparation, page faults)
-    counting[0] = True
+    kernel = run.exec._step_kernel()
+    spent: dict[str, float] = collections.defaultdict(float)
+    if kernel is not None:
+        # the whole step runs in one C++ call, which times each node inside it
+        kernel.node_times = np.zeros(len(graph.nodes))
+    else:  # a backend without a whole-step kernel: time each node's call
+        inner = run.exec.runner
+        by_desc = {id(n.desc): n for n in graph.nodes}
+
+        def timed(desc: Any, ins: list[np.ndarray]) -> np.ndarray:
+            t0 = time.perf_counter()
+            out = inner(desc, ins)
+            spent[family_of_node(by_desc[id(desc)], "program")] += time.perf_counter() - t0
+            return out
+
+        run.exec.runner = timed
     t0 = time.perf_counter()
     run.run()
     wall = (time.perf_counter() - t0) / steps
+    if kernel is not None:
+        assert isinstance(runner, CppBackend)
+        for node, s in zip(graph.nodes, kernel.node_times):
+            spent[family_of_node(node, runner.plan(node.desc).kind)] += float(s)
     fams = {f: 1e3 * spent[f] / steps for f in FAMILIES}
     fams["commitments + executor"] = 1e3 * wall - sum(fams.values())
     return fams, 1e3 * wall

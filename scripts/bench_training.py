@@ -9,13 +9,14 @@
    a plain torch eager step (zero_grad, forward, cross-entropy, backward, optimizer.step):
    a plain RepOps step (kernels only: what a training run does between checkpoints), a committed
    step (kernels + every tensor root, node hash and C_s: a checkpoint step), and the amortised
-   step of a run of two checkpoint intervals as ``verde-chain train`` runs it (``run_ms/step``,
+   step of a ``--run-steps``-step run (default 1,000, a job's length: the end effects of the last
+   checkpoint write are then those of a real job) as ``verde-chain train`` runs it (``run_ms/step``,
    ``ratio_run/torch``; goal <= 1.5x). Medians over ``--steps`` steps after warm-up, all measured
    in this process.
 2. Commitment share at the default checkpoint interval (``--interval``, default
    ``DEFAULT_CHECKPOINT_INTERVAL`` = 50, what ``verde-chain train`` uses): time in tensor
    roots, node hashes, step commitments and checkpoint writes over that run. Goal <= 5%. A
-   second table gives the same for ``--share-intervals`` (default 10 and 20).
+   second table gives the same for ``--share-intervals`` (default 20 and 100).
 3. Dispute-time table: steps a trainer re-executes to answer every request of a full L1
    (step-level) bisection over T steps with k-ary rounds (``verde_chain/game/rules.py``, the
    twin of ``contracts/lib/Bisection.sol``), and the storage it keeps, for checkpoint intervals
@@ -110,6 +111,10 @@ def median_time(fn: Callable[[], object], n: int, warmup: int = 3) -> float:
 class CommitTimer:
     """Wraps the executor's hashing functions and the checkpoint writes with timers."""
 
+    # the executor's hashing entry points: tensor roots, then node hashes and C_s
+    HASHING = ("tensor_root", "tensor_roots", "arena_roots", "node_hashes", "step_commitment")
+    NODE_HASHING = ("node_hashes", "step_commitment")
+
     def __init__(self) -> None:
         self.roots_s = 0.0  # tensor roots (keccak Merkle trees of every node output)
         self.nodes_s = 0.0  # node hashes and step commitments
@@ -131,9 +136,9 @@ class CommitTimer:
         return timed
 
     def __enter__(self) -> Self:
-        for name in ("tensor_root", "node_hash", "step_commitment"):
+        for name in self.HASHING:
             self._orig[name] = getattr(ex, name)
-            setattr(ex, name, self._wrap(self._orig[name], "roots_s" if name == "tensor_root" else "nodes_s"))
+            setattr(ex, name, self._wrap(self._orig[name], "nodes_s" if name in self.NODE_HASHING else "roots_s"))
         # checkpoint writes run on a background thread: count what the training thread waits for
         for name in ("save", "save_async", "flush"):
             self._orig[name] = getattr(CheckpointStore, name)
@@ -142,7 +147,7 @@ class CommitTimer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name in ("tensor_root", "node_hash", "step_commitment"):
+        for name in self.HASHING:
             setattr(ex, name, self._orig[name])
         for name in ("save", "save_async", "flush"):
             setattr(CheckpointStore, name, self._orig[name])
@@ -153,10 +158,11 @@ def state_bytes(job: Job) -> int:
 
 
 def bench_example(
-    config: str, steps: int, threads: int, backend: str, interval: int, share_intervals: tuple[int, ...] = ()
+    config: str, steps: int, threads: int, backend: str, interval: int, share_intervals: tuple[int, ...] = (),
+    run_steps: int = 1000,
 ) -> dict[str, Any]:
     example, kw = CONFIGS[config]
-    job = EXAMPLES[example](steps=max(steps + 3, 2 * interval), **kw)
+    job = EXAMPLES[example](steps=max(steps + 3, run_steps), **kw)
     runner = make_runner(backend, threads)
     # --- a plain step (kernels only: what the run does between checkpoints) and a committed step
     # (kernels + every tensor root, node hash and C_s: what it does at a checkpoint)
@@ -173,9 +179,9 @@ def bench_example(
     torch_step = median_time(torch_step_fn(example, job), max(steps, 20))
     # --- runs of two checkpoint intervals as `verde-chain train` does them (disk writes included):
     # the commitment share and the amortised step time, at the default and the other intervals
-    shares = {N: interval_run(job, runner, N) for N in sorted({interval, *share_intervals})}
+    shares = {N: interval_run(job, runner, N, run_steps) for N in sorted({interval, *share_intervals})}
     wall, hash_s, ckpt_s = shares[interval]
-    amortised = wall / (2 * interval)
+    amortised = wall / run_steps
     return {
         "example": config,
         "threads": threads,
@@ -196,13 +202,14 @@ def bench_example(
         # re-execution during a dispute runs plain steps, and commits one step per claim
         "_s_per_step": plain_step,
         "_shares": shares,
+        "_run_steps": run_steps,
     }
 
 
-def interval_run(job: Job, runner: Any, N: int) -> tuple[float, float, float]:
-    """(wall s, hashing s, checkpoint-write s) of steps 1..2N at checkpoint interval N."""
+def interval_run(job: Job, runner: Any, N: int, steps: int) -> tuple[float, float, float]:
+    """(wall s, hashing s, checkpoint-write s) of steps 1..``steps`` at checkpoint interval N."""
     with tempfile.TemporaryDirectory() as d:
-        run = job.make_run(Path(d), N, runner, 2 * N)
+        run = job.make_run(Path(d), N, runner, steps)
         with CommitTimer() as ct:
             t0 = time.perf_counter()
             run.run()
@@ -219,7 +226,7 @@ def share_table(per_example: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             wall, hash_s, ckpt_s = r["_shares"][N]
             row[f"{name}_commit_%"] = round(100 * (hash_s + ckpt_s) / wall, 1)
             row[f"{name}_hash_%"] = round(100 * hash_s / wall, 1)
-            row[f"{name}_run/torch"] = round(wall / (2 * N) / (r["torch_ms/step"] / 1e3), 2)
+            row[f"{name}_run/torch"] = round(wall / r["_run_steps"] / (r["torch_ms/step"] / 1e3), 2)
         rows.append(row)
     return rows
 
@@ -285,20 +292,23 @@ def main() -> None:
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--interval", type=int, default=ex.DEFAULT_CHECKPOINT_INTERVAL,
                    help="checkpoint interval of the commitment-share run")
-    p.add_argument("--share-intervals", type=int, nargs="*", default=[10, 20],
+    p.add_argument("--run-steps", type=int, default=1000, help="steps of the runs that measure the commitment share")
+    p.add_argument("--share-intervals", type=int, nargs="*", default=[20, 100],
                    help="further checkpoint intervals for the commitment-share table")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     per = {
-        n: bench_example(n, args.steps, args.threads, args.backend, args.interval, tuple(args.share_intervals))
+        n: bench_example(
+            n, args.steps, args.threads, args.backend, args.interval, tuple(args.share_intervals), args.run_steps
+        )
         for n in args.configs
     }
     print(f"== step time vs torch eager ({args.backend}, {args.threads} thread(s), torch {torch.__version__})")
     print_table(list(per.values()))
     shares = share_table(per)
-    print("\n== commitment share (hashing + checkpoint writes) of a 2N-step run, by checkpoint interval N")
+    print(f"\n== commitment share (hashing + checkpoint writes) of a {args.run_steps}-step run, by checkpoint interval N")
     print_table(shares)
     table = dispute_table(args.T, args.k, per)
     print(f"\n== dispute re-execution for a full L1 bisection, T = {args.T}, k = {args.k}")

@@ -1,31 +1,36 @@
-"""One-shot GPU check of the RepOps CUDA GEMM: build, bitwise comparison with the CPU kernels,
-and a benchmark against cuBLAS FP32. Prints ONE JSON summary line (and writes it to --out).
+"""One-shot GPU check of the RepOps CUDA backend: build, bitwise comparisons with the CPU
+kernels, a short training run on both backends, and a GEMM benchmark against cuBLAS FP32.
+Prints ONE JSON summary line (and writes it to --out).
 
 Usage (on a machine with a CUDA-enabled torch and nvcc):
     python scripts/gpu_check.py [--out summary.json] [--sizes 1024 4096] [--quick]
 
 Steps, each timed and recorded (a failing step is reported, later steps still run if they can):
   1. JIT-build kernels/repops_cuda.cu + kernels/repops_cuda_binding.cpp with
-     torch.utils.cpp_extension.load (--fmad=false -ftz=false -prec-div=true -prec-sqrt=true,
-     no fast math; arch = the device's compute capability), cached under build/native/. If
-     that fails (say nvcc's CUDA major version differs from torch's), the .cu alone is built
-     with nvcc as a shared library and called through ctypes ("build_mode" in the summary).
-  2. Run GEMMs on random, edge-value (±0, subnormal, ±inf, NaN, max finite, cancellation),
-     transposed, batched and broadcast inputs; compare the bits with
+     torch.utils.cpp_extension.load (verde_chain.repops.backend_cuda.build_extension:
+     --fmad=false -ftz=false -prec-div=true -prec-sqrt=true, no fast math; arch = the device's
+     compute capability), cached under build/native/. If that fails (say nvcc's CUDA major
+     version differs from torch's), the .cu alone is built with nvcc as a shared library and
+     called through ctypes ("build_mode" in the summary).
+  2. "compare": GEMMs on random, edge-value (±0, subnormal, ±inf, NaN, max finite,
+     cancellation), transposed, batched and broadcast inputs; bits vs
      verde_chain.repops.cpu_kernels.matmul (the CPU kernels, themselves tested against the spec).
-  3. Benchmark square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
-Exit status 0 iff every comparison is bit-identical.
+  3. "families": the CUDA backend (GEMM + program interpreter) on every RepOps op family
+     (family_cases(): every instruction on all edge pairs, maps, transcendentals, grads,
+     binaries, matmul/gemm epilogues, reductions, softmax, layer_norm, losses, gather/scatter,
+     optimizers, ...), node by node, bits vs the CPU C++ backend; plus larger shapes.
+  4. "training": the digits example, 5 steps, make_runner("cuda") vs make_runner("cpp"):
+     every step commitment C_0..C_T must agree.
+  5. "bench": square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
+Exit status 0 iff every comparison is bit-identical. Without CUDA it prints the summary with
+the reason and exits 1 (no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -39,80 +44,14 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import torch
 
-from verde_chain.repops.edges import edge_floats
+from verde_chain.repops import backend_cuda, program, reference, spec
+from verde_chain.repops.backend_cuda import CUDA_FLAGS, CtypesCuda, CudaBackend, build_extension, cuda_status  # noqa: F401
+from verde_chain.repops.edges import EDGE_BITS, edge_array, edge_floats
+from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op
 
-CUDA_FLAGS = ["-O3", "--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
 EDGE = edge_floats()  # the project's one list of binary32 edge values
-
-
-def build_extension() -> Any:
-    from torch.utils import cpp_extension
-
-    major, minor = torch.cuda.get_device_capability()
-    # Compile for exactly this device (sm_90 on H100/H200).
-    os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
-    sources = [REPO / "kernels" / "repops_cuda_binding.cpp", REPO / "kernels" / "repops_cuda.cu"]
-    key = hashlib.sha256(
-        b"".join(p.read_bytes() for p in [*sources, REPO / "kernels" / "repops_cuda.h"])
-        + " ".join([*CUDA_FLAGS, torch.__version__, f"{major}.{minor}"]).encode()
-    ).hexdigest()[:12]
-    name = f"verde_repops_cuda_{key}"
-    build_dir = REPO / "build" / "native" / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name,
-        sources=[str(s) for s in sources],
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=CUDA_FLAGS,
-        extra_include_paths=[str(REPO / "kernels")],
-        build_directory=str(build_dir),
-        verbose=False,
-    )
-
-
-class CtypesGemm:
-    """Fallback when cpp_extension cannot build (e.g. nvcc and torch.version.cuda differ in major
-    version): the .cu alone, compiled by nvcc into a shared library and called through ctypes on
-    torch's device pointers (legacy default stream, synchronised by the caller)."""
-
-    def __init__(self) -> None:
-        nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-        major, minor = torch.cuda.get_device_capability()
-        cu = REPO / "kernels" / "repops_cuda.cu"
-        flags = [*CUDA_FLAGS, f"-arch=sm_{major}{minor}", "-Xcompiler", "-fPIC", "-shared"]
-        key = hashlib.sha256(
-            cu.read_bytes() + (REPO / "kernels" / "repops_cuda.h").read_bytes() + " ".join(flags).encode()
-        )
-        out_dir = REPO / "build" / "native" / f"repops_cuda_ctypes_{key.hexdigest()[:12]}"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        so = out_dir / "librepops_cuda.so"
-        if not so.exists():
-            cmd = [nvcc, *flags, "-I", str(REPO / "kernels"), str(cu), "-o", str(so)]
-            r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                raise RuntimeError(f"nvcc failed: {r.stderr[-2000:]}")
-        self.lib = ctypes.CDLL(str(so))
-        i64 = ctypes.c_int64
-        p = ctypes.c_void_p
-        self.lib.repops_cuda_gemm.argtypes = [p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, p]
-        self.lib.repops_cuda_gemm.restype = ctypes.c_int
-
-    def matmul3(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        batch, m, k = a.shape
-        n = b.shape[2]
-        c = torch.empty(batch, m, n, device=a.device, dtype=torch.float32)
-        torch.cuda.synchronize()
-        for b0 in range(0, batch, 65535):
-            nb = min(65535, batch - b0)
-            rc = self.lib.repops_cuda_gemm(
-                a.data_ptr() + 4 * b0 * a.stride(0), a.stride(0), a.stride(1), a.stride(2),
-                b.data_ptr() + 4 * b0 * b.stride(0), b.stride(0), b.stride(1), b.stride(2),
-                c.data_ptr() + 4 * b0 * m * n, nb, m, n, k, None,
-            )  # fmt: skip
-            if rc != 0:
-                raise RuntimeError(f"repops_cuda_gemm returned CUDA error {rc}")
-        torch.cuda.synchronize()
-        return c
+CtypesGemm = CtypesCuda  # the old name of the fallback (it now also runs programs)
+Runner = Callable[[program.KernelDesc, list[np.ndarray]], np.ndarray]
 
 
 def cuda_matmul(
@@ -235,6 +174,324 @@ def bench(ext: Any, sizes: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+# ======================================================================= op families
+#
+# The same cases run here on the GPU (CUDA backend vs the CPU C++ backend) and on the host in
+# tests/test_cuda_program.py (the interpreter header compiled by g++ vs reference.run), so the
+# GPU run checks exactly the descriptors whose host twin is already proven.
+
+Case = tuple[str, spec.Composite, list[np.ndarray]]
+EDGE_U32 = np.array(EDGE_BITS, dtype=np.uint32)
+# Operands where the integer ops and LDEXP change behaviour, added to the edge list in the
+# instruction grid: ties of RINT (even and odd neighbours), exponents around the subnormal
+# and overflow thresholds and the LDEXP clamp, non-integral exponents, the largest ints.
+EXTRA_VALUES = (
+    2.5, -2.5, 4.5, -0.5, 0.75, -1.25, 8388606.5, -8388605.5, 7.0, -7.0, 24.0, -24.0, 126.0, -126.0,
+    127.0, 128.0, -149.0, -150.0, 149.0, 254.0, -277.0, 300.0, -399.0, 400.0, 401.0, -1000.0,
+    1e6, 16777215.0, 2.0**-130, -(2.0**-140),
+)  # fmt: skip
+EXTRA_U32 = np.concatenate(
+    [np.array(EXTRA_VALUES, np.float32).view(np.uint32), np.array([0x00000003, 0x80000100, 0x00200001], np.uint32)]
+)
+
+
+def _one(desc: program.KernelDesc, *ins: np.ndarray) -> Case:
+    return (desc.label or "node", spec.single(desc, [x.shape for x in ins]), list(ins))
+
+
+def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
+    """Every RepOps op family on small shapes with edge values (``big``: larger shapes as well,
+    for the GPU: many blocks, grid-stride loops, long K)."""
+    rng = np.random.default_rng(seed)
+    s = seed * 1000
+    cases: list[Case] = []
+    # every arithmetic instruction on the full grid of edge operand pairs (c: random edges)
+    operands = np.concatenate([EDGE_U32, EXTRA_U32])
+    a, b = (g.reshape(-1) for g in np.meshgrid(operands, operands))
+    c = rng.choice(operands, a.size)
+    grid = [x.view(np.float32) for x in (a, b, c)]
+    for op in Op:
+        if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
+            continue
+        instr = Instr(op, 0, 0, 1, 2 if op in THREE_REG_OPS else 0)
+        cases.append((f"instr_{op.name}", spec.single(spec.elementwise(op.name, [(a.size,)] * 3, (instr,))), grid))
+    # NaN payloads through chains; raw CONST/LOAD bits kept; MOV canonical; COORD exact
+    chain = (
+        Instr(Op.SUB, 3, 0, 1), Instr(Op.NEG, 4, 3), Instr(Op.ABS, 5, 4), Instr(Op.SELECT, 6, 5, 3, 1),
+        Instr(Op.MAX, 7, 6, 0), Instr(Op.LT, 8, 3, 0), Instr(Op.FMA, 9, 6, 8, 5), Instr(Op.MIN, 10, 9, 2),
+        Instr(Op.LDEXP, 11, 10, 8), Instr(Op.EQ, 12, 11, 11), Instr(Op.GETEXP, 13, 10), Instr(Op.GETMANT, 14, 10),
+    )  # fmt: skip
+    for tail_name, tail in [
+        ("select", (Instr(Op.SELECT, 0, 12, 9, 6),)),
+        ("mov", (Instr(Op.MOV, 0, 2),)),
+        ("load", (spec.load(0, 1),)),
+        ("const", (Instr(Op.CONST, 0, imm=0xFFC00001),)),
+        ("ldexp", (Instr(Op.LDEXP, 0, 14, 13),)),
+    ]:
+        cases.append(
+            (f"chain_{tail_name}", spec.single(spec.elementwise("chain", [(a.size,)] * 3, chain + tail)), grid)
+        )
+    x57 = edge_array((5, 7), s + 1, 0.6)
+    raw = (
+        spec.load(0, 0), Instr(Op.COORD, 3, imm=0), Instr(Op.COORD, 4, imm=1), Instr(Op.CONST, 5, imm=0xFFC00001),
+        Instr(Op.MOV, 6, 0), Instr(Op.SELECT, 0, 3, 0, 5),
+    )  # fmt: skip
+    cases.append(_one(program.KernelDesc((5, 7), 1, (program.InputMap(35, (7, 1)),), raw, label="raw_bits"), x57))
+    cases.append(_one(spec.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), x57))
+    # registers start at +0; a body register carried across k
+    x = edge_array((300, 6), s + 4, 0.3)
+    m = program.InputMap(x.size, (6,), 1)
+    carried = program.KernelDesc(
+        (300,), 6, (m,), (spec.load(1, 0), Instr(Op.ADD, 0, 1, 7)),
+        (spec.load(1, 0), Instr(Op.ADD, 9, 9, 1), Instr(Op.MUL, 0, 9, 9)), (Instr(Op.ADD, 0, 0, 11),), label="carried",
+    )  # fmt: skip
+    cases.append(_one(carried, x))
+    # unary maps (incl. every transcendental), on edges plus a wide range
+    xu = np.concatenate(
+        [EDGE, EXTRA_U32.view(np.float32), edge_array((2000,), s + 71, 0.1, 10.0), edge_array((300,), s + 72, 0, 200.0)]
+    )
+    for name in sorted(spec.UNARY_CODE) + list(spec.TRANSCENDENTAL_UNARY):
+        cases.append(_one(spec.map_unary(name, xu.shape), xu))
+    for approx in ("none", "tanh"):
+        cases.append(_one(spec.gelu(xu.shape, approx), xu))
+    xg, gg = edge_array((20, 30), s + 81, 0.2), edge_array((20, 30), s + 82, 0.2)
+    for name in sorted(spec.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"]:
+        cases.append(_one(spec.unary_grad(name, xg.shape), xg, gg))
+    # binaries, same shape and broadcast; other maps
+    ba, bb, bc = edge_array((4, 8), s + 61, 0.4), edge_array((4, 8), s + 62, 0.4), edge_array((3, 1, 8), s + 63, 0.4)
+    for bop in sorted(spec.BINARY_CODE):
+        cases.append(_one(spec.binary(bop, ba.shape, bb.shape), ba, bb))
+        cases.append(_one(spec.binary(bop, bc.shape, bb.shape), bc, bb))
+    xm = edge_array((9, 13), s + 91, 0.3)
+    cases.append(_one(spec.map_affine(xm.shape, 0.3, -1.25), xm))
+    cases.append(_one(spec.clip(xm.shape, -1.0, 2.0), xm))
+    cases.append(_one(spec.leaky_relu(xm.shape, 0.01), xm))
+    cond = edge_array((9, 1), s + 92, 0.5)
+    cases.append(_one(spec.where(cond.shape, xm.shape, (13,)), cond, xm, edge_array((13,), s + 93)))
+    # matmul / gemm: GEMM-shaped (dot path), GEMV shapes and squeezed vectors (interpreter),
+    # transposes, broadcast batches, K = 1, gemm epilogues (alpha, beta, bias broadcast)
+    mm = [
+        ((6, 9), (9, 5), False, False), ((9, 6), (5, 9), True, True), ((2, 4, 7), (7, 3), False, False),
+        ((7,), (7, 4), False, False), ((2, 4, 7), (7,), False, False), ((1, 30), (30, 9), False, False),
+        ((3, 1, 4, 7), (2, 7, 5), False, False), ((5, 1), (1, 6), False, False), ((64, 33), (64, 17), True, False),
+        ((40, 70), (90, 70), False, True),
+    ]  # fmt: skip
+    for i, (sa, sb, ta, tb) in enumerate(mm):
+        cases.append(
+            _one(spec.matmul(sa, sb, ta, tb), edge_array(sa, s + 110 + i, 0.1), edge_array(sb, s + 130 + i, 0.1))
+        )
+    for i, (cs, alpha, beta, ta, tb) in enumerate(
+        [(None, 1.0, 1.0, False, False), ((5,), 0.5, 1.0, False, True), ((6, 5), 1.0, -2.0, True, False),
+         ((6, 1), 0.1, 0.3, True, True), ((6, 5), 2.0, 0.0, False, False)]
+    ):  # fmt: skip
+        ga = edge_array((9, 6) if ta else (6, 9), s + 150 + i, 0.2)
+        gb = edge_array((5, 9) if tb else (9, 5), s + 160 + i, 0.2)
+        ins = [ga, gb] + ([edge_array(cs, s + 170 + i, 0.3)] if cs is not None and beta != 0.0 else [])
+        cases.append(
+            (
+                f"gemm_{i}",
+                spec.single(spec.gemm(ga.shape, gb.shape, cs, alpha, beta, ta, tb), [t.shape for t in ins]),
+                ins,
+            )
+        )
+    # an epilogue reading a body register (must not take the GEMM path)
+    mmd = spec.matmul((4, 6), (6, 3))
+    odd = program.KernelDesc(
+        mmd.out_shape, mmd.K, mmd.inputs, mmd.prologue, mmd.body, (Instr(Op.ADD, 0, 0, 1),), label="matmul_odd_epilogue"
+    )
+    cases.append(_one(odd, edge_array((4, 6), s + 31), edge_array((6, 3), s + 32)))
+    # reductions: every kind, several axes; reduce_dot; log_sum_exp
+    xr = edge_array((6, 11, 4), s + 51, 0.2)
+    for kind in spec.REDUCE_KINDS:
+        for axes, keep in [((1, 2), False), ((2,), True), ((0,), False), (None, True)]:
+            cases.append((f"reduce_{kind}", spec.reduce_composite(kind, xr.shape, axes, keep), [xr]))
+    xk1 = np.array([[0x7F800001], [0xFFC12345], [0x80000000]], np.uint32).view(np.float32)
+    cases.append(_one(spec.reduce("sum", xk1.shape, (1,), False), xk1))  # K = 1: raw payloads
+    xd, yd = edge_array((5, 7, 3), s + 41), edge_array((5, 7, 3), s + 42)
+    for axes, mean in [((1,), False), ((2,), True), (None, False)]:
+        cases.append(_one(spec.reduce_dot(xd.shape, axes, keepdims=True, mean=mean), xd, yd))
+    xs = edge_array((6, 10), s + 111, 0.05)
+    gs = edge_array((6, 10), s + 112, 0.05)
+    cases.append(("log_sum_exp", spec.reduce_composite("log_sum_exp", xs.shape, (1,), False), [xs]))
+    # data movement: transpose, reshape, expand, slices (negative strides), gather (every kind
+    # of bad index), gather_elements, scatter_add
+    xt = edge_array((3, 4, 5), s + 101)
+    cases.append(_one(spec.transpose(xt.shape, (2, 0, 1)), xt))
+    cases.append(_one(spec.reshape(xt.shape, (5, 12)), xt))
+    cases.append(_one(spec.expand((4, 1), (3, 4, 6)), edge_array((4, 1), s + 102)))
+    ends: list[Any] = [None, 4, None]  # None: to the end (negative steps included)
+    cases.append(_one(spec.slice_(xt.shape, [2, 0, 4], ends, [-1, 2, -2]), xt))
+    data = edge_array((10, 4), s + 2)
+    idx = np.array(
+        [0, 3, -1, -10, -11, 10, 2.5, -0.0, np.nan, np.inf, -np.inf, 9, 1e9, -1e9, 2.0**31, -(2.0**31)], np.float32
+    )
+    cases.append(_one(spec.gather((10, 4), idx.shape, 0), data, idx))
+    cases.append(_one(spec.gather((10, 4), (4,), 1), data, np.array([3, -4, 0, 4], np.float32)))
+    ie = np.array([[0, 3, 1], [-1, 7, 2]], np.float32)
+    cases.append(_one(spec.gather_elements((2, 4), (2, 3), 1), edge_array((2, 4), s + 3), ie))
+    cases.append(
+        _one(spec.scatter_add(7, (3,), 5), edge_array((7, 3), s + 103), np.array([0, 4, 4, 2, 0, 1, 4], np.float32))
+    )
+    # compositions: softmax family, layer norm, losses, optimizers, backward passes
+    cases.append(("softmax", spec.softmax(xs.shape, -1), [xs]))
+    cases.append(("log_softmax", spec.log_softmax(xs.shape, 0), [xs]))
+    cases.append(("softmax_backward", spec.softmax_backward(xs.shape, -1), [xs, gs]))
+    cases.append(("log_softmax_backward", spec.log_softmax_backward(xs.shape, -1), [xs, gs]))
+    cases.append(
+        (
+            "layer_norm",
+            spec.layer_norm(xs.shape, 1, 1e-5, True, True),
+            [xs, edge_array((10,), s + 113), edge_array((10,), s + 114)],
+        )
+    )
+    _, mean_, istd = spec.layer_norm(xs.shape, 1, 1e-5, False, False).run([xs])
+    cases.append(
+        (
+            "layer_norm_backward",
+            spec.layer_norm_backward(xs.shape, 1),
+            [xs, edge_array((10,), s + 115), mean_, istd, gs],
+        )
+    )
+    labels = np.array([0, 3, 9, 2, 2, 7], np.float32)
+    for red in ("mean", "sum", "none"):
+        cases.append((f"sce_{red}", spec.softmax_cross_entropy(xs.shape, red), [xs, labels]))
+    gl = np.ones(1, np.float32)
+    cases.append(("sce_backward", spec.softmax_cross_entropy_backward(xs.shape, "mean"), [xs, labels, gl]))
+    p, buf = edge_array((5, 4), s + 116, 0.1), edge_array((5, 4), s + 117, 0.1)
+    g54 = gs[:5, :4].copy()
+    v = np.abs(edge_array((5, 4), s + 118, 0.1))
+    cases.append(("sgd_nesterov", spec.sgd(p.shape, 0.1, 0.9, 0.0, 1e-4, True, False), [p, g54, buf]))
+    cases.append(("sgd_first", spec.sgd(p.shape, 0.05, 0.9, 0.1, 0.0, False, True), [p, g54, buf]))
+    cases.append(("adamw", spec.adam(p.shape, 1e-3, 3, (0.9, 0.999), 1e-8, 0.01, True), [p, g54, buf, v]))
+    cases.append(("adam_l2", spec.adam(p.shape, 1e-3, 1, (0.9, 0.999), 1e-8, 0.01, False), [p, g54, buf, v]))
+    cases.append(("onnx_momentum", spec.onnx_momentum(p.shape, 0.1, 2, 0.9, 1.0, 0.01, "nesterov"), [p, g54, buf]))
+    cases.append(("onnx_adam", spec.onnx_adam(p.shape, 0.1, 2, 0.9, 0.999, 1e-6, 0.01, 0.0), [p, g54, buf, v]))
+    cases.append(
+        (
+            "matmul_backward",
+            spec.matmul_backward((6, 10), (10, 3)),
+            [xs, edge_array((10, 3), s + 119), edge_array((6, 3), s + 120)],
+        )
+    )
+    for bop in ("add", "sub", "mul", "div"):
+        cases.append(
+            (f"{bop}_backward", spec.binary_backward(bop, (6, 10), (1, 10)), [xs, edge_array((1, 10), s + 121), gs])
+        )
+    if big:
+        xb = edge_array(((1 << 20) + 3,), s + 200, 0.01, 10.0)
+        for name in ("exp", "tanh", "erf", "gelu_tanh"):
+            cases.append((f"big_{name}", spec.single(spec.map_unary(name, xb.shape)), [xb]))
+        xw = edge_array((300, 257), s + 201, 0.01)
+        for kind in ("sum", "max", "l2"):
+            cases.append((f"big_reduce_{kind}", spec.reduce_composite(kind, xw.shape, (1,), False), [xw]))
+        xl = edge_array((64, 4096), s + 202, 0.001)
+        cases.append(("big_softmax", spec.softmax(xl.shape, -1), [xl]))
+        cases.append(("big_layer_norm", spec.layer_norm(xl.shape, 1, 1e-5, False, False), [xl]))
+        cases.append(
+            (
+                "big_gemm",
+                spec.single(spec.gemm((300, 513), (200, 513), (200,), 1.0, 1.0, False, True)),
+                [
+                    edge_array((300, 513), s + 203, 0.01),
+                    edge_array((200, 513), s + 204, 0.01),
+                    edge_array((200,), s + 205),
+                ],
+            )
+        )
+        cases.append(
+            (
+                "long_k_reduce_dot",
+                spec.single(spec.reduce_dot((4, 100000), (1,), True)),
+                [edge_array((4, 100000), s + 206, 0.0), edge_array((4, 100000), s + 207, 0.0)],
+            )
+        )
+    return cases
+
+
+class NodeChecker:
+    """A runner that runs every node on both backends, records nodes whose bits differ and hands
+    the EXPECTED result on (so one bad node does not cascade into the next ones)."""
+
+    def __init__(self, candidate: Runner, expected: Runner) -> None:
+        self.candidate, self.expected = candidate, expected
+        self.nodes = 0
+        self.elements = 0
+        self.mismatches: list[dict[str, Any]] = []
+
+    def __call__(self, desc: program.KernelDesc, ins: list[np.ndarray]) -> np.ndarray:
+        want = np.asarray(self.expected(desc, ins), dtype=np.float32)
+        got = np.asarray(self.candidate(desc, ins), dtype=np.float32)
+        self.nodes += 1
+        self.elements += int(want.size)
+        w, g = want.reshape(-1).view(np.uint32), got.reshape(-1).view(np.uint32)
+        if g.shape != w.shape:
+            self.mismatches.append({"node": desc.label, "error": f"shape {got.shape} != {want.shape}"})
+        else:
+            bad = np.flatnonzero(g != w)
+            if bad.size:
+                i = int(bad[0])
+                self.mismatches.append(
+                    {
+                        "node": desc.label,
+                        "count": int(bad.size),
+                        "index": i,
+                        "want": f"0x{int(w[i]):08x}",
+                        "got": f"0x{int(g[i]):08x}",
+                    }
+                )
+        return want
+
+
+def check_families(candidate: Runner, expected: Runner, cases: list[Case]) -> list[dict[str, Any]]:
+    """One row per case: nodes and elements compared, mismatching nodes (first element each)."""
+    rows = []
+    for name, comp, ins in cases:
+        chk = NodeChecker(candidate, expected)
+        row: dict[str, Any] = {"case": name}
+        try:
+            comp.run(ins, chk)
+        except Exception as exc:  # noqa: BLE001 - one failing case must not hide the others
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        row.update(nodes=chk.nodes, elements=chk.elements, mismatches=chk.mismatches)
+        rows.append(row)
+    return rows
+
+
+def families(cuda: Runner, quick: bool) -> dict[str, Any]:
+    """The CUDA backend vs the CPU C++ backend (the numpy reference if that cannot build)."""
+    from verde_chain.repops.backend_cpu import BackendUnavailable, CppBackend
+
+    try:
+        expected: Runner = CppBackend()
+        against = "cpp"
+    except BackendUnavailable:
+        expected, against = reference.run, "reference"
+    rows = check_families(cuda, expected, family_cases(0, big=not quick) + family_cases(1))
+    bad = [r for r in rows if r.get("error") or r["mismatches"]]
+    return {
+        "against": against, "cases": len(rows), "nodes": sum(r["nodes"] for r in rows),
+        "elements": sum(r["elements"] for r in rows), "failed": bad,
+    }  # fmt: skip
+
+
+def training(steps: int = 5) -> dict[str, Any]:
+    """digits, `steps` steps: every commitment C_0..C_T on make_runner("cuda") vs ("cpp")."""
+    from verde_chain.examples import EXAMPLES
+    from verde_chain.graph.kernels import make_runner
+
+    job = EXAMPLES["digits"](steps=steps)
+    out: dict[str, Any] = {"example": "digits", "steps": steps}
+    commits = {}
+    for name in ("cuda", "cpp"):
+        t0 = time.perf_counter()
+        run = job.make_run(None, 0, make_runner(name), steps)
+        out[f"C_T_{name}"] = "0x" + run.run().hex()
+        out[f"{name}_s"] = round(time.perf_counter() - t0, 2)
+        commits[name] = [run.commitments[s].hex() for s in range(steps + 1)]
+    out["identical"] = out["C_T_cuda"] == out["C_T_cpp"] and commits["cuda"] == commits["cpp"]
+    return out
+
+
 def _timed_step(summary: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """summary[name] = fn(), its seconds in summary[name + "_s"]; a failure goes to the errors."""
     t0 = time.perf_counter()
@@ -246,19 +503,23 @@ def _timed_step(summary: dict[str, Any], name: str, fn: Callable[[], Any]) -> No
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="also write the JSON summary here")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--quick", action="store_true", help="skip the largest comparison case")
+    ap.add_argument("--quick", action="store_true", help="skip the largest comparison cases")
+    ap.add_argument("--steps", type=int, default=5, help="training steps of the digits comparison")
     args = ap.parse_args()
 
     summary: dict[str, Any] = {"ok": False, "errors": []}
-    if not torch.cuda.is_available():
-        summary["errors"].append(f"torch {torch.__version__} has no CUDA device")
+    reason = cuda_status()
+    if reason is not None:
+        summary["errors"].append(reason)
+        print(f"gpu_check: {reason}; nothing to check here", file=sys.stderr)
     else:
         summary["device"] = torch.cuda.get_device_name()
         summary["capability"] = list(torch.cuda.get_device_capability())
         summary["torch"] = torch.__version__
+        summary["torch_cuda"] = torch.version.cuda
         ext: Any = None
         t0 = time.perf_counter()
         try:
@@ -267,16 +528,29 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - the summary reports every failure
             summary["build_warning"] = "cpp_extension: " + traceback.format_exc()[-3000:]
             try:
-                ext = CtypesGemm()
+                ext = CtypesCuda()
                 summary["build_mode"] = "nvcc+ctypes"
             except Exception:  # noqa: BLE001
                 summary["errors"].append("build: " + traceback.format_exc()[-3000:])
         summary["build_s"] = round(time.perf_counter() - t0, 1)
         if ext is not None:
             _timed_step(summary, "compare", lambda: compare(ext, args.quick))
+            cuda_be = CudaBackend(ext=ext)
+            # make_runner("cuda") reaches the backend through backend_cuda.default_backend: point
+            # it at the extension built above (whichever build mode succeeded).
+            backend_cuda.default_backend = lambda: cuda_be  # type: ignore[assignment]
+            _timed_step(summary, "families", lambda: families(cuda_be, args.quick))
+            _timed_step(summary, "training", lambda: training(args.steps))
             _timed_step(summary, "bench", lambda: bench(ext, args.sizes))
         rows = summary.get("compare", [])
-        summary["ok"] = bool(rows) and all(r.get("mismatches") == 0 for r in rows) and not summary["errors"]
+        fam = summary.get("families", {})
+        summary["ok"] = (
+            bool(rows)
+            and all(r.get("mismatches") == 0 for r in rows)
+            and bool(fam) and not fam.get("failed")
+            and summary.get("training", {}).get("identical", False)
+            and not summary["errors"]
+        )  # fmt: skip
     line = json.dumps(summary)
     print(line)
     if args.out:

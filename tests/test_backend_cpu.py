@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verde_chain.repops import cpu_kernels as ck
-from verde_chain.repops import ops, program, reference, spec
+from verde_chain.repops import edges, ops, program, reference, spec
 from verde_chain.repops.backend_cpu import JIT_MIN_NUMEL, BackendUnavailable, CppBackend, jit_source, live_in
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op, f32_bits
 
@@ -58,12 +58,7 @@ def be(request: pytest.FixtureRequest) -> CppBackend:
 
 
 def edge_array(shape: tuple[int, ...], seed: int, frac: float = 0.3, scale: float = 3.0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(shape) * scale).astype(np.float32)
-    bits = x.reshape(-1).view(np.uint32)
-    pick = rng.random(bits.size) < frac
-    bits[pick] = rng.choice(EDGE_BITS, int(pick.sum()))
-    return x
+    return edges.edge_array(shape, seed, frac, scale, EDGE_BITS)
 
 
 def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CppBackend, want_kind: str | None = None) -> None:

@@ -351,7 +351,7 @@ def test_train_cli_uses_the_default_checkpoint_interval_capped_at_T() -> None:
         vars(args).update(kw)
         return train_cli._load(args).spec
 
-    assert executor.DEFAULT_CHECKPOINT_INTERVAL == 50
-    assert loaded().checkpoint_interval == 50  # digits: T = 150
+    assert executor.DEFAULT_CHECKPOINT_INTERVAL == 100
+    assert loaded().checkpoint_interval == 100  # digits: T = 150
     assert loaded(steps=30).checkpoint_interval == 30  # never above T (the market refuses it)
     assert loaded(steps=30, checkpoint_interval=4).checkpoint_interval == 4

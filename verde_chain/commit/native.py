@@ -108,6 +108,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.merkle_subtree_root.restype = ctypes.c_int
     lib.zero_subtree_root.argtypes = [ctypes.c_int, u8p]
     lib.zero_subtree_root.restype = ctypes.c_int
+    lib.tensor_roots.argtypes = [u8p, u8p, size, u8p, ctypes.c_int]
+    lib.tensor_roots.restype = ctypes.c_int
+    lib.node_hashes.argtypes = [u8p, size, u8p, u8p, u8p, size, u8p]
+    lib.node_hashes.restype = ctypes.c_int
+    lib.keccak256_many.argtypes = [u8p, size, size, u8p]
+    lib.keccak256_many.restype = None
     lib.leaf_elems.argtypes = []
     lib.leaf_elems.restype = size
 
@@ -209,6 +215,22 @@ def bulk_keccak(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
+def keccak_many(msgs: np.ndarray) -> np.ndarray:
+    """keccak256 of every row of an ``(n, length)`` uint8 array, as an ``(n, 32)`` array."""
+    msgs = np.ascontiguousarray(msgs, dtype=np.uint8)
+    if msgs.ndim != 2:
+        raise CommitmentError("BadLeaf", f"messages must be an (n, length) uint8 array, got {msgs.shape}")
+    n, length = msgs.shape
+    out = np.empty((n, 32), dtype=np.uint8)
+    lib = load_library()
+    if lib is None:
+        for i in range(n):
+            out[i] = np.frombuffer(merkle.keccak256(msgs[i].tobytes()), dtype=np.uint8)
+    elif n:
+        lib.keccak256_many(_ptr(msgs), length, n, _ptr(out))
+    return out
+
+
 def _py_chunks(bits: np.ndarray) -> bytes:
     n = bits.size
     padded = np.zeros(n_leaves_for(n) * LEAF_ELEMS, dtype=">u4")
@@ -262,6 +284,80 @@ def tensor_root(tensor: object, threads: int | None = None) -> bytes:
     if rc != 0:
         raise CommitmentError("NativeFailed", f"tensor_root returned {rc}", rc=rc)
     return out.raw
+
+
+def tensor_roots(tensors: Sequence[np.ndarray], threads: int | None = None) -> np.ndarray:
+    """``tensor_root`` of every tensor, as an ``(n, 32)`` uint8 array, in one native call."""
+    bits = [as_bits(t) for t in tensors]
+    for b in bits:
+        _check_nonempty(b.size)
+    lib = load_library()
+    out = np.empty((len(bits), 32), dtype=np.uint8)
+    if lib is None:
+        for i, b in enumerate(bits):
+            out[i] = np.frombuffer(merkle.merkle_root([bytes(row) for row in _py_leaves(b)]), dtype=np.uint8)
+        return out
+    ptrs = np.array([b.__array_interface__["data"][0] for b in bits], dtype=np.uintp)
+    return _native_roots(lib, ptrs, np.array([b.size for b in bits], dtype=np.uintp), out, threads)
+
+
+def arena_roots(arena: np.ndarray, offsets: np.ndarray, numels: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """``tensor_roots`` of the slices ``arena[offsets[i] : offsets[i] + numels[i]]`` of one flat
+    float32/uint32 buffer (a whole-step kernel's node outputs), without a view per slice."""
+    bits = as_bits(arena)
+    offsets, numels = np.asarray(offsets, dtype=np.int64), np.asarray(numels, dtype=np.int64)
+    if offsets.shape != numels.shape or (numels < 1).any() or (offsets < 0).any() or (offsets + numels > bits.size).any():
+        raise CommitmentError("BadLeaf", "arena slices must be non-empty and inside the arena", size=bits.size)
+    lib = load_library()
+    if lib is None:
+        return tensor_roots([bits[o : o + n] for o, n in zip(offsets, numels)], threads)
+    ptrs = (bits.__array_interface__["data"][0] + 4 * offsets).astype(np.uintp)
+    out = np.empty((offsets.size, 32), dtype=np.uint8)
+    return _native_roots(lib, ptrs, numels.astype(np.uintp), out, threads)
+
+
+def _native_roots(lib: ctypes.CDLL, ptrs: np.ndarray, numels: np.ndarray, out: np.ndarray, threads: int | None) -> np.ndarray:
+    rc = lib.tensor_roots(_ptr(ptrs), _ptr(numels), ptrs.size, _ptr(out), _threads(threads))
+    if rc != 0:  # pragma: no cover - sizes are checked by the callers
+        raise CommitmentError("NativeFailed", f"tensor_roots returned {rc}", rc=rc)
+    return out
+
+
+class NodeWiring:
+    """Which rows of a root table each node's inputs are, for ``node_hashes``: node d's inputs
+    are rows ``idx[start[d]:start[d + 1]]`` (CSR layout), its output row is d."""
+
+    def __init__(self, inputs: Sequence[Sequence[int]]) -> None:
+        self.n_nodes = len(inputs)
+        self.start = np.cumsum([0, *(len(i) for i in inputs)], dtype=np.int64)
+        self.idx = np.array([r for i in inputs for r in i], dtype=np.int64)
+        self.inputs = [list(i) for i in inputs]
+
+
+def node_hashes(table: np.ndarray, desc_hashes: np.ndarray, wiring: NodeWiring) -> np.ndarray:
+    """Every node hash of a step (``tensor.node_hash`` for node d = 0 .. n-1, with input roots
+    ``table[wiring rows]`` and output root ``table[d]``) as an ``(n, 32)`` uint8 array."""
+    table = np.ascontiguousarray(table, dtype=np.uint8)
+    desc_hashes = np.ascontiguousarray(desc_hashes, dtype=np.uint8)
+    n = wiring.n_nodes
+    if table.ndim != 2 or table.shape[1] != 32 or table.shape[0] < n or desc_hashes.shape != (n, 32):
+        raise CommitmentError("BadLeaf", f"root table {table.shape} / descriptor hashes {desc_hashes.shape} "
+                              f"do not fit {n} nodes", nodes=n)
+    if wiring.idx.size and (wiring.idx.min() < 0 or wiring.idx.max() >= table.shape[0]):
+        raise CommitmentError("BadLeaf", f"a node input names a row outside the {table.shape[0]}-row root table")
+    lib = load_library()
+    if lib is None:
+        from verde_chain.commit.tensor import node_hash
+
+        rows = [bytes(r) for r in table]
+        hashes = [node_hash(d, bytes(desc_hashes[d]), [rows[i] for i in wiring.inputs[d]], [rows[d]]) for d in range(n)]
+        return np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(n, 32)
+    out = np.empty((n, 32), dtype=np.uint8)
+    start, idx = wiring.start, wiring.idx if wiring.idx.size else np.zeros(1, dtype=np.int64)
+    rc = lib.node_hashes(_ptr(table), table.shape[0], _ptr(desc_hashes), _ptr(start), _ptr(idx), n, _ptr(out))
+    if rc != 0:
+        raise CommitmentError("NativeFailed", f"node_hashes returned {rc} (an input row outside the table)", rc=rc)
+    return out
 
 
 def _leaves_array(leaves: np.ndarray | Sequence[bytes]) -> np.ndarray:

@@ -106,9 +106,10 @@ def node_hash(index: int, desc_hash: bytes, input_roots: Sequence[bytes], output
     return keccak256(b"".join([head, word(len(ins)), *ins, word(len(outs)), *outs]))
 
 
-def step_commitment(node_hashes: Sequence[bytes]) -> bytes:
-    """C_s: root over the node hashes of one training step, in topological order."""
-    return merkle.merkle_root(list(node_hashes))
+def step_commitment(node_hashes: Sequence[bytes] | np.ndarray) -> bytes:
+    """C_s: root over the node hashes of one training step, in topological order (the native
+    twin of ``merkle.merkle_root``; an ``(n, 32)`` uint8 array is taken as it is)."""
+    return native.merkle_root(node_hashes if isinstance(node_hashes, np.ndarray) else list(node_hashes))
 
 
 def list_commitment(items: Sequence[bytes]) -> bytes:

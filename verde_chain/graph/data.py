@@ -27,6 +27,7 @@ from eth_abi import encode as abi_encode
 
 from verde_chain.commit import list_commitment, tensor_root
 from verde_chain.commit.merkle import keccak256
+from verde_chain.commit.native import keccak_many
 from verde_chain.graph.errors import ShapeMismatchError
 
 
@@ -51,18 +52,24 @@ class Dataset:
 
 @functools.lru_cache(maxsize=64)
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    prefix = seed.to_bytes(32, "big") + epoch.to_bytes(8, "big")
-    keys = [keccak256(prefix + i.to_bytes(8, "big")) for i in range(n)]
-    return np.array(sorted(range(n), key=lambda i: (keys[i], i)), dtype=np.int64)
+    """0..n-1 sorted by (keccak256(seed:uint256 || epoch:uint64 || i:uint64), i)."""
+    msgs = np.empty((n, 48), dtype=np.uint8)
+    msgs[:, :40] = np.frombuffer(seed.to_bytes(32, "big") + epoch.to_bytes(8, "big"), dtype=np.uint8)
+    msgs[:, 40:] = np.arange(n, dtype=">u8").view(np.uint8).reshape(n, 8)
+    # one native call for all n keys; byte order of a key = order of its big-endian words
+    words = keccak_many(msgs).view(">u8").reshape(n, 4)
+    return np.lexsort((np.arange(n), words[:, 3], words[:, 2], words[:, 1], words[:, 0])).astype(np.int64)
 
 
 def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
     if step < 1:
         raise ValueError(f"steps are 1-based, got {step}")
-    pos = (step - 1) * batch_size + np.arange(batch_size)
+    pos = (step - 1) * batch_size + np.arange(batch_size, dtype=np.int64)
+    epochs, slots = pos // n, pos % n
     out = np.empty(batch_size, dtype=np.int64)
-    for j, p in enumerate(pos):
-        out[j] = epoch_permutation(seed, int(p // n), n)[int(p % n)]
+    for e in np.unique(epochs):  # a batch spans at most a few epochs
+        sel = epochs == e
+        out[sel] = epoch_permutation(seed, int(e), n)[slots[sel]]
     return out
 
 

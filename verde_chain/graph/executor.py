@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from verde_chain.commit import ElementOpening, node_hash, open_element, step_commitment, tensor_root
+from verde_chain.commit import ElementOpening, open_element, step_commitment, tensor_root
+from verde_chain.commit.native import NodeWiring, arena_roots, node_hashes, tensor_roots
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
 from verde_chain.graph.kernels import Runner, make_runner
@@ -33,12 +35,14 @@ from verde_chain.repops import program
 
 BatchFn = Callable[[int], np.ndarray]
 
-# Chosen from scripts/bench_training.py (docs/benchmarks.md): the smallest of N = 10, 20, 50 at
-# which commitments (hashing at the committed steps + waiting on checkpoint writes) stay within
-# the 5% goal for both examples (N = 20: 8-14%, N = 50: 3.5-5%), while a full step-level
-# bisection over T = 1,000 (k = 16) still re-executes at most 357 steps (~0.15 s digits, ~1.3 s
-# transformer: nothing next to an on-chain move clock) and the trainer keeps 21 states.
-DEFAULT_CHECKPOINT_INTERVAL = 50
+# Chosen from scripts/bench_training.py (docs/benchmarks.md): with the whole-step kernel a plain
+# step costs less than torch eager, so hashing a committed step (~2-3x a plain step: every node
+# output's root at ~1.4 GB/s) is what an interval must amortise. N = 100 (Verde's own setting) is
+# the smallest of 20 / 50 / 100 that keeps commitments (hashing + waiting on checkpoint writes)
+# within the 5% goal for both examples with a margin (N = 50: 4-7%); a full step-level bisection
+# over T = 1,000 (k = 16) then re-executes at most 685 steps (~0.05 s digits, ~0.5 s
+# transformer: nothing next to an on-chain move clock) and the trainer keeps 11 states.
+DEFAULT_CHECKPOINT_INTERVAL = 100
 
 _NODE, _PREV, _BATCH = int(SourceKind.NODE_OUTPUT), int(SourceKind.PREV_STEP_NODE_OUTPUT), int(SourceKind.BATCH)
 
@@ -51,6 +55,10 @@ class PlainState:
     step: int
     tensors: dict[int, np.ndarray]
     roots: dict[int, bytes]
+    # The whole-step kernel's arena these tensors are views of, if one produced them (the next
+    # step reads its state straight from it). Not an init field, so ``dataclasses.replace``
+    # (which may swap a tensor) drops it instead of carrying a stale buffer along.
+    arena: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass
@@ -97,6 +105,16 @@ class StepExecutor:
             tuple((int(s.kind), int(s.index)) for s in node.inputs) for node in graph.nodes
         ]
         self._producers = [s.producer for s in graph.states]
+        # node hashes in one native call: a table of roots [this step's outputs | the previous
+        # state's, in producer order | the batch's], and each node's input rows in it
+        n, slot = len(graph.nodes), {p: i for i, p in enumerate(self._producers)}
+        self._hash_wiring = NodeWiring([
+            [i if k == _NODE else n + slot[i] if k == _PREV else n + len(slot) for k, i in wires]
+            for wires in self._wiring
+        ])  # fmt: skip
+        self._desc_hashes = np.frombuffer(b"".join(node.desc_hash for node in graph.nodes), dtype=np.uint8).reshape(n, 32)
+        self._fused: Any = None  # the runner's whole-step kernel, built on first use
+        self._fused_tried = False
 
     def initial_state(self, state: Mapping[str, np.ndarray]) -> StepState:
         tensors, roots = {}, {}
@@ -110,10 +128,20 @@ class StepExecutor:
 
     def ensure_roots(self, st: PlainState) -> dict[int, bytes]:
         """The state's tensor roots, computed now (and kept) if a plain step produced it."""
-        for p in self._producers:
-            if p not in st.roots:
-                st.roots[p] = tensor_root(st.tensors[p])
+        missing = [p for p in self._producers if p not in st.roots]
+        if missing:
+            st.roots.update(zip(missing, _rows(self._roots(st.arena, [st.tensors[p] for p in missing], missing))))
         return st.roots
+
+    def _roots(self, arena: np.ndarray | None, tensors: list[np.ndarray], nodes: list[int] | None) -> np.ndarray:
+        """Roots of ``tensors`` (node ``nodes[i]``'s output each; None: every node's, in order),
+        from the arena when they are its slices (no view per tensor), as an (n, 32) array."""
+        fused = self._fused
+        if arena is None or fused is None:
+            return tensor_roots(tensors)
+        if nodes is None:
+            return arena_roots(arena, fused.offsets_arr, fused.numels_arr)
+        return arena_roots(arena, fused.offsets_arr[nodes], fused.numels_arr[nodes])
 
     def _inputs(self, d: int, prev: PlainState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
         return [s.pick(outputs, prev.tensors, batch) for s in self.graph.nodes[d].inputs]
@@ -124,8 +152,31 @@ class StepExecutor:
             raise ShapeMismatchError(f"batch has {batch.size} elements, graph expects {self.graph.batch_numel}")
         return batch
 
-    def _execute(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None) -> list[np.ndarray]:
-        """Every node's flat output, in node order (the kernels; no hashing)."""
+    def _step_kernel(self) -> Any:
+        """The runner's whole-step kernel (``compile_step``: the C++ backend runs every node of a
+        step in one call), or None: then nodes run one by one. Same bits either way."""
+        if not self._fused_tried:
+            self._fused_tried = True
+            compile_step = getattr(self.runner, "compile_step", None)
+            if compile_step is not None:
+                self._fused = compile_step(
+                    [n.desc for n in self.graph.nodes], self._wiring, self._producers, self.graph.batch_numel
+                )
+        return self._fused
+
+    def _execute(
+        self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None
+    ) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Every node's flat output, in node order (the kernels; no hashing), and the arena they
+        are views of. Without ``tamper`` the whole-step kernel runs, if the runner has one, and
+        its arena becomes the next state's (the next step reads its inputs from it); otherwise
+        nodes run one by one and the arena is None."""
+        fused = self._step_kernel() if tamper is None else None
+        if fused is not None:
+            if prev.arena is None:
+                prev.arena = fused.pack(prev.tensors)
+            arena = fused.run(prev.arena, batch)
+            return fused.views(arena), arena
         outputs: list[np.ndarray] = []
         prev_t = prev.tensors
         run = self.runner
@@ -138,36 +189,44 @@ class StepExecutor:
             if tamper is not None:
                 out = tamper(node.index, out)
             outputs.append(out)
-        return outputs
+        return outputs, None
 
     def run_plain(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None) -> PlainStep:
         """Run one step's kernels only: the same tensors as ``run_step``, no roots or hashes."""
-        outputs = self._execute(prev, self._batch(batch), tamper)
-        return PlainStep(prev.step + 1, outputs, PlainState(prev.step + 1, {p: outputs[p] for p in self._producers}, {}))
+        outputs, arena = self._execute(prev, self._batch(batch), tamper)
+        state = PlainState(prev.step + 1, {p: outputs[p] for p in self._producers}, {})
+        state.arena = arena
+        return PlainStep(prev.step + 1, outputs, state)
 
     def run_step(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None) -> StepResult:
         """Run one step with every output root, node hash and C_s. ``tamper(d, output)`` (tests
         and adversarial agents only) may replace a node's output before it is committed and
         consumed — an honest run never passes it."""
         batch = self._batch(batch)
-        outputs = self._execute(prev, batch, tamper)
+        outputs, arena = self._execute(prev, batch, tamper)
         # committing is a pure function of the tensors above, so plain steps followed by one
         # committed step give the same bits as committing every step
         batch_root = tensor_root(batch)
         prev_roots = self.ensure_roots(prev)
-        roots = [tensor_root(out) for out in outputs]
-        hashes = [
-            node_hash(
-                node.index, node.desc_hash,
-                [roots[i] if k == _NODE else prev_roots[i] if k == _PREV else batch_root for k, i in wiring],
-                [roots[node.index]],
-            )
-            for node, wiring in zip(self.graph.nodes, self._wiring)
-        ]
-        c = step_commitment(hashes)
         producers = self._producers
+        root_rows = self._roots(arena, outputs, None)
+        # node_hash(d, descHash, inputRoots, [outputRoot]) of every node, then C_s over them
+        table = np.concatenate([
+            root_rows,
+            np.frombuffer(b"".join([*(prev_roots[p] for p in producers), batch_root]), dtype=np.uint8).reshape(-1, 32),
+        ])  # fmt: skip
+        hash_rows = node_hashes(table, self._desc_hashes, self._hash_wiring)
+        c = step_commitment(hash_rows)
+        roots, hashes = _rows(root_rows), _rows(hash_rows)
         state = StepState(prev.step + 1, {p: outputs[p] for p in producers}, {p: roots[p] for p in producers}, c)
+        state.arena = arena
         return StepResult(prev.step + 1, outputs, roots, hashes, c, batch_root, state)
+
+
+def _rows(table: np.ndarray) -> list[bytes]:
+    """An (n, 32) uint8 array as n 32-byte strings."""
+    raw = table.tobytes()
+    return [raw[i : i + 32] for i in range(0, len(raw), 32)]
 
 
 @dataclass
@@ -266,7 +325,10 @@ class TrainingRun:
             if self.store is not None:
                 self.store.save_async(st)  # overlaps the next steps; flushed at the end of run()
             else:
-                self._memory_ckpts[st.step] = st
+                # the state tensors alone: not the whole-step arena with every activation
+                self._memory_ckpts[st.step] = StepState(
+                    st.step, {p: t.copy() for p, t in st.tensors.items()}, dict(st.roots), st.commitment
+                )
 
     def resume(self) -> int:
         """Continue from the latest stored checkpoint (verified); returns its step."""

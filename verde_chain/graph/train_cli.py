@@ -8,7 +8,7 @@ checkpoint_interval.
 The run commits only the steps it stores or publishes (checkpoint steps and the last step; see
 ``graph/executor.py``); ``commitments.json`` lists those. The checkpoint interval is
 ``--checkpoint-interval`` if given, else the job's own if it names one (> 0), else
-``DEFAULT_CHECKPOINT_INTERVAL`` (50 steps; the example jobs are built with it, or with T if
+``DEFAULT_CHECKPOINT_INTERVAL`` (100 steps; the example jobs are built with it, or with T if
 that is shorter: the market refuses an interval above T).
 """
 

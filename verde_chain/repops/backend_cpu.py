@@ -38,6 +38,12 @@ other maps are read run by run along the innermost output axis (copy, fill or st
 Encoding handed to it: programs as (n, 5) int64 rows ``op, dst, a, b, imm``; input maps as
 (n_inputs, rank + 4) int64 rows ``strides..., kstride, offset, idx_stride, numel``.
 
+Whole steps: ``compile_step`` (used by the training executor) builds a ``StepKernel``: the plans
+above for every node of a training step, handed once to a C++ ``StepPlan`` that runs the whole
+step in one call with every node output in one arena (see ``StepKernel``). Same kernels, same
+bits; it removes the ~10-20 us of Python, pybind and allocation per node that made a step of
+small nodes 3x slower than torch eager.
+
 Threads: ``threads`` workers split OUTPUT elements only (never a k range): the C++ kernels on
 torch's intra-op pool (real parallelism ``min(threads, torch.get_num_threads())``), compiled
 maps on a small Python pool (ctypes releases the GIL). No bit depends on the thread count.
@@ -55,6 +61,7 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -507,6 +514,11 @@ class CppBackend:
         # more than running a small node. The desc itself is kept so its id cannot be reused.
         self._prepared: dict[int, tuple[KernelDesc, Prepared]] = {}
 
+    def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
+                     producers: Sequence[int], batch_numel: int) -> StepKernel:
+        """One C++ call per training step for these nodes (see ``StepKernel``)."""
+        return StepKernel(self, descs, wiring, producers, batch_numel)
+
     def plan(self, desc: KernelDesc) -> Plan:
         return self._prepare(desc).plan
 
@@ -614,6 +626,111 @@ class CppBackend:
             pro, body, epi, r0_init, threads,
         )  # fmt: skip
         return out.view(torch.float32)
+
+
+# ======================================================================= whole-step kernel
+
+# Node outputs start on 64-byte boundaries in the arena (whole cache lines per node).
+_ALIGN = 16
+_NODE, _PREV, _BATCH = 0, 1, 2  # graph.structure.SourceKind values: node, previous step, batch
+
+
+class StepKernel:
+    """Every node of a training step in ONE call into C++ (``StepPlan`` in
+    ``kernels/repops_cpu.cpp``): the same kernels as ``CppBackend.__call__`` per node (GEMM, fold,
+    binary, compiled map, interpreter), so the same bits, without the ~10-20 us of Python,
+    pybind and allocation per node that dominated small nodes.
+
+    All node outputs of a step live in one float32 arena, node d at ``offsets[d]``; the state a
+    step reads is the previous step's arena (the producers' slots), the batch is its own buffer.
+    ``run(prev_arena, batch)`` returns the new arena; ``views(arena)`` the flat node outputs;
+    ``pack(tensors)`` builds an arena from state tensors that did not come from a run (C_0, a
+    loaded checkpoint)."""
+
+    def __init__(self, backend: CppBackend, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
+                 producers: Sequence[int], batch_numel: int) -> None:
+        self.backend = backend
+        self.numels = [d.numel for d in descs]
+        self.offsets, off = [], 0
+        for n in self.numels:
+            self.offsets.append(off)
+            off += -(-n // _ALIGN) * _ALIGN
+        self.arena_numel = max(off, 1)
+        self.offsets_arr, self.numels_arr = np.array(self.offsets, dtype=np.int64), np.array(self.numels, dtype=np.int64)
+        self.batch_numel = batch_numel
+        self.producers = list(producers)
+        self._slices = [slice(o, o + n) for o, n in zip(self.offsets, self.numels)]
+        self._plan = backend._ext.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ck.DEFAULT_TILE)
+        self._keep: list[object] = []  # compiled maps the plan calls by address
+        # profiling: when set (float64, one per node), every run adds each node's seconds to it
+        self.node_times: np.ndarray | None = None
+        for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
+            self._add(d, desc, wires)
+
+    def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
+        rows = []
+        for (kind, i), m in zip(wires, desc.inputs, strict=True):
+            buf, off, n = (_BATCH, 0, self.batch_numel) if kind == _BATCH else (kind, self.offsets[i], self.numels[i])
+            if n != m.numel:
+                raise RepOpsError(f"node {desc.label or '?'}: input has {n} elements, its map expects {m.numel}")
+            rows.append((buf, off, n))
+        return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 3)
+
+    def _add(self, d: int, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> None:
+        prep = self.backend._prepare(desc)
+        plan, refs, out = prep.plan, self._refs(desc, wires), self.offsets[d]
+        if prep.jit is not None:
+            lin = [(m.offset, linear_stride(m, desc.out_shape)) for m in desc.inputs]
+            work = desc.numel * (len(desc.prologue) + len(desc.epilogue))
+            addr = ctypes.cast(cast(Any, prep.jit), ctypes.c_void_p).value  # a ctypes function pointer
+            self._keep.append(prep.jit)
+            self._plan.add_jit(refs, torch.tensor(lin, dtype=torch.int64).reshape(len(lin), 2), out, desc.numel, addr, work)
+            return
+        code = (prep.maps, prep.out_shape, desc.K, *prep.programs, out)
+        if plan.kind == "dot":
+            (a_size, a_st, a_off), (b_size, b_st, b_off) = plan.views
+            bshape = a_size[:-2]
+            aoff = a_off + _grid_offsets(bshape, a_st[:-2])
+            boff = b_off + _grid_offsets(bshape, b_st[:-2])
+            M, N = a_size[-2], b_size[-1]
+            self._plan.add_dot(refs, *code, *plan.slots, M, N, aoff, a_st[-2], a_st[-1], boff, b_st[-2], b_st[-1])
+            return
+        if plan.kind == "fold":
+            ((_, st, x_off),) = plan.views
+            m = desc.inputs[plan.slots[0]]
+            sr = linear_stride(m, desc.out_shape)
+            if sr is not None:
+                op = ck.REDUCE_OPS[plan.op]
+                self._plan.add_fold(refs, *code, plan.slots[0], op, x_off, sr, st[-1])
+                return
+        elif plan.kind == "binary":
+            self._plan.add_binary(refs, out, desc.numel, ck.BINARY_OPS[plan.op])
+            return
+        self._plan.add_program(refs, *code)
+
+    def pack(self, tensors: dict[int, np.ndarray]) -> np.ndarray:
+        arena = np.zeros(self.arena_numel, dtype=np.float32)
+        for p in self.producers:
+            arena[self._slices[p]] = tensors[p]
+        return arena
+
+    def run(self, prev_arena: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        threads = torch.get_num_threads() if self.backend.threads is None else self.backend.threads
+        prev = torch.from_numpy(prev_arena)
+        b = torch.from_numpy(_writable(batch))
+        times = None if self.node_times is None else torch.from_numpy(self.node_times)
+        return self._plan.run(prev, b, threads, times).numpy()
+
+    def views(self, arena: np.ndarray) -> list[np.ndarray]:
+        return [arena[s] for s in self._slices]
+
+
+def _grid_offsets(shape: Sequence[int], strides: Sequence[int]) -> torch.Tensor:
+    """Element offsets of every index of ``shape`` (C order) under ``strides``; one for ()."""
+    off = torch.zeros(1, dtype=torch.int64)
+    for n, s in zip(shape, strides):
+        off = (off[:, None] + torch.arange(n, dtype=torch.int64)[None, :] * s).reshape(-1)
+    return off
 
 
 def _writable(a: np.ndarray) -> np.ndarray:

@@ -73,3 +73,17 @@ EDGE_BITS: tuple[int, ...] = (
 def edge_floats() -> np.ndarray:
     """EDGE_BITS as a float32 array (a fresh copy; NaN payloads kept bit for bit)."""
     return np.array(EDGE_BITS, dtype=np.uint32).view(np.float32)
+
+
+def edge_array(
+    shape: tuple[int, ...], seed: int, frac: float = 0.3, scale: float = 3.0, edges: np.ndarray | None = None
+) -> np.ndarray:
+    """Normal values (times ``scale``) with a fraction ``frac`` of them replaced by edge bit
+    patterns (``edges``, uint32; default EDGE_BITS); replayable from ``seed``."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    bits = x.reshape(-1).view(np.uint32)
+    pick = rng.random(bits.size) < frac
+    pool = np.array(EDGE_BITS, dtype=np.uint32) if edges is None else np.asarray(edges, dtype=np.uint32)
+    bits[pick] = rng.choice(pool, int(pick.sum()))
+    return x

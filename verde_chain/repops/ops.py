@@ -3,8 +3,9 @@
 Each function builds the operator's canonical composition (``spec.py``) and runs its primitive
 nodes on a backend chosen by ``tensor.device.type``:
 
-    BACKENDS["cpu"] = backend_cpu.backend      (C++ kernels; None -> the numpy reference)
-    BACKENDS[...]   = register_backend(...)    (e.g. a CUDA backend where torch has CUDA)
+    BACKENDS["cpu"]  = backend_cpu.backend     (C++ kernels; None -> the numpy reference)
+    BACKENDS["cuda"] = backend_cuda.backend    (CUDA kernels; raises CudaUnavailable without CUDA)
+    BACKENDS[...]    = register_backend(...)
 
 A backend is ``fn(desc, inputs: list[np.ndarray float32 flat]) -> np.ndarray | None``; returning
 ``None`` means "not handled" and the node falls back to the numpy reference, so a backend may
@@ -33,7 +34,14 @@ def _cpu_backend(desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | Non
     return backend_cpu.backend(desc, inputs)
 
 
-BACKENDS: dict[str, Backend] = {"cpu": _cpu_backend}
+def _cuda_backend(desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | None:
+    """The CUDA kernels (built on first use; raises backend_cuda.CudaUnavailable without CUDA)."""
+    from verde_chain.repops import backend_cuda
+
+    return backend_cuda.backend(desc, inputs)
+
+
+BACKENDS: dict[str, Backend] = {"cpu": _cpu_backend, "cuda": _cuda_backend}
 
 
 def register_backend(device_type: str, fn: Backend) -> None:
