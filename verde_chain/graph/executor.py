@@ -3,7 +3,10 @@
 ``StepExecutor.run_step(prev, batch)`` runs the nodes of one step in order on RepOps kernels and
 computes every output tensor root, node hash ``node_hash(d, descHash, inputRoots, [outputRoot])``
 and the step commitment ``C_s = step_commitment(node hashes)``; ``run_plain`` runs the same
-kernels (same tensors) with no hashing and returns a ``PlainState`` without roots.
+kernels (same tensors) with no hashing and returns a ``PlainState`` without roots. With a runner
+that offers ``compile_step`` (the C++ backend) the whole step is ONE native call writing every
+node output into one arena (same bits as node by node; docs/training.md §4), and a committed
+step hashes every root and node hash in two more.
 
 ``TrainingRun`` drives steps 1..T. Verde's trainer answers bisection requests by re-executing from
 its nearest stored checkpoint, so C_s of every step is not needed while training: the run commits
