@@ -15,7 +15,7 @@ from test_graph_helpers import build
 from torch import nn
 
 from verde_chain.commit import merkle, node_hash, step_commitment, tensor_root, verify_element
-from verde_chain.graph import executor
+from verde_chain.graph import checkpoint, executor
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.data import batch_leaf, batch_root_list
 from verde_chain.graph.errors import CheckpointError, ShapeMismatchError
@@ -334,7 +334,7 @@ def test_a_failed_background_checkpoint_write_fails_the_run(
     def broken(*a, **k):  # type: ignore[no-untyped-def]
         raise OSError("disk full")
 
-    monkeypatch.setattr(np, "savez", broken)
+    monkeypatch.setattr(checkpoint, "write_npz", broken)
     with pytest.raises(CheckpointError, match="disk full"):
         r.run(until=3)
     monkeypatch.undo()
@@ -355,3 +355,22 @@ def test_train_cli_uses_the_default_checkpoint_interval_capped_at_T() -> None:
     assert loaded().checkpoint_interval == 100  # digits: T = 150
     assert loaded(steps=30).checkpoint_interval == 30  # never above T (the market refuses it)
     assert loaded(steps=30, checkpoint_interval=4).checkpoint_interval == 4
+
+
+@pytest.mark.parametrize("limit", [None, 1], ids=["own-writer", "np.savez-fallback"])
+def test_checkpoint_npz_is_a_valid_zip_that_np_load_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit) -> None:  # type: ignore[no-untyped-def]
+    import zipfile
+
+    if limit is not None:  # states beyond the zip limit (ZIP64) go through np.savez
+        monkeypatch.setattr(checkpoint, "_ZIP_LIMIT", limit)
+    rng = np.random.default_rng(3)
+    arrays = {f"layer.{i}.weight": rng.standard_normal(n).astype(np.float32) for i, n in enumerate([1, 7, 0, 4096, 12345])}
+    arrays["edges"] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45], dtype=np.float32)
+    path = tmp_path / "s.npz"
+    checkpoint.write_npz(path, arrays)
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None  # every member's CRC checks out
+    with np.load(path, allow_pickle=False) as z:
+        assert list(z.files) == list(arrays)
+        for k, a in arrays.items():
+            assert z[k].dtype == np.float32 and np.array_equal(z[k].view(np.uint32), a.view(np.uint32)), k

@@ -113,5 +113,6 @@ def step_commitment(node_hashes: Sequence[bytes] | np.ndarray) -> bytes:
 
 
 def list_commitment(items: Sequence[bytes]) -> bytes:
-    """Root over a sequence of 32-byte states (bisection sequences: checkpoints, VM states)."""
-    return merkle.merkle_root(list(items))
+    """Root over a sequence of 32-byte states (bisection sequences: checkpoints, VM states); the
+    native twin of ``merkle.merkle_root``."""
+    return native.merkle_root(list(items))

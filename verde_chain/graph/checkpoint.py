@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import zipfile
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +44,55 @@ NAME = re.compile(r"^step_(\d{8})\.json$")
 
 def _hex(b: bytes) -> str:
     return "0x" + b.hex()
+
+
+# ----------------------------------------------------------------------------- npz writing
+#
+# np.savez goes through zipfile's Python, ~60 us per array, all of it holding the GIL: on a
+# 2-core machine the background writer then stalls the training thread for about as long as a
+# synchronous write (measured: the step after a checkpoint took 0.6-0.9 ms instead of 0.1 ms on
+# the digits MLP). write_npz builds the same kind of file (an uncompressed zip of .npy members
+# that np.load reads) with a few struct.pack calls per array; the data and CRCs are written and
+# computed by C code that releases the GIL.
+
+_NPY_MAGIC = b"\x93NUMPY\x01\x00"
+_DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01, the zip epoch: files are byte-identical across runs
+_ZIP_LIMIT = 0xFFFFFFFF  # sizes and offsets beyond this need ZIP64: left to np.savez
+
+
+def _npy_header(arr: np.ndarray) -> bytes:
+    """The .npy 1.0 header of a flat little-endian float32 array (padded to 64 bytes, as numpy)."""
+    d = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({arr.size},), }}"
+    pad = -(len(_NPY_MAGIC) + 2 + len(d) + 1) % 64
+    body = (d + " " * pad + "\n").encode("latin1")
+    return _NPY_MAGIC + struct.pack("<H", len(body)) + body
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez(path, **arrays)`` for flat float32 arrays (stored, not compressed)."""
+    flat = {k: np.ascontiguousarray(a, dtype="<f4").reshape(-1) for k, a in arrays.items()}
+    if sum(a.nbytes + 256 for a in flat.values()) >= _ZIP_LIMIT:
+        np.savez(path, **flat)
+        return
+    central, offset = [], 0
+    with open(path, "wb") as f:
+        for key, arr in flat.items():
+            name = (key + ".npy").encode()
+            head, data = _npy_header(arr), memoryview(arr).cast("B")
+            crc = zlib.crc32(data, zlib.crc32(head))
+            size = len(head) + arr.nbytes
+            f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, _DOS_DATE, crc, size, size, len(name), 0))
+            f.write(name)
+            f.write(head)
+            f.write(data)
+            central.append(
+                struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, _DOS_DATE, crc, size, size,
+                            len(name), 0, 0, 0, 0, 0o600 << 16, offset) + name
+            )  # fmt: skip
+            offset += 30 + len(name) + size
+        cd = b"".join(central)
+        f.write(cd)
+        f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(central), len(central), len(cd), offset, 0))
 
 
 class CheckpointStore:
@@ -86,7 +137,7 @@ class CheckpointStore:
         arrays = {s.name: st.tensors[s.producer] for s in self.graph.states}
         roots = [st.roots[s.producer] for s in self.graph.states]
         tmp = npz.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrays)
+        write_npz(tmp, arrays)
         tmp.replace(npz)
         manifest = {
             "step": st.step,
