@@ -70,7 +70,7 @@ def decode_revert(artifacts: Mapping[str, Artifact], exc_or_data: Any) -> Contra
     if entry is None:
         return ContractRevert("UnknownRevert", {"data": "0x" + raw.hex()}, raw)
     name, inputs = entry
-    values = abi_decode([_sig_type(i) for i in inputs], body)
+    decoded = abi_decode([_sig_type(i) for i in inputs], body)
     # eth_abi gives lowercase hex; users compare with checksummed account addresses.
-    values = [to_checksum_address(v) if i["type"] == "address" else v for i, v in zip(inputs, values, strict=True)]
+    values = [to_checksum_address(v) if i["type"] == "address" else v for i, v in zip(inputs, decoded, strict=True)]
     return ContractRevert(name, {i["name"] or f"arg{n}": v for n, (i, v) in enumerate(zip(inputs, values))}, raw)
