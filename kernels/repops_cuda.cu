@@ -193,15 +193,30 @@ void put_error(char* err, int64_t err_len, const char* msg) {
 
 }  // namespace
 
+// The launch parameters of one prepared node (repops_cuda_prepare_program): the decoded
+// descriptor (its maps and code pointers lead into the caller's device blob) and the fixed
+// r0_init / out device pointers. Kept on the host; launched by value.
+struct RpLaunch {
+    RpProgram prog;
+    const uint32_t* r0_init;
+    uint32_t* out;
+};
+
 extern "C" int64_t repops_cuda_program_scratch_bytes(int64_t n_in, int64_t n_instr) {
     return (int64_t)sizeof(RpMap) * n_in + (int64_t)sizeof(RpInstr) * n_instr + 16;
 }
 
-extern "C" int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_in, const int64_t* maps,
-                                       const int64_t* out_shape, int64_t rank, int64_t K, const int64_t* pro,
-                                       int64_t n_pro, const int64_t* body, int64_t n_body, const int64_t* epi,
-                                       int64_t n_epi, const uint32_t* r0_init, uint32_t* out, void* scratch,
-                                       int64_t scratch_bytes, void* stream, char* err, int64_t err_len) {
+extern "C" int64_t repops_cuda_launch_bytes(void) { return (int64_t)sizeof(RpLaunch); }
+
+extern "C" int64_t repops_cuda_launch_numel(const void* launch) {
+    return static_cast<const RpLaunch*>(launch)->prog.numel;
+}
+
+extern "C" int repops_cuda_prepare_program(const uint32_t* const* inputs, int64_t n_in, const int64_t* maps,
+                                           const int64_t* out_shape, int64_t rank, int64_t K, const int64_t* pro,
+                                           int64_t n_pro, const int64_t* body, int64_t n_body, const int64_t* epi,
+                                           int64_t n_epi, const uint32_t* r0_init, uint32_t* out, void* launch,
+                                           void* blob, int64_t blob_bytes, void* stream, char* err, int64_t err_len) {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (n_in < 0 || n_pro < 0 || n_body < 0 || n_epi < 0) {
         put_error(err, err_len, "negative count");
@@ -211,20 +226,21 @@ extern "C" int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_
     // Staging area, host side: maps first (8-byte aligned), then the instructions.
     std::vector<RpMap> maps_h((size_t)(n_in > 0 ? n_in : 1));
     std::vector<RpInstr> code_h((size_t)(n_instr > 0 ? n_instr : 1));
+    RpLaunch* l = static_cast<RpLaunch*>(launch);
     RpProgram prog{};
-    // SAFETY: nothing is launched unless the encodings pass every check (opcodes, registers,
-    // input slots, COORD axes, and the LOAD address boxes).
+    // SAFETY: nothing is staged or launched unless the encodings pass every check (opcodes,
+    // registers, input slots, COORD axes, and the LOAD address boxes).
     const char* bad = rp_decode(inputs, n_in, maps, out_shape, rank, K, pro, n_pro, body, n_body, epi, n_epi, &prog,
                                 maps_h.data(), code_h.data());
     if (bad != nullptr) {
         put_error(err, err_len, bad);
         return -1;
     }
-    if (scratch_bytes < repops_cuda_program_scratch_bytes(n_in, n_instr)) {
+    if (blob_bytes < repops_cuda_program_scratch_bytes(n_in, n_instr)) {
         put_error(err, err_len, "scratch buffer too small");
         return -1;
     }
-    char* dev = static_cast<char*>(scratch);
+    char* dev = static_cast<char*>(blob);
     const size_t map_bytes = sizeof(RpMap) * (size_t)n_in, code_bytes = sizeof(RpInstr) * (size_t)n_instr;
     cudaError_t rc = cudaSuccess;
     // Pageable host -> device: the source is copied to a staging buffer before the call
@@ -235,10 +251,34 @@ extern "C" int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_
     if (rc != cudaSuccess) return (int)rc;
     prog.maps = reinterpret_cast<const RpMap*>(dev);
     prog.code = reinterpret_cast<const RpInstr*>(dev + map_bytes);
-    const int64_t want = (prog.numel + PROGRAM_THREADS - 1) / PROGRAM_THREADS;
+    l->prog = prog;
+    l->r0_init = r0_init;
+    l->out = out;
+    return 0;
+}
+
+extern "C" int repops_cuda_launch_program(const void* launch, void* stream) {
+    const RpLaunch& l = *static_cast<const RpLaunch*>(launch);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int64_t want = (l.prog.numel + PROGRAM_THREADS - 1) / PROGRAM_THREADS;
     const unsigned blocks = (unsigned)(want < PROGRAM_MAX_BLOCKS ? want : PROGRAM_MAX_BLOCKS);
-    const size_t stage_bytes = map_bytes + code_bytes;
+    const size_t stage_bytes = sizeof(RpMap) * (size_t)l.prog.n_in +
+                               sizeof(RpInstr) * (size_t)(l.prog.n_pro + l.prog.n_body + l.prog.n_epi);
     const int stage = (int64_t)stage_bytes <= SHARED_STAGE_BYTES ? 1 : 0;
-    repops_program_kernel<<<blocks, PROGRAM_THREADS, stage ? stage_bytes : 0, s>>>(prog, r0_init, out, stage);
+    repops_program_kernel<<<blocks, PROGRAM_THREADS, stage ? stage_bytes : 0, s>>>(l.prog, l.r0_init, l.out, stage);
     return (int)cudaGetLastError();
+}
+
+extern "C" int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_in, const int64_t* maps,
+                                       const int64_t* out_shape, int64_t rank, int64_t K, const int64_t* pro,
+                                       int64_t n_pro, const int64_t* body, int64_t n_body, const int64_t* epi,
+                                       int64_t n_epi, const uint32_t* r0_init, uint32_t* out, void* scratch,
+                                       int64_t scratch_bytes, void* stream, char* err, int64_t err_len) {
+    // One node, one call: prepared into the caller's scratch and launched at once (the
+    // whole-step kernel prepares every node once and only launches per step).
+    RpLaunch l{};
+    const int rc = repops_cuda_prepare_program(inputs, n_in, maps, out_shape, rank, K, pro, n_pro, body, n_body, epi,
+                                               n_epi, r0_init, out, &l, scratch, scratch_bytes, stream, err, err_len);
+    if (rc != 0) return rc;
+    return repops_cuda_launch_program(&l, stream);
 }

@@ -36,6 +36,23 @@ int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_in, const i
                             int64_t n_body, const int64_t* epi, int64_t n_epi, const uint32_t* r0_init, uint32_t* out,
                             void* scratch, int64_t scratch_bytes, void* stream, char* err, int64_t err_len);
 
+// The same in two halves, for a node that runs many times on the same buffers (the
+// whole-step kernel, backend_cuda.CudaStepKernel): prepare decodes and checks the descriptor
+// ONCE, stages it in `blob` (device memory of repops_cuda_program_scratch_bytes(...) bytes that
+// the caller keeps alive) and fills `launch` (HOST memory of repops_cuda_launch_bytes() bytes)
+// with the launch parameters, the inputs', r0_init's and out's device pointers baked in;
+// launch then only starts the kernel (no transfer, no decoding). The caller guarantees that
+// every baked pointer still points at the buffer it was prepared with, out apart from all the
+// others. Return values as repops_cuda_run_program's.
+int64_t repops_cuda_launch_bytes(void);
+int64_t repops_cuda_launch_numel(const void* launch);
+int repops_cuda_prepare_program(const uint32_t* const* inputs, int64_t n_in, const int64_t* maps,
+                                const int64_t* out_shape, int64_t rank, int64_t K, const int64_t* pro, int64_t n_pro,
+                                const int64_t* body, int64_t n_body, const int64_t* epi, int64_t n_epi,
+                                const uint32_t* r0_init, uint32_t* out, void* launch, void* blob, int64_t blob_bytes,
+                                void* stream, char* err, int64_t err_len);
+int repops_cuda_launch_program(const void* launch, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

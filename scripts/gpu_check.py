@@ -20,8 +20,12 @@ Steps, each timed and recorded (a failing step is reported, later steps still ru
      binaries, matmul/gemm epilogues, reductions, softmax, layer_norm, losses, gather/scatter,
      optimizers, ...), node by node, bits vs the CPU C++ backend; plus larger shapes.
   4. "training": the digits example, 5 steps, make_runner("cuda") vs make_runner("cpp"):
-     every step commitment C_0..C_T must agree.
-  5. "bench": square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
+     every step commitment C_0..C_T must agree. Both run whole steps (compile_step): on CUDA
+     every node of a step works in one device arena, one upload / one download per step.
+  5. "step_timing": seconds per training step (median of --reps plain steps after warm-up)
+     of a digits-wide MLP (hidden 512, batch 256) and the tiny transformer, the CUDA whole-step
+     kernel vs the C++ CPU one, and the committed step after them compared (C_s identical).
+  6. "bench": square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
 Exit status 0 iff every comparison is bit-identical. Without CUDA it prints the summary with
 the reason and exits 1 (no traceback).
 """
@@ -488,7 +492,45 @@ def training(steps: int = 5) -> dict[str, Any]:
         out[f"C_T_{name}"] = "0x" + run.run().hex()
         out[f"{name}_s"] = round(time.perf_counter() - t0, 2)
         commits[name] = [run.commitments[s].hex() for s in range(steps + 1)]
+        if name == "cuda":
+            out["cuda_whole_step"] = isinstance(run.exec._step_kernel(), backend_cuda.CudaStepKernel)
     out["identical"] = out["C_T_cuda"] == out["C_T_cpp"] and commits["cuda"] == commits["cpp"]
+    return out
+
+
+def step_timing(cuda: Runner, reps: int = 20) -> dict[str, Any]:
+    """Seconds per plain training step, CUDA whole-step kernel vs the C++ CPU one (all cores),
+    for a digits-wide MLP and the tiny transformer; then one committed step on each, whose C_s
+    must agree. One entry per model."""
+    from verde_chain.examples import EXAMPLES
+    from verde_chain.graph.executor import PlainState, StepExecutor
+    from verde_chain.graph.kernels import make_runner
+
+    models = {
+        "digits_wide": lambda: EXAMPLES["digits"](steps=reps + 3, hidden=512, batch_size=256),
+        "transformer": lambda: EXAMPLES["transformer"](steps=reps + 3),
+    }
+    out: dict[str, Any] = {}
+    for model, make_job in models.items():
+        job = make_job()
+        row: dict[str, Any] = {}
+        commits = {}
+        for name, runner in (("cuda", cuda), ("cpu", make_runner("cpp"))):
+            ex = StepExecutor(job.program.graph, runner)
+            if name == "cuda":
+                row["whole_step"] = isinstance(ex._step_kernel(), backend_cuda.CudaStepKernel)
+            st: PlainState = ex.initial_state(job.init_state)
+            times = []
+            for s in range(1, reps + 3):
+                t0 = time.perf_counter()
+                st = ex.run_plain(st, job.batch(s)).state
+                times.append(time.perf_counter() - t0)
+            commits[name] = ex.run_step(st, job.batch(reps + 3)).commitment
+            row[f"{name}_ms"] = round(1e3 * float(np.median(times[2:])), 3)  # the first two warm up
+        row["speedup"] = round(row["cpu_ms"] / row["cuda_ms"], 2)
+        row["nodes"] = len(job.program.graph.nodes)
+        row["identical"] = commits["cuda"] == commits["cpu"]
+        out[model] = row
     return out
 
 
@@ -508,6 +550,7 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--quick", action="store_true", help="skip the largest comparison cases")
     ap.add_argument("--steps", type=int, default=5, help="training steps of the digits comparison")
+    ap.add_argument("--reps", type=int, default=20, help="timed steps per model in step_timing")
     args = ap.parse_args()
 
     summary: dict[str, Any] = {"ok": False, "errors": []}
@@ -541,6 +584,7 @@ def main() -> int:
             backend_cuda.default_backend = lambda: cuda_be  # type: ignore[assignment]
             _timed_step(summary, "families", lambda: families(cuda_be, args.quick))
             _timed_step(summary, "training", lambda: training(args.steps))
+            _timed_step(summary, "step_timing", lambda: step_timing(backend_cuda.CudaRunner(), args.reps))
             _timed_step(summary, "bench", lambda: bench(ext, args.sizes))
         rows = summary.get("compare", [])
         fam = summary.get("families", {})
@@ -549,6 +593,8 @@ def main() -> int:
             and all(r.get("mismatches") == 0 for r in rows)
             and bool(fam) and not fam.get("failed")
             and summary.get("training", {}).get("identical", False)
+            and bool(summary.get("step_timing"))
+            and all(r["identical"] for r in summary.get("step_timing", {}).values())
             and not summary["errors"]
         )  # fmt: skip
     line = json.dumps(summary)

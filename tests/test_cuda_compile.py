@@ -257,3 +257,39 @@ def test_ctypes_fallback_library_refuses_bad_descriptors_on_the_host() -> None:
     assert b"LOAD addresses leave" in err.value
     if not torch.cuda.is_available():
         assert launch(np.array([[1, 0, 0, 0, 4]], np.int64)) > 0  # valid: fails only at the runtime
+
+
+@needs_nvcc
+def test_ctypes_fallback_prepare_checks_once_on_the_host() -> None:
+    """The whole-step kernel's entry points in the fallback library: prepare decodes and checks
+    on the host exactly as run_program (a bad descriptor refused with the reason, nothing
+    written to the launch parameters), a good one gets as far as staging on the device."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    from verde_chain.repops.backend_cuda import CtypesCuda
+
+    lib = CtypesCuda(arch="90").lib
+    assert lib.repops_cuda_launch_bytes() == 120 + 16  # RpProgram (120 bytes) + r0_init, out
+    x = np.zeros(4, np.uint32)
+    ptrs = (ctypes.c_void_p * 1)(x.ctypes.data)
+    shape = (ctypes.c_int64 * 1)(4)
+    load = np.array([[18, 0, 0, 0, 0]], np.int64)  # LOAD r0 <- input 0
+    err = ctypes.create_string_buffer(256)
+    launch = np.full(lib.repops_cuda_launch_bytes(), 0xAB, np.uint8)
+
+    def prepare(maps: np.ndarray, blob_bytes: int = 1 << 20) -> int:
+        rc = lib.repops_cuda_prepare_program(
+            ptrs, 1, maps.ctypes.data, shape, 1, 1, load.ctypes.data, 1, None, 0, None, 0,
+            None, None, launch.ctypes.data, None, blob_bytes, None, err, len(err),
+        )  # fmt: skip
+        return int(rc)
+
+    assert prepare(np.array([[1, 0, 2, 0, 4]], np.int64)) == -1  # offset 2: addresses 2..5 of 4
+    assert b"LOAD addresses leave" in err.value and (launch == 0xAB).all()
+    assert prepare(np.array([[1, 0, 0, 0, 4]], np.int64), blob_bytes=8) == -1
+    assert b"scratch buffer too small" in err.value
+    if not torch.cuda.is_available():
+        assert prepare(np.array([[1, 0, 0, 0, 4]], np.int64)) > 0  # valid: fails only at the runtime

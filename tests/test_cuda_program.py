@@ -342,25 +342,74 @@ class StandInExtension:
 
     def __init__(self, host: HostInterpreter) -> None:
         self.host = host
-        self.calls = {"matmul3": 0, "run_program": 0, "r0_init": 0}
+        self.calls = {"matmul3": 0, "run_program": 0, "r0_init": 0, "out": 0, "prepare_program": 0, "launch_program": 0}
+        self._prepared: dict[int, tuple[Any, ...]] = {}
+        # storage address of every tensor handed to a kernel (tests/test_cuda_step.py checks that
+        # the whole-step kernel only ever passes views of its device buffers)
+        self.storages: set[int] = set()
 
-    def matmul3(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def _seen(self, *ts: torch.Tensor | None) -> None:
+        self.storages.update(t.untyped_storage().data_ptr() for t in ts if t is not None)
+
+    def matmul3(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         from verde_chain.repops import cpu_kernels
 
         self.calls["matmul3"] += 1
-        return cpu_kernels.matmul(a, b)
+        self._seen(a, b, out)
+        c = cpu_kernels.matmul(a, b)
+        if out is None:
+            return c
+        # the binding's out= contract, then the result lands in the caller's tensor
+        backend_cuda.check_out(out, torch.float32, c.numel(), (a, b))
+        self.calls["out"] += 1
+        out.copy_(c.reshape(out.shape))
+        return out
 
     def run_program(
         self, inputs: list[torch.Tensor], maps: torch.Tensor, out_shape: list[int], K: int,
         pro: torch.Tensor, body: torch.Tensor, epi: torch.Tensor, r0_init: torch.Tensor | None, threads: int,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         self.calls["run_program"] += 1
         self.calls["r0_init"] += r0_init is not None
+        self._seen(*inputs, r0_init, out)
         ins = [x.numpy() for x in inputs]
         r0 = None if r0_init is None else r0_init.numpy()
-        rc, out, err = self.host.raw(ins, maps.numpy(), out_shape, K, [p.numpy() for p in (pro, body, epi)], r0)
+        rc, res, err = self.host.raw(ins, maps.numpy(), out_shape, K, [p.numpy() for p in (pro, body, epi)], r0)
         assert rc == 0, err
-        return torch.from_numpy(out.view(np.int32).copy())
+        if out is None:
+            return torch.from_numpy(res.view(np.int32).copy())
+        backend_cuda.check_out(out, torch.int32, res.size, (*inputs, *(() if r0_init is None else (r0_init,))))
+        self.calls["out"] += 1
+        out.copy_(torch.from_numpy(res.view(np.int32)))
+        return out
+
+    def prepare_program(
+        self, inputs: list[torch.Tensor], maps: torch.Tensor, out_shape: list[int], K: int,
+        pro: torch.Tensor, body: torch.Tensor, epi: torch.Tensor, r0_init: torch.Tensor | None, out: torch.Tensor,
+    ) -> list[torch.Tensor]:  # fmt: skip
+        """The binding's contract: every check now (the descriptor by a dry run of the decoder on
+        the real buffers, out's placement), the buffers fixed; launch_program only runs."""
+        self.calls["prepare_program"] += 1
+        numel = int(np.prod(out_shape)) if out_shape else 1
+        backend_cuda.check_out(out, torch.int32, numel, (*inputs, *(() if r0_init is None else (r0_init,))))
+        progs = [p.numpy() for p in (pro, body, epi)]
+        r0 = None if r0_init is None else r0_init.numpy()
+        rc, _, err = self.host.raw([x.numpy() for x in inputs], maps.numpy(), out_shape, K, progs, r0)
+        if rc != 0:
+            raise ValueError(f"prepare_program refused the descriptor: {err}")
+        key = len(self._prepared) + 1
+        self._prepared[key] = (list(inputs), maps.numpy().copy(), list(out_shape), K, progs, r0_init, out)
+        return [torch.tensor([key], dtype=torch.int64).view(torch.uint8), torch.zeros(16, dtype=torch.uint8)]
+
+    def launch_program(self, launch: torch.Tensor, blob: torch.Tensor) -> None:
+        self.calls["launch_program"] += 1
+        inputs, maps, out_shape, K, progs, r0_init, out = self._prepared[int(launch.view(torch.int64)[0])]
+        self._seen(*inputs, r0_init, out)
+        r0 = None if r0_init is None else r0_init.numpy()
+        rc, res, err = self.host.raw([x.numpy() for x in inputs], maps, out_shape, K, progs, r0)
+        assert rc == 0, err
+        out.copy_(torch.from_numpy(res.view(np.int32)))
 
 
 def test_backend_python_side_on_the_cpu(
@@ -381,14 +430,16 @@ def test_training_through_make_runner_cuda_on_the_cpu(
     host: HostInterpreter, gpu_check: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gpu_check's training comparison, with the stand-in extension behind make_runner("cuda"):
-    the registration in ops.BACKENDS, the graph runner and every node of a digits step agree
-    with the C++ backend on every commitment C_0..C_T."""
+    the runner runs whole steps on the device arena (CudaStepKernel: prepared nodes launched,
+    GEMMs in place) and agrees with the C++ backend on every commitment C_0..C_T."""
     monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
     ext = StandInExtension(host)
-    monkeypatch.setattr(backend_cuda, "default_backend", lambda: CudaBackend(device="cpu", ext=ext))
+    be = CudaBackend(device="cpu", ext=ext)
+    monkeypatch.setattr(backend_cuda, "default_backend", lambda: be)
     out = gpu_check.training(2)
     assert out["identical"], out
-    assert ext.calls["matmul3"] > 0 and ext.calls["run_program"] > 0
+    assert out["cuda_whole_step"], "make_runner('cuda') must return backend_cuda.CudaRunner (graph/kernels.py)"
+    assert ext.calls["matmul3"] > 0 and ext.calls["launch_program"] > 0 and ext.calls["run_program"] == 0
 
 
 def test_gpu_check_families_step_on_the_cpu(

@@ -16,11 +16,13 @@ from typing import Any
 
 import requests
 from web3 import Web3
+from web3.types import TxReceipt
 
 from verde_chain.agents.catalog import Bundles
-from verde_chain.agents.errors import AgentError
+from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.store import Store
 from verde_chain.agents.strategies import Plan
+from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
 from verde_chain.agents.wallet import Sender, account, retry
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.game import DisputeGameClient, GameView, Phase, Side
@@ -53,6 +55,7 @@ class Bot:
 
     def __init__(self, w3: Web3, artifacts: Mapping[str, Artifact], cfg: BotConfig, log: Log | None = None) -> None:
         self.w3 = w3
+        self.artifacts = artifacts
         self.cfg = cfg
         self.name = cfg.name or f"{self.role}-{cfg.account_index}"
         self.log_fn = log or (lambda msg: print(msg, flush=True))
@@ -70,12 +73,30 @@ class Bot:
         self.games = DisputeGameClient(w3, game, artifacts)
         self.bundles = Bundles(cfg.bundles)
         self.plans: dict[int, Plan] = {}  # job id -> what this bot believes (rebuilt after a restart)
+        self._tokens: dict[str, TokenInfo] = {}
+        self._said: set[str] = set()  # messages already logged once (see `log_once`)
         dropped = self.sender.recover()
         if dropped:
             self.log(f"restart: {len(dropped)} signed-but-unsent transaction(s) dropped; re-deriving from chain state")
 
     def log(self, msg: str) -> None:
         self.log_fn(f"[{self.name}] {msg}")
+
+    def log_once(self, key: str, msg: str) -> None:
+        """Log `msg` the first time `key` comes up in this process (a condition re-checked on every
+        tick, such as an unaffordable stake, is reported once instead of once a poll)."""
+        if key not in self._said:
+            self._said.add(key)
+            self.log(msg)
+
+    def token(self, token: str) -> TokenInfo:
+        if token not in self._tokens:
+            self._tokens[token] = token_info(self.w3, self.artifacts, token)
+        return self._tokens[token]
+
+    def units(self, token: str, amount: int) -> str:
+        """`amount` of `token` for a log line, in whole units (e.g. "0.2 VTT")."""
+        return self.token(token).format(amount)
 
     # -- chain reading ----------------------------------------------------------------------------
     def now(self) -> int:
@@ -132,8 +153,55 @@ class Bot:
         if owed == 0:
             return False
         self.sender.send(self.market.contract.functions.withdraw(token), "withdraw")
-        self.log(f"withdrew {owed} wei")
+        self.log(f"withdrew {self.units(token, owed)}")
         return True
+
+    # -- payments ---------------------------------------------------------------------------------
+    def pay(self, fn_call: Any, kind: str, token: str, amount: int, **send: Any) -> TxReceipt:
+        """Send a market call that takes `amount` of `token` from this account (postJob's reward,
+        join's stake, openDispute's bond): with ``value=amount`` for ETH; for a token, first make
+        sure the market may pull `amount` (``approve`` through the same crash-safe Sender, kind
+        "approve", only if the allowance falls short), then the call itself with value 0.
+
+        Nothing here is remembered between calls: the allowance is read from the chain each time.
+        So a restart after the approve is mined (whether or not the paying call was signed) finds
+        the allowance in place and sends only the call; a restart before it was broadcast finds
+        the row dropped and the allowance short, and approves once. The market pulls exactly
+        `amount` per call and the caller re-derives whether the call is still needed from chain
+        state, so nothing is paid twice. An allowance left by a call that then reverted is simply
+        reused by the next payment.
+
+        Raises ``InsufficientFunds`` (after logging it once) without sending anything when the
+        account holds less than `amount`; reverts surface as ``ContractRevert`` as for any send."""
+        self.sender.recover()  # an approve still in flight from before a restart counts once mined
+        if is_eth(token):
+            have = int(retry(lambda: self.w3.eth.get_balance(self.address)))
+            self._afford(kind, token, amount, have)
+            return self.sender.send(fn_call, kind, value=amount, **send)
+        c = erc20(self.w3, self.artifacts, token)
+        have = int(retry(lambda: c.functions.balanceOf(self.address).call()))
+        self._afford(kind, token, amount, have)
+        allowed = int(retry(lambda: c.functions.allowance(self.address, self.market.address).call()))
+        if allowed < amount:
+            try:
+                self.sender.send(c.functions.approve(self.market.address, amount), "approve")
+            except ContractRevert:
+                if allowed == 0:
+                    raise
+                # Some tokens (USDT-style) refuse to change one non-zero allowance into another:
+                # clear it first. Both steps are re-derived from the allowance after a restart.
+                self.sender.send(c.functions.approve(self.market.address, 0), "approve")
+                self.sender.send(c.functions.approve(self.market.address, amount), "approve")
+            self.log(f"approved the market to take {self.units(token, amount)} for {kind}")
+        return self.sender.send(fn_call, kind, **send)
+
+    def _afford(self, kind: str, token: str, amount: int, have: int) -> None:
+        if have >= amount:
+            return
+        msg = (f"cannot afford {kind}: it needs {self.units(token, amount)} but {self.address} holds "
+               f"{self.units(token, have)}; nothing sent (fund the account to proceed)")
+        self.log_once(f"afford:{kind}:{token}:{amount}:{have}", msg)
+        raise InsufficientFunds(msg, token=token, need=amount, have=have)
 
     # -- games ------------------------------------------------------------------------------------
     def add_game(self, ev: MarketEvent) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
-from verde_chain.agents.errors import AgentError
+from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.strategies import Plan, challenger_plan, train
 from verde_chain.agents.wallet import retry
-from verde_chain.chain.market import SlotStatus
+from verde_chain.chain.market import ETH, SlotStatus
 from verde_chain.errors import ContractRevert
 
 
@@ -57,8 +57,15 @@ class ChallengerBot(Bot):
         acted |= self.play_games()
         if self.store.get("withdraw_due") and all(r.get("done") for r in self.store.games().values()):
             self.store.put("withdraw_due", False)
-            acted |= self._withdraw("0x0000000000000000000000000000000000000000")
+            for token in self._tokens_owed_in():
+                acted |= self._withdraw(token)
         return acted
+
+    def _tokens_owed_in(self) -> list[str]:
+        """Every token a watched job pays in (ETH first): winnings are credited in the job's token."""
+        jobs = {int(key.split(":")[0]) for key in self.store.get("watch", {})}
+        tokens = {retry(lambda j=j: self.market.job(j)).spec.token for j in jobs}  # type: ignore[misc]
+        return sorted(tokens | {ETH}, key=lambda t: int(t, 16))
 
     def _mark(self, key: str, state: str, **extra: object) -> None:
         watch = self.store.get("watch", {})
@@ -79,7 +86,14 @@ class ChallengerBot(Bot):
             self._mark(key, "skipped", reason=str(exc))
             self.log(f"job {job_id}: cannot re-execute ({exc})")
             return False
-        mine = train(plan, None)
+        # remembered (for this strategy and seed) so a check that must wait, for an unaffordable
+        # bond, does not re-execute the job on every poll
+        by = f"{self.cfg.strategy}/{self.cfg.seed}"
+        if w.get("mine") and w.get("mine_by") == by:
+            mine = bytes.fromhex(w["mine"][2:])
+        else:
+            mine = train(plan, None)
+            self._mark(key, "new", mine="0x" + mine.hex(), mine_by=by)
         if mine == s.result:
             self._mark(key, "agreed")
             self.log(f"job {job_id} slot {slot}: result 0x{s.result.hex()[:16]}... matches my re-execution")
@@ -89,12 +103,14 @@ class ChallengerBot(Bot):
             return False
         bond = max(self.bond or 0, job.spec.min_challenge_bond)
         try:
-            self.sender.send(self.market.contract.functions.openDispute(job_id, slot, bond), "openDispute", value=bond)
+            self.pay(self.market.contract.functions.openDispute(job_id, slot, bond), "openDispute", job.spec.token, bond)
+        except InsufficientFunds:
+            return False  # logged once by pay; the slot stays "new" and is retried until the window closes
         except ContractRevert as exc:
             self._mark(key, "refused", reason=exc.error)
             self.log(f"job {job_id} slot {slot}: openDispute refused: {exc.error}")
             return False
         self.log(f"job {job_id} slot {slot}: result 0x{s.result.hex()[:16]}... differs from mine "
-                 f"0x{mine.hex()[:16]}...; disputed with a {bond} wei bond")
+                 f"0x{mine.hex()[:16]}...; disputed with a {self.units(job.spec.token, bond)} bond")
         self._mark(key, "disputing")  # the DisputeOpened event (next tick) records the game
         return True

@@ -21,7 +21,8 @@ FINALIZE_GAS = 3_000_000  # finalize loops over at most MAX_SLOTS = 32 slots
 
 @dataclass(frozen=True)
 class JobTerms:
-    """What the client offers and demands, in wei and seconds."""
+    """What the client offers and demands, in seconds and in the smallest unit of `token` (wei for
+    ETH, the default; an ERC-20 address pays reward, stakes and bonds in that token)."""
 
     kind: str = "digits"
     steps: int = 6
@@ -34,6 +35,7 @@ class JobTerms:
     arity: int = 4
     clock_seconds: int = 600
     job_seed: int = 7
+    token: str = ETH
 
 
 class ClientBot(Bot):
@@ -56,7 +58,7 @@ class ClientBot(Bot):
         self.store.put("posting", spec_hash.hex())
         now = self.now()
         spec = JobSpec(
-            token=ETH, spec_hash=spec_hash, graph_root=job.spec.graph_root,
+            token=terms.token, spec_hash=spec_hash, graph_root=job.spec.graph_root,
             initial_commitment=job.spec.initial_commitment, batch_root=job.spec.batch_root,
             num_steps=job.spec.steps, checkpoint_interval=max(1, job.spec.checkpoint_interval),
             reward=terms.reward, trainer_stake=terms.trainer_stake, min_challenge_bond=terms.min_challenge_bond,
@@ -64,11 +66,12 @@ class ClientBot(Bot):
             challenge_window=terms.challenge_window, arity=terms.arity, clock_seconds=terms.clock_seconds,
             num_nodes=job.spec.num_nodes,
         )
-        receipt = self.sender.send(self.market.contract.functions.postJob(spec.as_tuple()), "postJob",
-                                   value=terms.reward)
+        # (a restart between an approve and postJob finds the allowance in place: see Bot.pay)
+        receipt = self.pay(self.market.contract.functions.postJob(spec.as_tuple()), "postJob", terms.token,
+                           terms.reward)
         job_id = int(self.market.events(receipt, "JobPosted")[0].args["jobId"])
         self.log(f"posted job {job_id}: {terms.kind}, {terms.steps} steps, {len(job.program.graph.nodes)} nodes, "
-                 f"reward {terms.reward} wei, {terms.slots} trainer slots")
+                 f"reward {self.units(terms.token, terms.reward)}, {terms.slots} trainer slots")
         return self._record(job_id, terms)
 
     def _record(self, job_id: int, terms: JobTerms) -> int:
@@ -89,7 +92,9 @@ class ClientBot(Bot):
                 self.log(f"job {jid}: dispute {ev.args['gameId']} opened against slot {ev.args['defenderSlot']}")
             elif ev.name == "DisputeSettled":
                 who = "defender" if ev.args["defenderWon"] else "challenger"
-                self.log(f"job {jid}: dispute {ev.args['gameId']} settled for the {who}; {ev.args['paid']} wei moved")
+                token = retry(lambda j=jid: self.market.job(j)).spec.token  # type: ignore[misc]
+                self.log(f"job {jid}: dispute {ev.args['gameId']} settled for the {who}; "
+                         f"{self.units(token, int(ev.args['paid']))} moved")
         self.commit_cursor()
         for jid, rec in self.store.jobs().items():
             if rec.get("state") == "posted":

@@ -17,7 +17,7 @@ from verde_chain.agents.wallet import connect
 from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import DeploymentRecord
 from verde_chain.chain.game import DisputeGameClient
-from verde_chain.chain.market import Market
+from verde_chain.chain.market import ETH, Market
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
 DEFAULT_STATE = Path("build") / "agents"
@@ -122,9 +122,12 @@ def configure_client(p: argparse.ArgumentParser) -> None:
     bot_args(p, 1)
     p.add_argument("--job", choices=JOB_KINDS, default=d.kind)
     p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--reward", type=int, default=d.reward, help="wei")
-    p.add_argument("--stake", type=int, default=d.trainer_stake, help="trainer stake in wei")
-    p.add_argument("--bond", type=int, default=d.min_challenge_bond, help="minimum challenge bond in wei")
+    p.add_argument("--token", type=_token_address, default=d.token,
+                   help="ERC-20 token address the job pays reward, stakes and bonds in (default ETH); "
+                        "the client approves the market for the reward before posting")
+    p.add_argument("--reward", type=int, default=d.reward, help="in the token's smallest unit (wei for ETH)")
+    p.add_argument("--stake", type=int, default=d.trainer_stake, help="trainer stake (smallest units)")
+    p.add_argument("--bond", type=int, default=d.min_challenge_bond, help="minimum challenge bond (smallest units)")
     p.add_argument("--slots", type=int, default=d.slots)
     p.add_argument("--submission-window", type=int, default=d.submission_window, help="seconds")
     p.add_argument("--challenge-window", type=int, default=d.challenge_window, help="seconds")
@@ -133,13 +136,21 @@ def configure_client(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
 
 
+def _token_address(text: str) -> str:
+    if text.lower() == "eth":
+        return ETH
+    if not Web3.is_address(text):
+        raise argparse.ArgumentTypeError(f"not an address: {text!r} (want 0x + 40 hex digits, or ETH)")
+    return str(Web3.to_checksum_address(text))
+
+
 def run_client(args: argparse.Namespace) -> int:
     from verde_chain.agents.client import ClientBot, JobTerms
 
     w3, artifacts, market = _connect(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
     terms = JobTerms(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
-                     args.challenge_window, args.arity, args.clock, args.seed or JobTerms().job_seed)
+                     args.challenge_window, args.arity, args.clock, args.seed or JobTerms().job_seed, args.token)
     job_id = bot.post(terms)
     done = lambda: (bot.store.job(job_id) or {}).get("state") == "done"
     try:

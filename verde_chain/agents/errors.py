@@ -20,3 +20,8 @@ class StrategyError(AgentError):
 class CrashInjected(AgentError):
     """Raised by a test hook to simulate a bot dying at a precise point (e.g. after signing a
     transaction and before broadcasting it)."""
+
+
+class InsufficientFunds(AgentError):
+    """The bot's account holds less of a job's token (or ETH) than a payment needs; nothing was
+    sent. Carries ``token``, ``need`` and ``have`` (smallest units)."""

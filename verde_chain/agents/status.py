@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from verde_chain.agents.tokens import TokenInfo, token_info
 from verde_chain.agents.trace import interval
 from verde_chain.chain.game import DisputeGameClient, Phase
 from verde_chain.chain.market import Market
@@ -16,6 +17,8 @@ def _hex(b: bytes) -> str:
 def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[str, Any]:
     job = market.job(job_id)
     s = job.spec
+    # amounts stay integers in the smallest unit (exact, for machines); `token` says how to read them
+    tok = token_info(market.w3, market.artifacts, s.token)
     disputes = []
     for ev in market.logs("DisputeOpened", 0):
         if int(ev.args["jobId"]) != job_id:
@@ -25,11 +28,11 @@ def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[st
         v = games.game(gid)
         disputes.append({
             "game_id": gid, "defender_slot": d.defender_slot, "challenger": d.challenger, "kind": d.kind.name,
-            "bond": d.bond, "active": d.active, "phase": v.phase.name,
+            "bond": d.bond, "bond_posted": int(ev.args["bond"]), "active": d.active, "phase": v.phase.name,
             "winner": v.winner if v.phase == Phase.RESOLVED else None,
         })
     return {
-        "job_id": job_id, "status": job.status.name, "client": job.client,
+        "job_id": job_id, "status": job.status.name, "client": job.client, "token": tok.as_dict(),
         "spec_hash": _hex(s.spec_hash), "num_steps": s.num_steps, "num_nodes": s.num_nodes, "arity": s.arity,
         "reward": s.reward, "reward_held": job.reward_held, "trainer_stake": s.trainer_stake,
         "min_challenge_bond": s.min_challenge_bond, "submission_deadline": s.submission_deadline,
@@ -49,7 +52,12 @@ def dispute_status(market: Market, games: DisputeGameClient, game_id: int, now: 
     for name, _ in games.history(game_id):
         counts[name] = counts.get(name, 0) + 1
     elapsed = max(0, now - v.turn_started_at)
+    tok = token_info(market.w3, market.artifacts, market.job(d.job_id).spec.token)
+    # `bond` is what the market still holds (0 once settled); the event keeps what was posted
+    posted = next((int(ev.args["bond"]) for ev in market.logs("DisputeOpened", 0) if int(ev.args["gameId"]) == game_id),
+                  d.bond)
     return {
+        "token": tok.as_dict(), "bond_posted": posted,
         "game_id": game_id, "job_id": d.job_id, "kind": d.kind.name, "bond": d.bond, "active": d.active,
         "defender": v.defender, "challenger": v.challenger, "phase": v.phase.name,
         "level": v.phase.level if v.phase not in (Phase.NONE, Phase.RESOLVED) else None,
@@ -64,28 +72,38 @@ def dispute_status(market: Market, games: DisputeGameClient, game_id: int, now: 
 
 
 def format_job(st: dict[str, Any]) -> str:
+    t = st["token"]
+    tok = TokenInfo(t["address"], t["symbol"], t["decimals"])
+    u = tok.format
+    paid_in = "ETH" if tok.is_eth else f"{tok.symbol} ({tok.address}" + (
+        f", {tok.decimals} decimals)" if tok.decimals is not None else ", no decimals(): raw units)")
     lines = [f"job {st['job_id']}: {st['status']}  client {st['client']}",
              f"  spec {st['spec_hash']}  {st['num_steps']} steps, {st['num_nodes']} nodes, arity {st['arity']}",
-             (f"  reward {st['reward']} (held {st['reward_held']}), stake {st['trainer_stake']}, "
-              f"min bond {st['min_challenge_bond']}"),
+             f"  paid in {paid_in}",
+             (f"  reward {u(st['reward'])} (held {u(st['reward_held'])}), stake {u(st['trainer_stake'])}, "
+              f"min bond {u(st['min_challenge_bond'])}"),
              (f"  submission deadline {st['submission_deadline']}, challenge deadline {st['challenge_deadline']}, "
               f"clock {st['clock_seconds']} s"),
              f"  accepted result {st['accepted_result']}", "",
              f"  {'slot':<5}{'trainer':<44}{'status':<11}{'stake held':>22}  result"]
     for s in st["slots"]:
-        lines.append(f"  {s['slot']:<5}{s['trainer']:<44}{s['status']:<11}{s['stake_held']:>22}  {s['result'][:18]}...")
+        lines.append(f"  {s['slot']:<5}{s['trainer']:<44}{s['status']:<11}{u(s['stake_held']):>22}  "
+                     f"{s['result'][:18]}...")
     if st["disputes"]:
-        lines += ["", f"  {'game':<6}{'slot':<6}{'kind':<9}{'challenger':<44}{'phase':<11}{'active':<8}winner"]
+        lines += ["", (f"  {'game':<6}{'slot':<6}{'kind':<9}{'challenger':<44}{'phase':<11}{'active':<8}"
+                       f"{'bond posted':>22}  winner")]
         for d in st["disputes"]:
             lines.append(f"  {d['game_id']:<6}{d['defender_slot']:<6}{d['kind']:<9}{d['challenger']:<44}"
-                         f"{d['phase']:<11}{d['active']!s:<8}{d['winner'] or '-'}")
+                         f"{d['phase']:<11}{d['active']!s:<8}{u(d['bond_posted']):>22}  {d['winner'] or '-'}")
     return "\n".join(lines)
 
 
 def format_dispute(st: dict[str, Any]) -> str:
     iv = st["interval"]
+    t = st["token"]
+    bond = TokenInfo(t["address"], t["symbol"], t["decimals"]).format(st["bond_posted"])
     lines = [
-        f"game {st['game_id']} (job {st['job_id']}, {st['kind']}, bond {st['bond']}): {st['phase']}",
+        f"game {st['game_id']} (job {st['job_id']}, {st['kind']}, bond {bond}): {st['phase']}",
         f"  defender   {st['defender']}  clock left {st['defender_clock_left']} s",
         f"  challenger {st['challenger']}  clock left {st['challenger_clock_left']} s",
     ]

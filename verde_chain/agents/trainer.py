@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
-from verde_chain.agents.errors import AgentError
+from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.strategies import Plan, train, trainer_plan
 from verde_chain.agents.wallet import retry
 from verde_chain.chain.market import JobStatus, MarketError, SlotStatus
@@ -88,13 +88,16 @@ class TrainerBot(Bot):
                 self.store.update_job(job_id, state="skipped", reason="could not join")
                 return False
             try:
-                self.sender.send(self.market.contract.functions.join(job_id), "join", value=job.spec.trainer_stake)
+                self.pay(self.market.contract.functions.join(job_id), "join", job.spec.token, job.spec.trainer_stake)
+            except InsufficientFunds:
+                return False  # logged once by pay; retried each poll until funded or the deadline passes
             except ContractRevert as exc:
                 self.store.update_job(job_id, state="skipped", reason=exc.error)
                 self.log(f"job {job_id}: join refused: {exc.error}")
                 return False
             slot = self._slot(job_id)
-            self.log(f"job {job_id}: joined slot {slot}, staked {job.spec.trainer_stake} wei ({self.cfg.strategy})")
+            self.log(f"job {job_id}: joined slot {slot}, staked {self.units(job.spec.token, job.spec.trainer_stake)} "
+                     f"({self.cfg.strategy})")
             self.store.update_job(job_id, state="joined", slot=slot)
             return True
         s = retry(lambda: self.market.slot(job_id, slot))

@@ -64,7 +64,9 @@ class Sender:
     """Sends one account's transactions, recording each in the store before it is broadcast.
 
     ``crash_before_broadcast`` is a test hook: the next send stores its signed transaction and
-    then raises ``CrashInjected`` instead of broadcasting (a bot dying at the worst moment)."""
+    then raises ``CrashInjected`` instead of broadcasting (a bot dying at the worst moment). Set to
+    a kind (e.g. ``"join"``) it fires on the next send of that kind only, so a test can let an
+    ``approve`` through and kill the bot just before the payment that needs it."""
 
     def __init__(self, w3: Web3, artifacts: Mapping[str, Artifact], acct: LocalAccount, store: Store) -> None:
         self.w3 = w3
@@ -73,7 +75,7 @@ class Sender:
         self.store = store
         self.address = acct.address
         self.chain_id = retry(lambda: w3.eth.chain_id)
-        self.crash_before_broadcast = False
+        self.crash_before_broadcast: bool | str = False
 
     def recover(self) -> list[int]:
         """Settle every open row; returns the ids of rows dropped (never seen by the node)."""
@@ -129,7 +131,7 @@ class Sender:
         signed = self.acct.sign_transaction(tx)
         tx_hash = "0x" + bytes(signed.hash).hex()
         row = self.store.add_tx(self.address, nonce, kind, bytes(signed.raw_transaction), tx_hash, game_id, level)
-        if self.crash_before_broadcast:
+        if self.crash_before_broadcast is True or self.crash_before_broadcast == kind:
             self.crash_before_broadcast = False
             raise CrashInjected("crash injected after signing, before broadcast", tx_hash=tx_hash)
         try:

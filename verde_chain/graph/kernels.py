@@ -5,6 +5,8 @@
                  interpreter for every other program. If the extension cannot be built here
                  (no compiler, ...), the runner says so once on stderr and uses "reference".
     "reference"  the numpy reference (``verde_chain/repops/reference.py``).
+    "cuda"       the CUDA backend (``verde_chain/repops/backend_cuda.py``): whole steps on a
+                 device-resident arena; raises ``CudaUnavailable`` at the first node without CUDA.
     other names  a backend registered in ``verde_chain.repops.ops.BACKENDS``; it may return None
                  for a descriptor it does not handle, and the reference runs it.
 
@@ -56,6 +58,13 @@ def make_runner(backend: str = DEFAULT_BACKEND, threads: int | None = None) -> R
         raise GraphError(
             f"no RepOps backend {backend!r}; known: 'cpp', 'reference' and registered {sorted(ops.BACKENDS)}"
         )
+    if backend == "cuda":
+        from verde_chain.repops import backend_cuda
+
+        if fn is ops._cuda_backend or fn is backend_cuda.backend:
+            # the CUDA backend's runner also offers compile_step (whole steps on a device arena);
+            # built on first use, so without CUDA the error still comes at the first node
+            return backend_cuda.CudaRunner()
 
     def run(desc: KernelDesc, ins: list[np.ndarray]) -> np.ndarray:
         out = fn(desc, ins)

@@ -635,6 +635,17 @@ _ALIGN = 16
 _NODE, _PREV, _BATCH = 0, 1, 2  # graph.structure.SourceKind values: node, previous step, batch
 
 
+def arena_layout(numels: Sequence[int]) -> tuple[list[int], int]:
+    """(offset of every node output, arena size) of a whole-step arena: node outputs in order, each
+    on a 64-byte boundary. Every backend's step kernel uses this one layout, so the executor
+    hashes any arena the same way."""
+    offsets, off = [], 0
+    for n in numels:
+        offsets.append(off)
+        off += -(-n // _ALIGN) * _ALIGN
+    return offsets, max(off, 1)
+
+
 class StepKernel:
     """Every node of a training step in ONE call into C++ (``StepPlan`` in
     ``kernels/repops_cpu.cpp``): the same kernels as ``CppBackend.__call__`` per node (GEMM, fold,
@@ -651,11 +662,7 @@ class StepKernel:
                  producers: Sequence[int], batch_numel: int) -> None:
         self.backend = backend
         self.numels = [d.numel for d in descs]
-        self.offsets, off = [], 0
-        for n in self.numels:
-            self.offsets.append(off)
-            off += -(-n // _ALIGN) * _ALIGN
-        self.arena_numel = max(off, 1)
+        self.offsets, self.arena_numel = arena_layout(self.numels)
         self.offsets_arr, self.numels_arr = np.array(self.offsets, dtype=np.int64), np.array(self.numels, dtype=np.int64)
         self.batch_numel = batch_numel
         self.producers = list(producers)
