@@ -1,7 +1,7 @@
 """Training-step cost of RepOps vs plain torch eager FP32, commitment share, dispute-time table.
 
     .venv/bin/python scripts/bench_training.py [--threads 1] [--steps 30] [--backend cpp]
-                                               [--T 1000] [--k 16] [--interval 50]
+                                               [--T 1000] [--k 16] [--interval 100]
                                                [--configs ...] [--json]
 
 1. Step time, per example (digits MLP, tiny transformer, and digits-wide: the MLP with a
@@ -14,9 +14,9 @@
    ``ratio_run/torch``; goal <= 1.5x). Medians over ``--steps`` steps after warm-up, all measured
    in this process.
 2. Commitment share at the default checkpoint interval (``--interval``, default
-   ``DEFAULT_CHECKPOINT_INTERVAL`` = 50, what ``verde-chain train`` uses): time in tensor
+   ``DEFAULT_CHECKPOINT_INTERVAL`` = 100, what ``verde-chain train`` uses): time in tensor
    roots, node hashes, step commitments and checkpoint writes over that run. Goal <= 5%. A
-   second table gives the same for ``--share-intervals`` (default 20 and 100).
+   second table gives the same for ``--share-intervals`` (default 20 and 50).
 3. Dispute-time table: steps a trainer re-executes to answer every request of a full L1
    (step-level) bisection over T steps with k-ary rounds (``verde_chain/game/rules.py``, the
    twin of ``contracts/lib/Bisection.sol``), and the storage it keeps, for checkpoint intervals
@@ -293,7 +293,7 @@ def main() -> None:
     p.add_argument("--interval", type=int, default=ex.DEFAULT_CHECKPOINT_INTERVAL,
                    help="checkpoint interval of the commitment-share run")
     p.add_argument("--run-steps", type=int, default=1000, help="steps of the runs that measure the commitment share")
-    p.add_argument("--share-intervals", type=int, nargs="*", default=[20, 100],
+    p.add_argument("--share-intervals", type=int, nargs="*", default=[20, 50],
                    help="further checkpoint intervals for the commitment-share table")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--json", action="store_true")
