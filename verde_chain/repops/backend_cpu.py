@@ -723,7 +723,7 @@ class StepKernel:
 
     def run(self, prev_arena: np.ndarray, batch: np.ndarray) -> np.ndarray:
         threads = torch.get_num_threads() if self.backend.threads is None else self.backend.threads
-        prev = torch.from_numpy(prev_arena)
+        prev = torch.from_numpy(_writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(_writable(batch))
         times = None if self.node_times is None else torch.from_numpy(self.node_times)
         return self._plan.run(prev, b, threads, times).numpy()
