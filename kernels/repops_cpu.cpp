@@ -656,6 +656,79 @@ torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op,
 }
 
 // ----------------------------------------------------------------------------------------
+// Scatter-add (embedding backward, spec.scatter_add): out[v, d] = the spec's chain over p = 0..P-1
+//   acc = idx[0] == v ? g[0, d] : +0;  acc = acc + (idx[p] == v ? g[p, d] : +0)  for p ascending
+// computed in O(P*R + V*R) instead of the interpreter's O(P*V*R), with the same bits:
+// positions are bucketed by row (ascending p within a row); a row adds its matching g rows in
+// order, and a run of one or more misses between (or after) them is one "+ +0", which only turns
+// an accumulated -0 into +0 (x + +0 == x otherwise; NaN stays NaN and is canonicalised at the end).
+// Row v matches p iff idx[p] == fl32(v) as binary32 EQ does: idx integral (-0 counts as 0) and in
+// [0, V); the caller guarantees V <= 2^24, so fl32(v) == v for every row.
+// ----------------------------------------------------------------------------------------
+
+void scatter_rows_into(const float* G, const float* IDX, int64_t P, int64_t R, int64_t V, float* O, int64_t threads) {
+    std::vector<int64_t> start(V + 1, 0), pos(P);
+    std::vector<int64_t> row_of(P);
+    for (int64_t p = 0; p < P; p++) {
+        const float x = IDX[p];
+        int64_t v = -1;
+        if (x >= 0.0f && x < (float)V && std::floor(x) == x) v = (int64_t)x;
+        row_of[p] = v;
+        if (v >= 0) start[v + 1]++;
+    }
+    for (int64_t v = 0; v < V; v++) start[v + 1] += start[v];
+    {
+        std::vector<int64_t> fill(start.begin(), start.end() - 1);
+        for (int64_t p = 0; p < P; p++)
+            if (row_of[p] >= 0) pos[fill[row_of[p]]++] = p;  // ascending p within each row
+    }
+    constexpr int64_t ROWS_PER_ITEM = 16;
+    if (P * R < (1 << 16)) threads = 1;
+    parallel_items(ceil_div(V, ROWS_PER_ITEM), threads, [&](int64_t item, int64_t) {
+        const int64_t v1 = std::min(V, (item + 1) * ROWS_PER_ITEM);
+        for (int64_t v = item * ROWS_PER_ITEM; v < v1; v++) {
+            float* o = O + v * R;
+            const int64_t* ps = pos.data() + start[v];
+            const int64_t m = start[v + 1] - start[v];
+            // k = 0: the first term itself if p = 0 matches, else +0; then the later matches
+            auto chain = [&](auto load, auto store, auto add, auto zero, int64_t d) {
+                auto acc = (m > 0 && ps[0] == 0) ? load(0, d) : zero();
+                int64_t last = 0;
+                for (int64_t i = (m > 0 && ps[0] == 0) ? 1 : 0; i < m; i++) {
+                    if (ps[i] > last + 1) acc = add(acc, zero());  // the misses in (last, p_i)
+                    acc = add(acc, load(ps[i], d));
+                    last = ps[i];
+                }
+                if (last < P - 1) acc = add(acc, zero());  // misses after the last match
+                store(d, acc);
+            };
+            int64_t d = 0;
+            for (; d + W <= R; d += W)
+                chain([&](int64_t p, int64_t dd) { return vload(G + p * R + dd); },
+                      [&](int64_t dd, Vec a) { vstore(o + dd, vcanon(a)); },
+                      [](Vec a, Vec b) { return vadd(a, b); }, [] { return vbcast(0.0f); }, d);
+            for (; d < R; d++)
+                chain([&](int64_t p, int64_t dd) { return G[p * R + dd]; },
+                      [&](int64_t dd, float a) { o[dd] = canon(a); },
+                      [](float a, float b) { return a + b; }, [] { return 0.0f; }, d);
+        }
+    });
+}
+
+torch::Tensor scatter_rows(const torch::Tensor& g, const torch::Tensor& idx, int64_t V, int64_t threads) {
+    check_f32_cpu(g, "g");
+    check_f32_cpu(idx, "idx");
+    TORCH_CHECK(g.dim() == 2 && idx.dim() == 1 && g.size(0) == idx.size(0) && g.size(0) >= 1,
+                "scatter_rows takes g (P, R) and idx (P,)");
+    TORCH_CHECK(g.is_contiguous() && idx.is_contiguous(), "scatter_rows takes contiguous tensors");
+    TORCH_CHECK(V >= 1 && V <= (1 << 24), "scatter_rows needs 1 <= V <= 2^24 rows");
+    torch::Tensor out = torch::empty({V, g.size(1)}, g.options());
+    scatter_rows_into(g.data_ptr<float>(), idx.data_ptr<float>(), g.size(0), g.size(1), V, out.data_ptr<float>(),
+                      threads);
+    return out;
+}
+
+// ----------------------------------------------------------------------------------------
 // Generic KernelDesc interpreter: any RepOps scalar program (verde_chain/repops/program.py),
 // run on blocks of BLOCK output elements. Registers are BLOCK-lane arrays of raw bit patterns;
 // every instruction is one loop over the lanes (which the compiler vectorises), and the loop
@@ -1138,7 +1211,7 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
 // nodes of a few thousand elements. Every address a node can touch is checked when it is added.
 // ----------------------------------------------------------------------------------------
 
-enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4 };
+enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5 };
 enum Buffer : int64_t { BUF_ARENA = 0, BUF_PREV = 1, BUF_BATCH = 2 };
 using JitFn = void (*)(const void* const*, uint32_t*, int64_t, int64_t);
 
@@ -1244,6 +1317,20 @@ class StepPlan {
         nodes_.push_back(std::move(nd));
     }
 
+    // A scatter-add node (spec.scatter_add, see scatter_rows_into): refs (g of P*R, idx of P).
+    void add_scatter(const torch::Tensor& refs, int64_t out_offset, int64_t P, int64_t R, int64_t V) {
+        PlanNode nd;
+        nd.kind = NK_SCATTER;
+        nd.ins = read_refs(refs);
+        TORCH_CHECK(P >= 1 && R >= 1 && V >= 1 && V <= (1 << 24), "bad scatter geometry");
+        set_out(nd, out_offset, V * R);
+        TORCH_CHECK(nd.ins.size() == 2 && nd.ins[0].numel == P * R && nd.ins[1].numel == P,
+                    "scatter inputs must be g (P*R elements) and idx (P)");
+        nd.R = R;
+        nd.Kr = P;
+        nodes_.push_back(std::move(nd));
+    }
+
     // A compiled map (backend_cpu.jit_source): input t is read at lin[t] = (offset, stride) as
     // offset + e*stride for e < numel. fn_addr is the map's address (the library stays loaded
     // by functools.cache in Python; the plan's owner keeps a reference too).
@@ -1309,6 +1396,10 @@ class StepPlan {
                 case NK_BINARY:
                     binary_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
                                 out, nd.out_numel, nd.op, threads);
+                    break;
+                case NK_SCATTER:
+                    scatter_rows_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
+                                      nd.Kr, nd.R, nd.out_numel / nd.R, out, threads);
                     break;
                 default: run_jit(nd, data, out_bits, threads); break;
             }
@@ -1427,6 +1518,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("op"), pybind11::arg("threads"));
     m.def("binary", &binary, "elementwise IEEE op with canonical NaN", pybind11::arg("a"), pybind11::arg("b"),
           pybind11::arg("op"), pybind11::arg("threads"));
+    m.def("scatter_rows", &scatter_rows, "scatter-add of rows in the spec's order", pybind11::arg("g"),
+          pybind11::arg("idx"), pybind11::arg("V"), pybind11::arg("threads"));
     m.def("run_program", &run_program, "run any KernelDesc program (generic interpreter)", pybind11::arg("inputs"),
           pybind11::arg("maps"), pybind11::arg("out_shape"), pybind11::arg("K"), pybind11::arg("prologue"),
           pybind11::arg("body"), pybind11::arg("epilogue"), pybind11::arg("r0_init"), pybind11::arg("threads"));
@@ -1439,6 +1532,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def("add_fold", &StepPlan::add_fold)
         .def("add_binary", &StepPlan::add_binary)
         .def("add_jit", &StepPlan::add_jit)
+        .def("add_scatter", &StepPlan::add_scatter)
         .def("__len__", &StepPlan::size)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -126,7 +126,7 @@ def test_transformer_every_kernel_kind_and_every_isa_and_thread_count(transforme
     graph = job.program.graph
     backend = CppBackend(threads=1)
     kinds = {backend.path(n.desc) for n in graph.nodes}
-    assert kinds == {"dot", "fold", "binary", "jit", "program"}  # every node kind of the plan is exercised
+    assert kinds == {"dot", "fold", "binary", "scatter", "jit", "program"}  # every node kind of the plan
     base = run_steps(graph, job.init_state, job.batch, node_by_node(backend))
     for isa in ck.available_isas():
         for threads in (1, 2):
@@ -209,3 +209,76 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
         plan.run(torch.zeros(64), torch.zeros(16, dtype=torch.float64), 1)
     prev, batch = torch.arange(64, dtype=torch.float32), torch.full((16,), 2.0)
     assert torch.equal(plan.run(prev, batch, 1)[:8], prev[:8] * 2.0)
+
+
+# ----------------------------------------------------------------------------- scatter-add
+
+
+def _scatter_case(P: int, row: tuple[int, ...], V: int, seed: int) -> tuple[KernelDesc, list[np.ndarray]]:
+    """spec.scatter_add with indices that hit, miss (out of range, negative, non-integral, NaN,
+    -0 which matches row 0), repeat, and gradients full of ±0 / NaN / ±inf."""
+    from verde_chain.repops import spec
+    from verde_chain.repops.edges import edge_array
+
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, V, P).astype(np.float32)
+    odd = np.array([-0.0, -1.0, float(V), V + 3.0, 0.5, np.nan, np.inf], dtype=np.float32)
+    pick = rng.random(P) < 0.3
+    idx[pick] = rng.choice(odd, int(pick.sum()))
+    g = edge_array((P, *row), seed + 1, frac=0.4)
+    zeros = rng.random(g.shape) < 0.2  # many signed zeros: the -0 / +0 rule of the chain
+    g[zeros] = np.where(rng.random(int(zeros.sum())) < 0.5, np.float32(-0.0), np.float32(0.0))
+    flat = g.reshape(P, -1)
+    flat[:, 0] = -0.0  # a column of -0 stays -0 until a miss adds +0: the rule the kernel must keep
+    if P > 2:
+        idx[-1] = idx[0] = 0.0  # row 0 matched first and last (no trailing miss) ...
+        idx[1] = -1.0  # ... with a miss between
+    return spec.scatter_add(P, row, V), [g.reshape(-1), idx]
+
+
+@pytest.mark.parametrize("P,row,V", [(1, (3,), 4), (2, (1,), 1), (7, (5,), 3), (40, (33,), 6), (128, (4, 8), 38), (300, (17,), 50)])
+def test_scatter_add_kernel_equals_the_reference(P: int, row: tuple[int, ...], V: int) -> None:
+    from verde_chain.repops import reference
+
+    for seed in range(3):
+        desc, ins = _scatter_case(P, row, V, 10 * seed + P)
+        expected = bits(reference.run(desc, ins))
+        for isa in ck.available_isas():
+            backend = CppBackend(isa=isa, threads=2)
+            assert backend.path(desc) == "scatter"
+            assert np.array_equal(bits(backend(desc, ins)), expected), (isa, seed)
+
+
+def test_scatter_add_in_the_step_plan_equals_the_interpreter(transformer) -> None:  # type: ignore[no-untyped-def]
+    """The transformer's embedding backward runs on the scatter kernel in the whole-step plan and
+    gives the interpreter's bits (the same graph with the scatter plan turned off)."""
+    import verde_chain.repops.backend_cpu as bc
+
+    job = transformer
+    graph = job.program.graph
+    scatter_nodes = [n for n in graph.nodes if CppBackend(threads=1).path(n.desc) == "scatter"]
+    assert scatter_nodes, "the transformer has an embedding backward"
+    fused = run_steps(graph, job.init_state, job.batch, CppBackend(threads=1))
+    orig = bc._is_scatter_add
+    bc._is_scatter_add = lambda desc: False
+    try:
+        interpreted_backend = CppBackend(threads=1)
+        assert interpreted_backend.path(scatter_nodes[0].desc) == "program"
+        assert_same_steps(fused, run_steps(graph, job.init_state, job.batch, interpreted_backend))
+    finally:
+        bc._is_scatter_add = orig
+
+
+def test_a_scatter_lookalike_with_other_maps_stays_on_the_interpreter() -> None:
+    """Only spec.scatter_add's exact program and maps take the kernel."""
+    import dataclasses as dc
+
+    from verde_chain.repops import reference
+
+    desc, ins = _scatter_case(9, (4,), 5, 3)
+    shifted = dc.replace(desc, inputs=(dc.replace(desc.inputs[0], offset=0), dc.replace(desc.inputs[1], numel=10)))
+    assert CppBackend(threads=1).path(shifted) == "program"
+    other_body = dc.replace(desc, body=desc.body[:-1] + (dc.replace(desc.body[-1], b=5),))
+    assert CppBackend(threads=1).path(other_body) == "program"
+    ins2 = [ins[0], np.concatenate([ins[1], np.zeros(1, np.float32)])]
+    assert np.array_equal(bits(CppBackend(threads=1)(shifted, ins2)), bits(reference.run(shifted, ins2)))

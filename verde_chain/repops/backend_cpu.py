@@ -10,6 +10,8 @@ Every node is classified by the STRUCTURE of its program and planned once (cache
            body      LOAD x<-X; ADD|MAX|MIN r0 = r0 (op) x           then the epilogue (mean's /K)
     binary LOAD r0<-A; LOAD r1<-B; ADD|SUB|MUL|DIV|MAX|MIN       -> vector binary kernel
            (K = 1, both inputs laid out exactly like the output)
+    scatter exactly spec.scatter_add's program and maps           -> bucketed scatter-add, O(P*R +
+           (embedding backward; at most 2^24 rows)                  V*R) instead of O(P*V*R)
     jit    any other map (K = 1) over linear input maps, with    -> generated SIMD C, compiled
            >= 8 instructions or >= 64k elements                     once per program (see
                                                                      "map codegen" below)
@@ -108,7 +110,7 @@ def _is_load(ins: Instr, dst: int | None = None) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "dot" | "fold" | "binary" | "program"
+    kind: str  # "dot" | "fold" | "binary" | "scatter" | "program"
     slots: tuple[int, ...] = ()  # input slots the fast kernel reads
     op: str = ""  # fold: sum/max/min; binary: add/sub/...
     # dot / fold: torch views (size, stride, offset) of the fast kernel's operands, built from
@@ -155,9 +157,28 @@ def _dot_plan(desc: KernelDesc, sa: int, sb: int) -> Plan | None:
     return Plan("dot", (sa, sb), views=(a_view, b_view), shapes=((nb, M, K), (nb, K, N)))
 
 
+# Rows a scatter-add kernel handles: row v is matched by EQ(idx, fl32(v)), exact up to 2^24.
+MAX_SCATTER_ROWS = 1 << 24
+
+
+def _is_scatter_add(desc: KernelDesc) -> bool:
+    """The node is ``spec.scatter_add`` (embedding backward) exactly: the program and maps the
+    spec builds for its shape, so the scatter kernel computes the very same chain."""
+    if len(desc.out_shape) < 1 or len(desc.inputs) != 2 or not 1 <= desc.out_shape[0] <= MAX_SCATTER_ROWS:
+        return False
+    from verde_chain.repops import spec
+
+    ref = spec.scatter_add(desc.K, desc.out_shape[1:], desc.out_shape[0])
+    return (ref.out_shape, ref.K, ref.inputs, ref.prologue, ref.body, ref.epilogue) == (
+        desc.out_shape, desc.K, desc.inputs, desc.prologue, desc.body, desc.epilogue
+    )
+
+
 def _plan(desc: KernelDesc) -> Plan:
     if any(s < 0 for m in desc.inputs for s in (*m.strides, m.kstride)):
         return Plan("program")
+    if _is_scatter_add(desc):
+        return Plan("scatter", (0, 1))
     epi_ok = live_in(desc.epilogue) <= {0}
     dot = _match_dot(desc)
     if dot is not None and epi_ok:
@@ -523,7 +544,7 @@ class CppBackend:
         return self._prepare(desc).plan
 
     def path(self, desc: KernelDesc) -> str:
-        """Which code runs ``desc``: dot | fold | binary | jit | program (the interpreter)."""
+        """Which code runs ``desc``: dot | fold | binary | scatter | jit | program (the interpreter)."""
         prep = self._prepare(desc)
         return "jit" if prep.jit is not None else prep.plan.kind
 
@@ -588,6 +609,10 @@ class CppBackend:
         elif plan.kind == "binary":
             a, b = (torch.from_numpy(x.view(np.float32)) for x in flat)
             out = ck.binary(plan.op, a, b, isa=self.isa, threads=self.threads).reshape(-1)
+        elif plan.kind == "scatter":
+            g, idx = (torch.from_numpy(x.view(np.float32)) for x in flat)
+            threads = torch.get_num_threads() if self.threads is None else self.threads
+            out = self._ext.scatter_rows(g.reshape(desc.K, -1), idx, desc.out_shape[0], threads).reshape(-1)
         else:
             out = self._program(desc, flat, prep)
         return out.numpy().view(np.float32).reshape(desc.out_shape)
@@ -712,6 +737,9 @@ class StepKernel:
                 return
         elif plan.kind == "binary":
             self._plan.add_binary(refs, out, desc.numel, ck.BINARY_OPS[plan.op])
+            return
+        elif plan.kind == "scatter":
+            self._plan.add_scatter(refs, out, desc.K, desc.numel // desc.out_shape[0], desc.out_shape[0])
             return
         self._plan.add_program(refs, *code)
 
