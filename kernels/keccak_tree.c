@@ -388,12 +388,16 @@ X8_TARGET static inline __attribute__((always_inline)) void keccak_f1600_x8(u64x
     KECCAK_PERMUTE(u64x8, ROL, st);
 }
 
+X8_TARGET static void hash_leaf_x8(const uint32_t* const chunks[8], uint8_t* out) {
+    HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, chunks, out);
+}
+
 /* Leaves i .. i+7 of a tensor (as tensor_leaves_x4). */
 X8_TARGET static void tensor_leaves_x8(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
     uint32_t pad[LEAF_ELEMS];
     const uint32_t* chunks[8];
     leaf_chunks(elems, n, i, 8, pad, chunks);
-    HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, chunks, out);
+    hash_leaf_x8(chunks, out);
 }
 
 X8_TARGET static void hash_pairs_x8(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, in, out); }
@@ -760,12 +764,93 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
 /* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i].
  * A step commits every node output, most of them a few thousand elements: one call for all of
  * them saves the per-call cost that dominated small tensors. Large tensors still use threads. */
-int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
-    for (size_t i = 0; i < n; i++) {
-        int rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
-        if (rc != 0) return rc;
+/* One leaf of one tensor, and where its hash goes. */
+typedef struct {
+    const uint32_t* elems;
+    size_t n;
+    size_t leaf;
+    uint8_t* out;
+} leaf_job_t;
+
+/* The leaves of many small tensors, eight (or four) per permutation ACROSS tensor boundaries: a
+ * step's node outputs are mostly a few leaves each, too few to fill the lanes one tensor at a
+ * time (a one-leaf tensor alone would take four scalar permutations). */
+static void hash_leaf_jobs(const leaf_job_t* jobs, size_t count) {
+    uint32_t pad[8][LEAF_ELEMS];
+    const uint32_t* chunks[8];
+    uint8_t outs[8 * 32];
+    size_t i = 0;
+    int lanes = 4;
+#if KECCAK_HAVE_X8
+    if (vector8_keccak_ok()) lanes = 8;
+#endif
+    for (; lanes >= 4; lanes -= 4) {
+        for (; i + (size_t)lanes <= count; i += (size_t)lanes) {
+            for (int w = 0; w < lanes; w++) leaf_chunks(jobs[i + w].elems, jobs[i + w].n, jobs[i + w].leaf, 1, pad[w], &chunks[w]);
+#if KECCAK_HAVE_X8
+            if (lanes == 8)
+                hash_leaf_x8(chunks, outs);
+            else
+#endif
+                hash_leaf_x4(chunks, outs);
+            for (int w = 0; w < lanes; w++) memcpy(jobs[i + w].out, outs + 32 * w, 32);
+        }
     }
-    return 0;
+    for (; i < count; i++) tensor_leaf(jobs[i].elems, jobs[i].n, jobs[i].leaf, jobs[i].out);
+}
+
+int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
+    /* Small trees (at most BLOCK_LEAVES leaves): all their leaves hashed together, then each
+     * tree's levels in place (an odd level completed with ZERO_l). Larger ones: tensor_root. */
+    size_t n_small_leaves = 0, slots = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (numels[i] == 0) return -1;
+        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        if (nl <= BLOCK_LEAVES) {
+            n_small_leaves += nl;
+            slots += nl + 1; /* room for a level's ZERO padding */
+        }
+    }
+    pthread_once(&ZERO_ONCE, init_zero_hashes);
+    uint8_t* buf = (uint8_t*)malloc(32 * (slots ? slots : 1));
+    leaf_job_t* jobs = (leaf_job_t*)calloc(n_small_leaves ? n_small_leaves : 1, sizeof(leaf_job_t));
+    if (!buf || !jobs) {
+        free(buf);
+        free(jobs);
+        return -2;
+    }
+    size_t k = 0, off = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        if (nl > BLOCK_LEAVES) continue;
+        for (size_t l = 0; l < nl; l++) {
+            leaf_job_t job = {elems[i], numels[i], l, buf + 32 * (off + l)};
+            jobs[k++] = job;
+        }
+        off += nl + 1;
+    }
+    hash_leaf_jobs(jobs, k);
+    int rc = 0;
+    off = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        if (nl > BLOCK_LEAVES) {
+            rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
+            continue;
+        }
+        uint8_t* t = buf + 32 * off;
+        size_t count = nl;
+        for (int l = 0, depth = depth_for(nl); l < depth; l++) {
+            if (count & 1) memcpy(t + 32 * count++, ZERO_HASHES[l], 32);
+            hash_level_run(t, count / 2);
+            count /= 2;
+        }
+        memcpy(roots + 32 * i, t, 32);
+        off += nl + 1;
+    }
+    free(buf);
+    free(jobs);
+    return rc;
 }
 
 static void put_word(uint8_t* p, uint64_t x) {

@@ -385,9 +385,61 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 //    the B block together (one NR panel per item), then take mc-row blocks of the output
 //    against the shared packed B. Packing B once per block, not once per thread, matters: with
 //    per-thread packing, narrow blocks made packing cost more than the FMAs.
+// Small GEMMs (a transformer block's 16-64-wide matrices): the blocked path's 12x32 tiles and
+// packing cost more than the FMAs there. Rows are computed directly instead: B packed once per
+// batch as [K][Np] (Np = N rounded up to W lanes, zero-padded), then for ROWS output rows at a
+// time and W columns per vector, acc = a[i,0] * b[0,j] (one rounded multiply) and
+// acc = fma(a[i,k], b[k,j], acc) for k = 1 .. K-1 ascending: the same chain per element.
+constexpr int64_t SMALL_GEMM_MAX_N = 128;
+constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
+
+template <int ROWS>
+inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, int64_t Np, float* C, int64_t i0) {
+    for (int64_t j0 = 0; j0 < Np; j0 += W) {
+        Vec acc[ROWS];
+        const Vec b0 = vload(bp + j0);
+        for (int r = 0; r < ROWS; r++) acc[r] = vmul(vbcast(A[(i0 + r) * g.sai]), b0);
+        for (int64_t k = 1; k < g.K; k++) {
+            const Vec bk = vload(bp + k * Np + j0);
+            for (int r = 0; r < ROWS; r++) acc[r] = vfma(vbcast(A[(i0 + r) * g.sai + k * g.sak]), bk, acc[r]);
+        }
+        const int64_t cols = std::min<int64_t>(W, g.N - j0);
+        for (int r = 0; r < ROWS; r++) {
+            float* c = C + (i0 + r) * g.N + j0;
+            if (cols == W) {
+                vstore(c, vcanon(acc[r]));
+            } else {
+                alignas(64) float tmp[W];
+                vstore(tmp, vcanon(acc[r]));
+                std::memcpy(c, tmp, sizeof(float) * cols);
+            }
+        }
+    }
+}
+
+void gemm_small(const GemmArgs& g, int64_t threads) {
+    const int64_t Np = round_up(g.N, W);
+    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) {
+        thread_local std::vector<float> bpack;
+        bpack.assign(g.K * Np, 0.0f);
+        const float* A = g.a_at(bi);
+        const float* B = g.b_at(bi);
+        float* C = g.C + bi * g.M * g.N;
+        for (int64_t k = 0; k < g.K; k++)
+            for (int64_t j = 0; j < g.N; j++) bpack[k * Np + j] = B[k * g.sbk + j * g.sbj];
+        int64_t i = 0;
+        for (; i + 4 <= g.M; i += 4) small_gemm_rows<4>(g, A, bpack.data(), Np, C, i);
+        for (; i < g.M; i++) small_gemm_rows<1>(g, A, bpack.data(), Np, C, i);
+    });
+}
+
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
     // Below ~2^20 FMAs (a few microseconds) waking a second thread costs more than it saves.
     if ((double)g.batch * (double)g.M * (double)g.N * (double)g.K < (double)(1 << 20)) threads = 1;
+    if (g.N <= SMALL_GEMM_MAX_N && g.M * g.N * g.K <= SMALL_GEMM_MAX_WORK) {
+        gemm_small(g, threads);
+        return;
+    }
     const int64_t n_nblocks = ceil_div(g.N, nc);
     const int64_t n_pairs = g.batch * n_nblocks;
     if (threads <= 1 || n_pairs >= 2 * threads) {
