@@ -340,6 +340,17 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
         SQUEEZE_LANES(st_, W, out);                                                              \
     } while (0)
 
+/* out[w] = keccak256 of the W one-block messages whose padded 136-byte blocks are blocks[w]. */
+#define HASH_BLOCKS_LANES(V, W, PERMUTE, blocks, out)                                            \
+    do {                                                                                         \
+        V st_[25];                                                                               \
+        memset(st_, 0, sizeof st_);                                                              \
+        for (int w = 0; w < (W); w++)                                                            \
+            for (int k = 0; k < RATE_LANES; k++) st_[k][w] = load_le64((blocks)[w] + 8 * k);     \
+        PERMUTE(st_);                                                                            \
+        SQUEEZE_LANES(st_, W, out);                                                              \
+    } while (0)
+
 #define SQUEEZE_LANES(st, W, out)                                                                \
     for (int w = 0; w < (W); w++)                                                                \
         for (int k = 0; k < 4; k++) store_le64((out) + 32 * w + 8 * k, (st)[k][w])
@@ -365,6 +376,11 @@ static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) { HASH_L
 
 KECCAK_X4_CLONES
 static void hash_pairs_x4(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x4, 4, permute_x4, in, out); }
+
+KECCAK_X4_CLONES
+static void hash_blocks_x4(const uint8_t* const blocks[4], uint8_t* out) {
+    HASH_BLOCKS_LANES(u64x4, 4, permute_x4, blocks, out);
+}
 
 /* Leaves i .. i+3 of a tensor (any of them may be the zero-padded last chunk). */
 static void tensor_leaves_x4(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
@@ -401,6 +417,10 @@ X8_TARGET static void tensor_leaves_x8(const uint32_t* elems, size_t n, size_t i
 }
 
 X8_TARGET static void hash_pairs_x8(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, in, out); }
+
+X8_TARGET static void hash_blocks_x8(const uint8_t* const blocks[8], uint8_t* out) {
+    HASH_BLOCKS_LANES(u64x8, 8, keccak_f1600_x8, blocks, out);
+}
 
 /* VERDE_KECCAK_LANES=4 turns the eight-lane path off (tests run the four-lane code with it). */
 static int vector8_keccak_ok(void) {
@@ -902,5 +922,31 @@ int node_hashes(const uint8_t* table, size_t n_table, const uint8_t* desc, const
 /* out[32 i] = keccak256(msgs[len * i .. len * (i + 1))) for i < n: many short messages of one
  * length in one call (the batch schedule hashes one 48-byte key per sample and epoch). */
 void keccak256_many(const uint8_t* msgs, size_t len, size_t n, uint8_t* out) {
-    for (size_t i = 0; i < n; i++) keccak256(msgs + len * i, len, out + 32 * i);
+    size_t i = 0;
+    if (len < RATE_BYTES) { /* one padded block each: eight (or four) messages per permutation */
+        uint8_t pad[8][RATE_BYTES];
+        const uint8_t* blocks[8];
+        int lanes = 4;
+#if KECCAK_HAVE_X8
+        if (vector8_keccak_ok()) lanes = 8;
+#endif
+        for (; lanes >= 4; lanes -= 4) {
+            for (; i + (size_t)lanes <= n; i += (size_t)lanes) {
+                for (int w = 0; w < lanes; w++) {
+                    memset(pad[w], 0, RATE_BYTES);
+                    memcpy(pad[w], msgs + len * (i + (size_t)w), len);
+                    pad[w][len] ^= 0x01;
+                    pad[w][RATE_BYTES - 1] ^= 0x80;
+                    blocks[w] = pad[w];
+                }
+#if KECCAK_HAVE_X8
+                if (lanes == 8)
+                    hash_blocks_x8(blocks, out + 32 * i);
+                else
+#endif
+                    hash_blocks_x4(blocks, out + 32 * i);
+            }
+        }
+    }
+    for (; i < n; i++) keccak256(msgs + len * i, len, out + 32 * i);
 }

@@ -79,7 +79,7 @@ def test_node_hashes_refuse_rows_outside_the_table(mode: str) -> None:
 def test_keccak_many_equals_keccak256(mode: str) -> None:
     rng = np.random.default_rng(2)
     for length in (0, 1, 48, 135, 136, 137, 300):
-        msgs = rng.integers(0, 256, (7, length), dtype=np.uint8)
+        msgs = rng.integers(0, 256, (23, length), dtype=np.uint8)  # 8 + 8 + 4 lanes and 3 alone
         assert [bytes(r) for r in native.keccak_many(msgs)] == [keccak256(m.tobytes()) for m in msgs]
     assert native.keccak_many(np.zeros((0, 48), dtype=np.uint8)).shape == (0, 32)
 
@@ -97,7 +97,7 @@ def test_epoch_permutation_is_its_definition(seed: int, epoch: int, n: int, mode
 
 def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
     """The eight-lane (AVX-512) path is chosen at run time; VERDE_KECCAK_LANES=4 forces the
-    four-lane code, which CPUs without AVX-512 run. Both must give the spec's roots."""
+    four-lane code, which CPUs without AVX-512 run. Both must give the spec's roots and keys."""
     import json
     import os
     import subprocess
@@ -108,7 +108,9 @@ def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
     code = (
         "import json, numpy as np; from verde_chain.commit import native; "
         "rng = np.random.default_rng(5); "
-        f"print(json.dumps([native.tensor_root(rng.standard_normal(n).astype(np.float32)).hex() for n in {SIZES}]))"
+        f"roots = [native.tensor_root(rng.standard_normal(n).astype(np.float32)).hex() for n in {SIZES}]; "
+        "keys = native.keccak_many(np.arange(23 * 48, dtype=np.uint32).astype(np.uint8).reshape(23, 48)); "
+        "print(json.dumps(roots + [bytes(k).hex() for k in keys]))"
     )
     roots = {}
     for lanes in ("4", "8"):
@@ -117,4 +119,29 @@ def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
         roots[lanes] = json.loads(out.stdout)
     rng = np.random.default_rng(5)
     expected = [ref_root(rng.standard_normal(n).astype(np.float32).view(np.uint32)).hex() for n in SIZES]
+    msgs = np.arange(23 * 48, dtype=np.uint32).astype(np.uint8).reshape(23, 48)
+    expected += [keccak256(m.tobytes()).hex() for m in msgs]
     assert roots["4"] == roots["8"] == expected
+
+
+def test_epoch_permutation_orders_by_the_whole_key_when_first_words_tie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path sorts by each key's first 64 bits; keys that share them (forced here) must
+    still come in (whole key, i) order, as the definition says."""
+    from verde_chain.graph import data
+
+    real = data.keccak_many
+
+    def tied(msgs: np.ndarray) -> np.ndarray:
+        out = real(msgs)
+        out[:, :8] = 0
+        out[::3, 8:16] = 0  # some keys tie on the second word too
+        return out
+
+    monkeypatch.setattr(data, "keccak_many", tied)
+    epoch_permutation.cache_clear()
+    n, seed, epoch = 40, 9, 2
+    msgs = np.array([list(seed.to_bytes(32, "big") + epoch.to_bytes(8, "big") + i.to_bytes(8, "big")) for i in range(n)],
+                    dtype=np.uint8)  # fmt: skip
+    keys = [bytes(k) for k in tied(msgs)]
+    assert epoch_permutation(seed, epoch, n).tolist() == sorted(range(n), key=lambda i: (keys[i], i))
+    epoch_permutation.cache_clear()

@@ -58,7 +58,11 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     msgs[:, 40:] = np.arange(n, dtype=">u8").view(np.uint8).reshape(n, 8)
     # one native call for all n keys; byte order of a key = order of its big-endian words
     words = keccak_many(msgs).view(">u8").reshape(n, 4)
-    return np.lexsort((np.arange(n), words[:, 3], words[:, 2], words[:, 1], words[:, 0])).astype(np.int64)
+    first = words[:, 0].astype(np.uint64)
+    order = np.argsort(first, kind="stable")
+    if np.any(first[order[1:]] == first[order[:-1]]):  # a 64-bit tie: order by the whole key, then i
+        order = np.lexsort((np.arange(n), words[:, 3], words[:, 2], words[:, 1], words[:, 0]))
+    return order.astype(np.int64)
 
 
 def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
@@ -67,9 +71,9 @@ def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
     pos = (step - 1) * batch_size + np.arange(batch_size, dtype=np.int64)
     epochs, slots = pos // n, pos % n
     out = np.empty(batch_size, dtype=np.int64)
-    for e in np.unique(epochs):  # a batch spans at most a few epochs
+    for e in range(int(epochs[0]), int(epochs[-1]) + 1):  # positions ascend: a few epochs at most
         sel = epochs == e
-        out[sel] = epoch_permutation(seed, int(e), n)[slots[sel]]
+        out[sel] = epoch_permutation(seed, e, n)[slots[sel]]
     return out
 
 
