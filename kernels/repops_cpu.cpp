@@ -33,7 +33,8 @@
 //
 // Carrying the accumulator through memory between K blocks stores it exactly (fp32), so the
 // chain for one output element is the same uninterrupted fma sequence whatever mc/kc/nc and
-// the thread count are. Only output tiles are distributed.
+// the thread count are. Only output tiles are distributed. Small GEMMs (N <= 128 and
+// M*N*K <= 2^18 per batch entry) skip the tiles: see gemm_small.
 
 #include <torch/extension.h>
 

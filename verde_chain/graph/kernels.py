@@ -58,16 +58,4 @@ def make_runner(backend: str = DEFAULT_BACKEND, threads: int | None = None) -> R
         raise GraphError(
             f"no RepOps backend {backend!r}; known: 'cpp', 'reference' and registered {sorted(ops.BACKENDS)}"
         )
-    if backend == "cuda":
-        from verde_chain.repops import backend_cuda
-
-        if fn is ops._cuda_backend or fn is backend_cuda.backend:
-            # the CUDA backend's runner also offers compile_step (whole steps on a device arena);
-            # built on first use, so without CUDA the error still comes at the first node
-            return backend_cuda.CudaRunner()
-
-    def run(desc: KernelDesc, ins: list[np.ndarray]) -> np.ndarray:
-        out = fn(desc, ins)
-        return reference.run(desc, ins) if out is None else np.asarray(out, dtype=np.float32)
-
-    return run
+    return ops.BackendRunner(fn)

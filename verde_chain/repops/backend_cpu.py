@@ -660,42 +660,51 @@ _ALIGN = 16
 _NODE, _PREV, _BATCH = 0, 1, 2  # graph.structure.SourceKind values: node, previous step, batch
 
 
-def arena_layout(numels: Sequence[int]) -> tuple[list[int], int]:
-    """(offset of every node output, arena size) of a whole-step arena: node outputs in order, each
-    on a 64-byte boundary. Every backend's step kernel uses this one layout, so the executor
-    hashes any arena the same way."""
-    offsets, off = [], 0
-    for n in numels:
-        offsets.append(off)
-        off += -(-n // _ALIGN) * _ALIGN
-    return offsets, max(off, 1)
+class ArenaLayout:
+    """Where a whole-step kernel keeps a step's node outputs: one float32 arena, node d at
+    ``offsets[d]`` (in order, each on a 64-byte boundary). Every backend's step kernel has this
+    one layout, so the executor finds and hashes any arena's slices the same way. The state a
+    step reads is the previous step's arena (the producers' slots); ``pack(tensors)`` builds one
+    from state tensors that did not come from a run (C_0, a loaded checkpoint), ``views(arena)``
+    gives the flat node outputs. ``node_times`` (profiling): when set (float64, one per node),
+    every run adds each node's seconds to it."""
 
-
-class StepKernel:
-    """Every node of a training step in ONE call into C++ (``StepPlan`` in
-    ``kernels/repops_cpu.cpp``): the same kernels as ``CppBackend.__call__`` per node (GEMM, fold,
-    binary, compiled map, interpreter), so the same bits, without the ~10-20 us of Python,
-    pybind and allocation per node that dominated small nodes.
-
-    All node outputs of a step live in one float32 arena, node d at ``offsets[d]``; the state a
-    step reads is the previous step's arena (the producers' slots), the batch is its own buffer.
-    ``run(prev_arena, batch)`` returns the new arena; ``views(arena)`` the flat node outputs;
-    ``pack(tensors)`` builds an arena from state tensors that did not come from a run (C_0, a
-    loaded checkpoint)."""
-
-    def __init__(self, backend: CppBackend, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
-                 producers: Sequence[int], batch_numel: int) -> None:
-        self.backend = backend
+    def __init__(self, descs: Sequence[KernelDesc], producers: Sequence[int], batch_numel: int) -> None:
         self.numels = [d.numel for d in descs]
-        self.offsets, self.arena_numel = arena_layout(self.numels)
+        self.offsets, off = [], 0
+        for n in self.numels:
+            self.offsets.append(off)
+            off += -(-n // _ALIGN) * _ALIGN
+        self.arena_numel = max(off, 1)
         self.offsets_arr, self.numels_arr = np.array(self.offsets, dtype=np.int64), np.array(self.numels, dtype=np.int64)
         self.batch_numel = batch_numel
         self.producers = list(producers)
         self._slices = [slice(o, o + n) for o, n in zip(self.offsets, self.numels)]
+        self.node_times: np.ndarray | None = None
+
+    def pack(self, tensors: dict[int, np.ndarray]) -> np.ndarray:
+        arena = np.zeros(self.arena_numel, dtype=np.float32)
+        for p in self.producers:
+            arena[self._slices[p]] = tensors[p]
+        return arena
+
+    def views(self, arena: np.ndarray) -> list[np.ndarray]:
+        return [arena[s] for s in self._slices]
+
+
+class StepKernel(ArenaLayout):
+    """Every node of a training step in ONE call into C++ (``StepPlan`` in
+    ``kernels/repops_cpu.cpp``): the same kernels as ``CppBackend.__call__`` per node (GEMM, fold,
+    binary, scatter, compiled map, interpreter), so the same bits, without the ~10-20 us of
+    Python, pybind and allocation per node that dominated small nodes. ``run(prev_arena, batch)``
+    returns the new arena (see :class:`ArenaLayout`)."""
+
+    def __init__(self, backend: CppBackend, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
+                 producers: Sequence[int], batch_numel: int) -> None:
+        super().__init__(descs, producers, batch_numel)
+        self.backend = backend
         self._plan = backend._ext.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ck.DEFAULT_TILE)
         self._keep: list[object] = []  # compiled maps the plan calls by address
-        # profiling: when set (float64, one per node), every run adds each node's seconds to it
-        self.node_times: np.ndarray | None = None
         for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
             self._add(d, desc, wires)
 
@@ -743,21 +752,12 @@ class StepKernel:
             return
         self._plan.add_program(refs, *code)
 
-    def pack(self, tensors: dict[int, np.ndarray]) -> np.ndarray:
-        arena = np.zeros(self.arena_numel, dtype=np.float32)
-        for p in self.producers:
-            arena[self._slices[p]] = tensors[p]
-        return arena
-
     def run(self, prev_arena: np.ndarray, batch: np.ndarray) -> np.ndarray:
         threads = torch.get_num_threads() if self.backend.threads is None else self.backend.threads
         prev = torch.from_numpy(_writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(_writable(batch))
         times = None if self.node_times is None else torch.from_numpy(self.node_times)
         return self._plan.run(prev, b, threads, times).numpy()
-
-    def views(self, arena: np.ndarray) -> list[np.ndarray]:
-        return [arena[s] for s in self._slices]
 
 
 def _grid_offsets(shape: Sequence[int], strides: Sequence[int]) -> torch.Tensor:

@@ -50,11 +50,11 @@ from verde_chain.repops.backend_cpu import (
     _BATCH,
     _NODE,
     _PREV,
+    ArenaLayout,
     BackendUnavailable,
     Plan,
     _dot_plan,
     _match_dot,
-    arena_layout,
     live_in,
 )
 from verde_chain.repops.isa import Instr
@@ -471,11 +471,11 @@ def _shares_storage(x: torch.Tensor, base: torch.Tensor) -> bool:
     return x.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
 
 
-class CudaStepKernel:
+class CudaStepKernel(ArenaLayout):
     """Every node of a training step on device tensors, with the interface of the CPU
     ``backend_cpu.StepKernel`` that ``graph.executor.StepExecutor`` drives.
 
-    Two device arenas (the CPU layout, :func:`arena_layout`) alternate as "this step" and "the
+    Two device arenas (the CPU layout, :class:`~verde_chain.repops.backend_cpu.ArenaLayout`) alternate as "this step" and "the
     previous step", plus a device batch buffer. ``run(prev_arena, batch)``:
 
     * previous state: if ``prev_arena`` is the host array this kernel's last ``run`` returned,
@@ -502,17 +502,9 @@ class CudaStepKernel:
         producers: Sequence[int],
         batch_numel: int,
     ) -> None:
+        super().__init__(descs, producers, batch_numel)
         self.backend = backend
         dev = backend.device
-        self.numels = [d.numel for d in descs]
-        self.offsets, self.arena_numel = arena_layout(self.numels)
-        self.offsets_arr = np.array(self.offsets, dtype=np.int64)
-        self.numels_arr = np.array(self.numels, dtype=np.int64)
-        self.batch_numel = batch_numel
-        self.producers = list(producers)
-        self._slices = [slice(o, o + n) for o, n in zip(self.offsets, self.numels)]
-        # profiling: when set (float64, one per node), every run adds each node's seconds to it
-        self.node_times: np.ndarray | None = None
         # zeros: the padding between slots is never written, so returned arenas are deterministic
         self._arenas = [torch.zeros(self.arena_numel, dtype=torch.int32, device=dev) for _ in range(2)]
         self._batch = torch.zeros(max(batch_numel, 1), dtype=torch.int32, device=dev)
@@ -575,15 +567,6 @@ class CudaStepKernel:
         )
         return node
 
-    def pack(self, tensors: dict[int, np.ndarray]) -> np.ndarray:
-        arena = np.zeros(self.arena_numel, dtype=np.float32)
-        for p in self.producers:
-            arena[self._slices[p]] = tensors[p]
-        return arena
-
-    def views(self, arena: np.ndarray) -> list[np.ndarray]:
-        return [arena[s] for s in self._slices]
-
     def _previous(self, prev_arena: np.ndarray) -> int:
         """The device arena holding ``prev_arena`` (uploading it unless it is still there)."""
         last = self._last
@@ -634,21 +617,16 @@ def _writable(a: np.ndarray) -> np.ndarray:
 
 
 class CudaRunner:
-    """What ``make_runner("cuda")`` should return: ``(desc, inputs) -> np.ndarray`` plus
-    ``compile_step`` (so the executor runs whole steps on the device), both on the shared
-    :func:`default_backend`, which is built on first USE: without CUDA the error comes then."""
+    """The CUDA backend as registered (``ops.BACKENDS["cuda"]``, ``make_runner("cuda")``):
+    ``(desc, inputs) -> np.ndarray`` plus ``compile_step`` (whole steps on the device), both on
+    the shared :func:`default_backend`, built on first USE: without CUDA the error comes then."""
 
     def __call__(self, desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray:
         return default_backend()(desc, inputs)
 
-    def compile_step(
-        self,
-        descs: Sequence[KernelDesc],
-        wiring: Sequence[Sequence[tuple[int, int]]],
-        producers: Sequence[int],
-        batch_numel: int,
-    ) -> CudaStepKernel:
-        return default_backend().compile_step(descs, wiring, producers, batch_numel)
+    def compile_step(self, *args: Any) -> CudaStepKernel:
+        """:meth:`CudaBackend.compile_step` of the shared backend."""
+        return default_backend().compile_step(*args)
 
 
 @functools.cache
@@ -657,10 +635,9 @@ def default_backend() -> CudaBackend:
     return CudaBackend()
 
 
-def backend(desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray:
-    """The ``ops.BACKENDS`` signature. Never returns None: without CUDA it raises
-    :class:`CudaUnavailable` (a CUDA tensor must not silently run somewhere else)."""
-    return default_backend()(desc, inputs)
+# The ``ops.BACKENDS`` entry. Never returns None: without CUDA it raises :class:`CudaUnavailable`
+# (a CUDA tensor must not silently run somewhere else).
+backend = CudaRunner()
 
 
 def register(device_type: str = "cuda") -> None:

@@ -4,7 +4,8 @@ Each function builds the operator's canonical composition (``spec.py``) and runs
 nodes on a backend chosen by ``tensor.device.type``:
 
     BACKENDS["cpu"]  = backend_cpu.backend     (C++ kernels; None -> the numpy reference)
-    BACKENDS["cuda"] = backend_cuda.backend    (CUDA kernels; raises CudaUnavailable without CUDA)
+    BACKENDS["cuda"] = backend_cuda.backend    (CUDA kernels; raises CudaUnavailable without CUDA;
+                                                offers compile_step: whole steps on the device)
     BACKENDS[...]    = register_backend(...)
 
 A backend is ``fn(desc, inputs: list[np.ndarray float32 flat]) -> np.ndarray | None``; returning
@@ -17,6 +18,7 @@ Only float32 tensors are supported; anything else raises :class:`RepOpsError` na
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -27,21 +29,31 @@ from verde_chain.repops import reference, spec
 from verde_chain.repops.program import KernelDesc
 
 Backend = Callable[[KernelDesc, list[np.ndarray]], "np.ndarray | None"]
-def _cpu_backend(desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | None:
-    """The C++ kernels (imported on first use, so importing ops never compiles anything)."""
-    from verde_chain.repops import backend_cpu
+class _Lazy:
+    """The ``backend`` of a module imported on first use (importing ops compiles nothing). Other
+    attributes the backend offers (``compile_step``: whole training steps in one call) are
+    forwarded, so whoever holds the registry entry sees them."""
 
-    return backend_cpu.backend(desc, inputs)
+    def __init__(self, module: str) -> None:
+        self._module = module
+
+    def _target(self) -> Backend:
+        return importlib.import_module(self._module).backend  # type: ignore[no-any-return]
+
+    def __call__(self, desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | None:
+        return self._target()(desc, inputs)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._target(), name)
 
 
-def _cuda_backend(desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | None:
-    """The CUDA kernels (built on first use; raises backend_cuda.CudaUnavailable without CUDA)."""
-    from verde_chain.repops import backend_cuda
-
-    return backend_cuda.backend(desc, inputs)
-
-
-BACKENDS: dict[str, Backend] = {"cpu": _cpu_backend, "cuda": _cuda_backend}
+# "cpu": the C++ kernels (None -> the reference); "cuda": raises CudaUnavailable without CUDA
+BACKENDS: dict[str, Backend] = {
+    "cpu": _Lazy("verde_chain.repops.backend_cpu"),
+    "cuda": _Lazy("verde_chain.repops.backend_cuda"),
+}
 
 
 def register_backend(device_type: str, fn: Backend) -> None:
@@ -49,16 +61,27 @@ def register_backend(device_type: str, fn: Backend) -> None:
     BACKENDS[device_type] = fn
 
 
-def _runner(device: torch.device) -> Callable[[KernelDesc, list[np.ndarray]], np.ndarray]:
+class BackendRunner:
+    """A registered backend as a node runner: a descriptor it does not handle (``None``) runs on
+    the reference, and its ``compile_step``, if it has one, is offered to the training executor
+    (which then runs whole steps in one call)."""
+
+    def __init__(self, fn: Backend) -> None:
+        self.fn = fn
+        step = getattr(fn, "compile_step", None)
+        if step is not None:
+            self.compile_step = step
+
+    def __call__(self, desc: KernelDesc, ins: list[np.ndarray]) -> np.ndarray:
+        out = self.fn(desc, ins)
+        return reference.run(desc, ins) if out is None else np.asarray(out, dtype=np.float32)
+
+
+def _runner(device: torch.device) -> BackendRunner:
     backend = BACKENDS.get(device.type)
     if backend is None:
         raise RepOpsError(f"no RepOps backend for device {device.type!r}; registered: {sorted(BACKENDS)}")
-
-    def run(desc: KernelDesc, ins: list[np.ndarray]) -> np.ndarray:
-        out = backend(desc, ins)
-        return reference.run(desc, ins) if out is None else out
-
-    return run
+    return BackendRunner(backend)
 
 
 def _arrays(op: str, *ts: torch.Tensor) -> list[np.ndarray]:
