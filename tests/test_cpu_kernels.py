@@ -3,8 +3,8 @@
 The reference here is written independently of the kernels: numpy, vectorised over output
 elements, k serial. fma is emulated exactly (float64 product is exact for binary32 inputs;
 TwoSum + round-to-odd makes the float64 sum round correctly to binary32), and that emulation is
-itself checked against Berkeley SoftFloat (softfloatpy). Where engineer B's spec/reference
-exists, the kernels are also compared to ``reference.run_bits`` of the spec's KernelDescs.
+itself checked against Berkeley SoftFloat (softfloatpy). The kernels are also compared to
+``reference.run`` of the operator library's KernelDescs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops import library, reference
 from verde_chain.repops.edges import edge_floats
 
 CANON = np.uint32(0x7FC00000)
@@ -393,14 +394,8 @@ def test_binary_large_threaded_subnormal() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Against engineer B's spec (KernelDescs + vectorised reference), when present
+# Against the operator library's KernelDescs run on the vectorised reference
 # --------------------------------------------------------------------------------------------
-
-
-def _spec() -> tuple[object, object]:
-    spec = pytest.importorskip("verde_chain.repops.spec")
-    reference = pytest.importorskip("verde_chain.repops.reference")
-    return spec, reference
 
 
 @pytest.mark.parametrize(
@@ -415,12 +410,11 @@ def _spec() -> tuple[object, object]:
         ((7,), (4, 7), False, True),
     ],
 )
-def test_matmul_matches_spec_reference(a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool) -> None:
-    spec, reference = _spec()
+def test_matmul_matches_library_reference(a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool) -> None:
     a = edge_matrix(a_shape, 101, 0.2)
     b = edge_matrix(b_shape, 102, 0.2)
-    desc = spec.matmul(a_shape, b_shape, ta, tb)  # type: ignore[attr-defined]
-    want = reference.run(desc, [a, b])  # type: ignore[attr-defined]
+    desc = library.matmul(a_shape, b_shape, ta, tb)
+    want = reference.run(desc, [a, b])
     for isa in ck.available_isas():
         assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), ta, tb, isa=isa), want)
 
@@ -430,10 +424,9 @@ def test_matmul_matches_spec_reference(a_shape: tuple[int, ...], b_shape: tuple[
     [(None, 1.0, 1.0, False, False), ((5,), 0.5, 1.0, False, True), ((6, 5), 1.0, -2.0, True, False),
      ((6, 1), 0.1, 0.3, True, True), ((6, 5), 2.0, 0.0, False, False)],
 )  # fmt: skip
-def test_gemm_matches_spec_reference(
+def test_gemm_matches_library_reference(
     c_shape: tuple[int, ...] | None, alpha: float, beta: float, ta: bool, tb: bool
 ) -> None:
-    spec, reference = _spec()
     a = edge_matrix((9, 6) if ta else (6, 9), 131, 0.2)
     b = edge_matrix((5, 9) if tb else (9, 5), 132, 0.2)
     inputs = [a, b]
@@ -442,8 +435,8 @@ def test_gemm_matches_spec_reference(
         c = edge_matrix(c_shape, 133, 0.2)
         if beta != 0.0:
             inputs.append(c)
-    desc = spec.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb)  # type: ignore[attr-defined]
-    want = reference.run(desc, inputs)  # type: ignore[attr-defined]
+    desc = library.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb)
+    want = reference.run(desc, inputs)
     tc = None if c is None else torch.from_numpy(c)
     for isa in ck.available_isas():
         got = ck.gemm(torch.from_numpy(a), torch.from_numpy(b), tc, alpha, beta, ta, tb, isa=isa)
@@ -452,22 +445,20 @@ def test_gemm_matches_spec_reference(
 
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "min"])
 def test_reductions_match_spec_reference(kind: str) -> None:
-    spec, reference = _spec()
     x = edge_matrix((6, 11, 4), 111, 0.2)
     for axes in [(1,), (0,), (1, 2), None]:
-        desc = spec.reduce(kind, x.shape, axes, keepdims=False)  # type: ignore[attr-defined]
-        want = reference.run(desc, [x])  # type: ignore[attr-defined]
+        desc = library.reduce(kind, x.shape, axes, keepdims=False)
+        want = reference.run(desc, [x])
         fn = getattr(ck, f"reduce_{kind}")
         for isa in ck.available_isas():
             assert_same_bits(fn(torch.from_numpy(x), axes, isa=isa), want)
 
 
 @pytest.mark.parametrize("op", sorted(ck.BINARY_OPS))
-def test_binary_matches_spec_reference(op: str) -> None:
-    spec, reference = _spec()
+def test_binary_matches_library_reference(op: str) -> None:
     a = edge_matrix((3, 1, 8), 121, 0.4)
     b = edge_matrix((4, 8), 122, 0.4)
-    want = reference.run(spec.binary(op, a.shape, b.shape), [a, b])  # type: ignore[attr-defined]
+    want = reference.run(library.binary(op, a.shape, b.shape), [a, b])
     for isa in ck.available_isas():
         assert_same_bits(ck.binary(op, torch.from_numpy(a), torch.from_numpy(b), isa=isa), want)
 

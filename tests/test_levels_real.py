@@ -43,7 +43,7 @@ from verde_chain.graph.data import batch_root_list
 from verde_chain.graph.structure import Source, SourceKind, TrainingGraph
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.graph.world import OutputFault, TrainingWorld
-from verde_chain.repops import spec
+from verde_chain.repops import library
 
 pytestmark = pytest.mark.chain
 T = 4
@@ -108,9 +108,9 @@ def _cheats(p: TrainingProgram) -> list[tuple[Cheat, Any]]:
         (Cheat("L1-copied-checkpoints", 1, -1, "SubtreeMismatch", Resolution.TIMEOUT, strategy="copy"),
          lambda: cheats.LazyWorld(*a, skip=STEP)),
         (Cheat("L2-wrong-op", 2, relu, "InvalidProof", Resolution.TIMEOUT),
-         lambda: cheats.DeviantNodeWorld(*a, step=STEP, node=relu, desc=spec.leaky_relu((2, HIDDEN), 0.01))),
+         lambda: cheats.DeviantNodeWorld(*a, step=STEP, node=relu, desc=library.leaky_relu((2, HIDDEN), 0.01))),
         (Cheat("L2-wrong-op-claims-graph-op", 2, relu, "NodeMismatch", Resolution.TIMEOUT),
-         lambda: cheats.DeviantNodeWorld(*a, step=STEP, node=relu, desc=spec.leaky_relu((2, HIDDEN), 0.01),
+         lambda: cheats.DeviantNodeWorld(*a, step=STEP, node=relu, desc=library.leaky_relu((2, HIDDEN), 0.01),
                                          claim_graph_node=True)),
         (Cheat("L2-wrong-wiring", 2, dw2, "InputNotJustified", Resolution.TIMEOUT),
          lambda: cheats.DeviantNodeWorld(*a, step=STEP, node=dw2, inputs=wiring)),

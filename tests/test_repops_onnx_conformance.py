@@ -2,7 +2,7 @@
 
 Each official node test case (``onnx.backend.test.loader.load_model_tests(kind="node")``: a
 single-node model and its input/output tensors) is translated into a RepOps composition
-(``verde_chain.repops.spec``), executed with the numpy reference, and compared at the case's own
+(``verde_chain.repops.library``), executed with the numpy reference, and compared at the case's own
 tolerances (rtol=1e-3, atol=1e-7 by default, like ONNX's backend runner). Shape-like inputs
 (Reshape shape, Reduce axes, Slice starts, optimizer R/T) are read from the case data: in RepOps
 they are graph-build-time constants. Cases outside the supported set are skipped with the reason.
@@ -20,7 +20,9 @@ import pytest
 from onnx import helper
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import spec
+from verde_chain.repops import library
+from verde_chain.repops.isa import Op
+from verde_chain.repops.program import KernelDesc
 
 F32 = np.float32
 
@@ -82,8 +84,8 @@ def _intlike(x: np.ndarray, what: str) -> np.ndarray:
     return x.astype(F32)
 
 
-def _single(desc: spec.KernelDesc, ins: list[np.ndarray]) -> tuple[spec.Composite, list[np.ndarray]]:
-    return spec.single(desc, [x.shape for x in ins]), ins
+def _single(desc: KernelDesc, ins: list[np.ndarray]) -> tuple[library.Composite, list[np.ndarray]]:
+    return library.single(desc, [x.shape for x in ins]), ins
 
 
 def _reshape_target(shape: tuple[int, ...], target: np.ndarray, allowzero: int) -> tuple[int, ...]:
@@ -106,7 +108,7 @@ def _reduce_axes(node_attrs: dict[str, Any], ins: list[np.ndarray], opset: int, 
     return tuple(axes)
 
 
-def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Composite, list[np.ndarray]]:
+def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[library.Composite, list[np.ndarray]]:
     op, at = node.op_type, _attrs(node)
     # data sets hold only the inputs whose name is non-empty; align them with node.input
     it = iter(raw)
@@ -118,24 +120,24 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
 
     if op in ("Add", "Sub", "Mul", "Div"):
         a, b = (_f32(x, op) for x in present)
-        return _single(spec.binary(op.lower(), a.shape, b.shape), [a, b])
+        return _single(library.binary(op.lower(), a.shape, b.shape), [a, b])
     if op in ("Cast", "CastLike"):
         x = _f32(present[0], op)
         to = at.get("to") if op == "Cast" else helper.np_dtype_to_tensor_dtype(present[1].dtype)
         if to != 1:  # TensorProto.FLOAT
             raise Unsupported(f"{op} from float32 to type {to}")
-        return _single(spec.map_unary("identity", x.shape), [x])
+        return _single(library.map_unary("identity", x.shape), [x])
     if op == "Pow":
         x, e = _f32(present[0], op), _f32(present[1], op)
         p = float(e.reshape(-1)[0]) if e.size == 1 else None
         if p not in (1.0, 2.0, 3.0, 4.0):
             raise Unsupported("Pow with an exponent other than a constant integer 1..4")
         # x**n as the left-to-right product chain MUL(MUL(x, x), x) ... (RepOps has no pow)
-        code = [spec.I(spec.Op.MUL, 1, 1, 0) for _ in range(int(p) - 1)]
-        return _single(spec.elementwise("pow", [x.shape], [spec.I(spec.Op.MOV, 1, 0), *code, spec.I(spec.Op.MOV, 0, 1)]), [x])
+        code = [library.I(Op.MUL, 1, 1, 0) for _ in range(int(p) - 1)]
+        return _single(library.elementwise("pow", [x.shape], [library.I(Op.MOV, 1, 0), *code, library.I(Op.MOV, 0, 1)]), [x])
     if op in ("Max", "Min", "Sum"):
         xs = [_f32(x, op) for x in present]
-        bld = spec.Builder(op, *[x.shape for x in xs])
+        bld = library.Builder(op, *[x.shape for x in xs])
         acc = bld.unary("identity", 0) if len(xs) == 1 else 0
         for i in range(1, len(xs)):  # variadic: left to right
             acc = bld.binary({"Sum": "add"}.get(op, op.lower()), acc, i)
@@ -146,13 +148,13 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
     if op in unary:
         (x,) = present
         x = _f32(x, op)
-        return _single(spec.map_unary(unary[op], x.shape), [x])
+        return _single(library.map_unary(unary[op], x.shape), [x])
     if op == "Gelu":
         x = _f32(present[0], op)
-        return _single(spec.gelu(x.shape, at.get("approximate", "none")), [x])
+        return _single(library.gelu(x.shape, at.get("approximate", "none")), [x])
     if op == "LeakyRelu":
         x = _f32(present[0], op)
-        return _single(spec.leaky_relu(x.shape, at.get("alpha", 0.01)), [x])
+        return _single(library.leaky_relu(x.shape, at.get("alpha", 0.01)), [x])
     if op == "Clip":
         x = _f32(present[0], op)
         bounds = [opt(1), opt(2)]
@@ -160,25 +162,25 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
             raise Unsupported("non-float32 clip bounds")
         lo = float(bounds[0]) if bounds[0] is not None else at.get("min")
         hi = float(bounds[1]) if bounds[1] is not None else at.get("max")
-        return _single(spec.clip(x.shape, lo, hi), [x])
+        return _single(library.clip(x.shape, lo, hi), [x])
     cmp = {"Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge"}
     if op in cmp:
         a, b = (_f32(x, op) for x in present)
-        return _single(spec.binary(cmp[op], a.shape, b.shape), [a, b])
+        return _single(library.binary(cmp[op], a.shape, b.shape), [a, b])
     if op == "Where":
         c, x, y = present
         if c.dtype != np.bool_:
             raise Unsupported("Where condition must be bool")
         x, y = _f32(x, op), _f32(y, op)
-        return _single(spec.where(c.shape, x.shape, y.shape), [c.astype(F32), x, y])
+        return _single(library.where(c.shape, x.shape, y.shape), [c.astype(F32), x, y])
     if op == "MatMul":
         a, b = (_f32(x, op) for x in present)
-        return _single(spec.matmul(a.shape, b.shape), [a, b])
+        return _single(library.matmul(a.shape, b.shape), [a, b])
     if op == "Gemm":
         a, b = _f32(raw[0], op), _f32(raw[1], op)
         c = _f32(opt(2), op) if opt(2) is not None else None  # type: ignore[arg-type]
         alpha, beta = at.get("alpha", 1.0), at.get("beta", 1.0)
-        desc = spec.gemm(a.shape, b.shape, None if c is None else c.shape, alpha, beta,
+        desc = library.gemm(a.shape, b.shape, None if c is None else c.shape, alpha, beta,
                          bool(at.get("transA", 0)), bool(at.get("transB", 0)))
         ins = [a, b] + ([c] if c is not None and beta != 0.0 else [])
         return _single(desc, ins)
@@ -187,21 +189,21 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
         axis = at.get("axis", -1 if opset >= 13 else 1)
         axis = axis + x.ndim if axis < 0 else axis
         axes = (axis,) if opset >= 13 else tuple(range(axis, x.ndim))  # pre-13: coerced to 2-D
-        f = spec.softmax if op == "Softmax" else spec.log_softmax
+        f = library.softmax if op == "Softmax" else library.log_softmax
         return f(x.shape, axes), [x]
     if op.startswith("Reduce"):
         x = _f32(present[0], op)
         axes = _reduce_axes(at, present, opset, op)
         keep = bool(at.get("keepdims", 1))
         if axes == "noop":
-            return _single(spec.map_unary("identity", x.shape), [x])
+            return _single(library.map_unary("identity", x.shape), [x])
         kind = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
                 "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceSumSquare": "sumsq",
                 "ReduceLogSum": "log_sum", "ReduceLogSumExp": "log_sum_exp"}[op]
-        return spec.reduce_composite(kind, x.shape, axes, keep), [x]  # type: ignore[arg-type]
+        return library.reduce_composite(kind, x.shape, axes, keep), [x]  # type: ignore[arg-type]
     if op == "Transpose":
         x = _f32(present[0], op)
-        return _single(spec.transpose(x.shape, at.get("perm")), [x])
+        return _single(library.transpose(x.shape, at.get("perm")), [x])
     if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
         x = _f32(present[0], op)
         if op == "Reshape":
@@ -220,10 +222,10 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
             axes = sorted(a % rank for a in axes)
             it = iter(x.shape)
             new = tuple(1 if i in axes else next(it) for i in range(rank))
-        return _single(spec.reshape(x.shape, new), [x])
+        return _single(library.reshape(x.shape, new), [x])
     if op == "Expand":
         x = _f32(present[0], op)
-        return _single(spec.expand(x.shape, tuple(int(v) for v in present[1])), [x])
+        return _single(library.expand(x.shape, tuple(int(v) for v in present[1])), [x])
     if op == "Slice":
         x = _f32(present[0], op)
         starts, ends = [int(v) for v in present[1]], [int(v) for v in present[2]]
@@ -235,13 +237,13 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
             s0[a], e0[a], st0[a] = s, max(min(e, 2**62), -(2**62)), k
         # python slice semantics == ONNX clamping; an end at -inf-ish means "through the start"
         e0 = [None if (k < 0 and e < -x.shape[a]) else e for a, (e, k) in enumerate(zip(e0, st0))]  # type: ignore[misc]
-        return _single(spec.slice_(x.shape, s0, e0, st0), [x])  # type: ignore[arg-type]
+        return _single(library.slice_(x.shape, s0, e0, st0), [x])  # type: ignore[arg-type]
     if op == "Gather":
         data, idx = _f32(present[0], op), _intlike(present[1], "Gather indices")
-        return _single(spec.gather(data.shape, idx.shape, at.get("axis", 0)), [data, idx])
+        return _single(library.gather(data.shape, idx.shape, at.get("axis", 0)), [data, idx])
     if op == "GatherElements":
         data, idx = _f32(present[0], op), _intlike(present[1], "GatherElements indices")
-        return _single(spec.gather_elements(data.shape, idx.shape, at.get("axis", 0)), [data, idx])
+        return _single(library.gather_elements(data.shape, idx.shape, at.get("axis", 0)), [data, idx])
     if op == "LayerNormalization":
         x = _f32(present[0], op)
         if at.get("stash_type", 1) != 1:
@@ -252,19 +254,19 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
         b = _f32(present[2], op) if len(present) > 2 else None
         if w.shape != x.shape[axis:] or (b is not None and b.shape != x.shape[axis:]):
             raise Unsupported("scale/bias broadcast other than the normalized shape")
-        comp = spec.layer_norm(x.shape, axis, at.get("epsilon", 1e-5), True, b is not None)
+        comp = library.layer_norm(x.shape, axis, at.get("epsilon", 1e-5), True, b is not None)
         return comp, [x, w] + ([b] if b is not None else [])
     if op == "SoftmaxCrossEntropyLoss":
         x = _f32(raw[0], op)
         lab = _intlike(raw[1], "labels")
         w = _f32(opt(2), op) if opt(2) is not None else None  # type: ignore[arg-type]
-        comp = spec.softmax_cross_entropy(x.shape, at.get("reduction", "mean"), w is not None, at.get("ignore_index"))
+        comp = library.softmax_cross_entropy(x.shape, at.get("reduction", "mean"), w is not None, at.get("ignore_index"))
         return comp, [x, lab] + ([w] if w is not None else [])
     if op == "NegativeLogLikelihoodLoss":
         x = _f32(present[0], op)
         lab = _intlike(present[1], "target")
         w = _f32(opt(2), op) if opt(2) is not None else None  # type: ignore[arg-type]
-        comp = spec.nll_loss(x.shape, at.get("reduction", "mean"), w is not None, at.get("ignore_index"))
+        comp = library.nll_loss(x.shape, at.get("reduction", "mean"), w is not None, at.get("ignore_index"))
         return comp, [x, lab] + ([w] if w is not None else [])
     if op in ("Adam", "Momentum"):
         r, t = float(_f32(raw[0], "R")), int(raw[1])
@@ -275,17 +277,17 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[spec.Compos
         for i in range(n):
             xs = [tensors[i + j * n] for j in range(groups)]
             if op == "Adam":
-                c = spec.onnx_adam(xs[0].shape, r, t, at.get("alpha", 0.9), at.get("beta", 0.999), at.get("epsilon", 0.0),
+                c = library.onnx_adam(xs[0].shape, r, t, at.get("alpha", 0.9), at.get("beta", 0.999), at.get("epsilon", 0.0),
                                    at.get("norm_coefficient", 0.0), at.get("norm_coefficient_post", 0.0))
             else:
-                c = spec.onnx_momentum(xs[0].shape, r, t, at["alpha"], at["beta"], at["norm_coefficient"], at["mode"])
+                c = library.onnx_momentum(xs[0].shape, r, t, at["alpha"], at["beta"], at["norm_coefficient"], at["mode"])
             comps.append(c)
             ins.append(xs)
         return _multi(comps, ins, n)
     raise Unsupported(f"op {op} is not in the RepOps ONNX set")
 
 
-def _multi(comps: list[spec.Composite], ins: list[list[np.ndarray]], n: int) -> tuple[spec.Composite, list[np.ndarray]]:
+def _multi(comps: list[library.Composite], ins: list[list[np.ndarray]], n: int) -> tuple[library.Composite, list[np.ndarray]]:
     """Run n independent optimizer composites; outputs regrouped as ONNX orders them (by kind)."""
 
     outs_per = len(comps[0].outputs)
@@ -298,7 +300,7 @@ def _multi(comps: list[spec.Composite], ins: list[list[np.ndarray]], n: int) -> 
         return [res[i][k] for k in range(outs_per) for i in range(n)]
 
     flat = [x for group in ins for x in group]
-    proxy = spec.Composite("multi", tuple(x.shape for x in flat), (), ())
+    proxy = library.Composite("multi", tuple(x.shape for x in flat), (), ())
     object.__setattr__(proxy, "run", run)
     return proxy, flat
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import verde_chain.repops as rops
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import program, spec
+from verde_chain.repops import library, program
 from verde_chain.repops.isa import CANONICAL_NAN
 
 F32 = np.float32
@@ -55,7 +55,7 @@ def _canonical_nans(x: np.ndarray) -> bool:
     return bool((b[np.isnan(x.reshape(-1))] == CANONICAL_NAN).all())
 
 
-def spec_vs_reference(comp: spec.Composite, ins: list[np.ndarray]) -> list[np.ndarray]:
+def spec_vs_reference(comp: library.Composite, ins: list[np.ndarray]) -> list[np.ndarray]:
     slow = comp.run(ins, program.run_spec)
     fast = comp.run(ins)
     assert len(slow) == len(fast)
@@ -70,7 +70,7 @@ def spec_vs_reference(comp: spec.Composite, ins: list[np.ndarray]) -> list[np.nd
 
 # ------------------------------------------------------------------ case table
 
-Case = Callable[[st.DrawFn], tuple[spec.Composite, list[np.ndarray]]]
+Case = Callable[[st.DrawFn], tuple[library.Composite, list[np.ndarray]]]
 CASES: dict[str, Case] = {}
 
 
@@ -93,31 +93,31 @@ def bcast_pair(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return derive(), derive()
 
 
-for _op in spec.BINARY_CODE:
-    def _bin(draw: st.DrawFn, op: str = _op) -> tuple[spec.Composite, list[np.ndarray]]:
+for _op in library.BINARY_CODE:
+    def _bin(draw: st.DrawFn, op: str = _op) -> tuple[library.Composite, list[np.ndarray]]:
         sa, sb = bcast_pair(draw)
-        return spec.single(spec.binary(op, sa, sb), [sa, sb]), [arr(draw, sa), arr(draw, sb)]
+        return library.single(library.binary(op, sa, sb), [sa, sb]), [arr(draw, sa), arr(draw, sb)]
     CASES[f"binary_{_op}"] = _bin
 
-for _u in list(spec.UNARY_CODE) + list(spec.TRANSCENDENTAL_UNARY):
-    def _un(draw: st.DrawFn, name: str = _u) -> tuple[spec.Composite, list[np.ndarray]]:
-        return spec.single(spec.map_unary(name, (6,))), [arr(draw, (6,))]
+for _u in list(library.UNARY_CODE) + list(library.TRANSCENDENTAL_UNARY):
+    def _un(draw: st.DrawFn, name: str = _u) -> tuple[library.Composite, list[np.ndarray]]:
+        return library.single(library.map_unary(name, (6,))), [arr(draw, (6,))]
     CASES[f"unary_{_u}"] = _un
 
-for _g in list(spec.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"]:
-    def _gr(draw: st.DrawFn, name: str = _g) -> tuple[spec.Composite, list[np.ndarray]]:
-        return spec.single(spec.unary_grad(name, (5,))), [arr(draw, (5,)), arr(draw, (5,))]
+for _g in list(library.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"]:
+    def _gr(draw: st.DrawFn, name: str = _g) -> tuple[library.Composite, list[np.ndarray]]:
+        return library.single(library.unary_grad(name, (5,))), [arr(draw, (5,)), arr(draw, (5,))]
     CASES[f"grad_{_g}"] = _gr
 
 
 @case("affine_clip_leaky_where")
-def _misc(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
-    b = spec.Builder("misc", (2, 3), (2, 3), (3,))
+def _misc(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    b = library.Builder("misc", (2, 3), (2, 3), (3,))
     x, y, c = b.inputs()
-    a = b.node(spec.map_affine((2, 3), 0.5, -3.0), x)
-    cl = b.node(spec.clip((2, 3), -1.0, 2.0), y)
-    lr = b.node(spec.leaky_relu((2, 3), 0.01), x)
-    w = b.node(spec.where((3,), (2, 3), (2, 3)), c, a, cl)
+    a = b.node(library.map_affine((2, 3), 0.5, -3.0), x)
+    cl = b.node(library.clip((2, 3), -1.0, 2.0), y)
+    lr = b.node(library.leaky_relu((2, 3), 0.01), x)
+    w = b.node(library.where((3,), (2, 3), (2, 3)), c, a, cl)
     return b.build(a, cl, lr, w), [arr(draw, (2, 3)), arr(draw, (2, 3)), arr(draw, (3,))]
 
 
@@ -133,17 +133,17 @@ def shape_axes(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...] | None
     return shape, tuple(axes)
 
 
-for _k in spec.REDUCE_KINDS + ("log_sum", "log_sum_exp"):
-    def _red(draw: st.DrawFn, kind: str = _k) -> tuple[spec.Composite, list[np.ndarray]]:
+for _k in library.REDUCE_KINDS + ("log_sum", "log_sum_exp"):
+    def _red(draw: st.DrawFn, kind: str = _k) -> tuple[library.Composite, list[np.ndarray]]:
         shape, axes = draw(st.sampled_from(REDUCE_AXES)) if draw(st.booleans()) else shape_axes(draw)
-        return spec.reduce_composite(kind, shape, axes, draw(st.booleans())), [arr(draw, shape)]
+        return library.reduce_composite(kind, shape, axes, draw(st.booleans())), [arr(draw, shape)]
     CASES[f"reduce_{_k}"] = _red
 
 
 @case("reduce_dot")
-def _rdot(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _rdot(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     shape, axes = draw(st.sampled_from([s for s in REDUCE_AXES if s[1] != (0, 2)]))
-    b = spec.Builder("dot", shape, shape)
+    b = library.Builder("dot", shape, shape)
     return b.build(b.reduce_dot(0, 1, axes, draw(st.booleans()), draw(st.booleans()))), [arr(draw, shape), arr(draw, shape)]
 
 
@@ -154,7 +154,7 @@ MATMUL_SHAPES = [((2, 3), (3, 4), False, False), ((3, 2), (3, 4), True, False), 
 
 
 @case("matmul")
-def _mm(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _mm(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     if draw(st.booleans()):
         sa, sb, ta, tb = draw(st.sampled_from(MATMUL_SHAPES))
     else:  # random batched/broadcast shapes with random transposes
@@ -164,104 +164,104 @@ def _mm(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
         # keep the trailing (right-aligned) batch dims: suffixes of broadcastable shapes broadcast
         sa = ba[-2:] + ((k, m) if ta else (m, k))
         sb = bb[-2:] + ((n, k) if tb else (k, n))
-    return spec.single(spec.matmul(sa, sb, ta, tb), [sa, sb]), [arr(draw, sa), arr(draw, sb)]
+    return library.single(library.matmul(sa, sb, ta, tb), [sa, sb]), [arr(draw, sa), arr(draw, sb)]
 
 
 @case("gemm")
-def _gemm(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _gemm(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     cs = draw(st.sampled_from([(2, 4), (4,), (1,), None]))
     alpha, beta = draw(st.sampled_from([(1.0, 1.0), (0.5, 2.0), (0.25, 0.0)]))
-    desc = spec.gemm((3, 2), (4, 3), cs, alpha, beta, True, True)
+    desc = library.gemm((3, 2), (4, 3), cs, alpha, beta, True, True)
     ins = [arr(draw, (3, 2)), arr(draw, (4, 3))] + ([arr(draw, cs)] if cs is not None and beta != 0.0 else [])
-    return spec.single(desc, [x.shape for x in ins]), ins
+    return library.single(desc, [x.shape for x in ins]), ins
 
 
 @case("data_movement")
-def _move(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
-    b = spec.Builder("move", (2, 3, 4))
+def _move(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    b = library.Builder("move", (2, 3, 4))
     x = 0
-    t = b.node(spec.transpose((2, 3, 4), (2, 0, 1)), x)
-    r = b.node(spec.reshape((4, 2, 3), (6, 4)), t)
-    e = b.node(spec.expand((2, 1, 4), (3, 2, 5, 4)), b.node(spec.slice_((2, 3, 4), (0, 2, 0), (2, 3, 4), (1, 1, 1)), x))
-    s = b.node(spec.slice_((2, 3, 4), (1, 2, 3), (-3, -4, -5), (-1, -1, -2)), x)
+    t = b.node(library.transpose((2, 3, 4), (2, 0, 1)), x)
+    r = b.node(library.reshape((4, 2, 3), (6, 4)), t)
+    e = b.node(library.expand((2, 1, 4), (3, 2, 5, 4)), b.node(library.slice_((2, 3, 4), (0, 2, 0), (2, 3, 4), (1, 1, 1)), x))
+    s = b.node(library.slice_((2, 3, 4), (1, 2, 3), (-3, -4, -5), (-1, -1, -2)), x)
     return b.build(t, r, e, s), [arr(draw, (2, 3, 4))]
 
 
 @case("gather")
-def _gather(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _gather(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     axis = draw(st.sampled_from([0, 1, -1]))
     ds = (4, 3)
     idx = arr(draw, (2, 2), st.one_of(st.integers(-5, 5).map(float), st.sampled_from([0.5, float("nan"), -0.0, float("inf")])))
-    return spec.single(spec.gather(ds, (2, 2), axis), [ds, (2, 2)]), [arr(draw, ds), idx]
+    return library.single(library.gather(ds, (2, 2), axis), [ds, (2, 2)]), [arr(draw, ds), idx]
 
 
 @case("gather_elements")
-def _gather_el(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _gather_el(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     axis = draw(st.sampled_from([0, 1, -1]))
     idx = arr(draw, (2, 3), st.one_of(st.integers(-4, 4).map(float), st.sampled_from([0.5, float("nan"), -0.0])))
-    return spec.single(spec.gather_elements((3, 3), (2, 3), axis), [(3, 3), (2, 3)]), [arr(draw, (3, 3)), idx]
+    return library.single(library.gather_elements((3, 3), (2, 3), axis), [(3, 3), (2, 3)]), [arr(draw, (3, 3)), idx]
 
 
 @case("scatter_add")
-def _scatter(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _scatter(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     idx = ints(draw, (5,), -1, 4)
-    return spec.single(spec.scatter_add(5, (2,), 4), [(5, 2), (5,)]), [arr(draw, (5, 2)), idx]
+    return library.single(library.scatter_add(5, (2,), 4), [(5, 2), (5,)]), [arr(draw, (5, 2)), idx]
 
 
 @case("softmax_family")
-def _smx(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _smx(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     which = draw(st.sampled_from(["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"]))
     shape, axis = draw(st.sampled_from([((2, 3), -1), ((2, 3, 2), 1), ((4,), 0)]))
-    comp = getattr(spec, which)(shape, axis)
+    comp = getattr(library, which)(shape, axis)
     return comp, [arr(draw, s) for s in comp.in_shapes]
 
 
 @case("layer_norm")
-def _ln(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _ln(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     shape, axis = draw(st.sampled_from([((2, 4), -1), ((2, 2, 3), 1), ((3,), 0)]))
-    comp = spec.layer_norm(shape, axis, 1e-5, draw(st.booleans()), draw(st.booleans()))
+    comp = library.layer_norm(shape, axis, 1e-5, draw(st.booleans()), draw(st.booleans()))
     return comp, [arr(draw, s) for s in comp.in_shapes]
 
 
 @case("layer_norm_backward")
-def _lnb(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _lnb(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     shape, axis = draw(st.sampled_from([((2, 4), -1), ((2, 2, 3), 1), ((3,), 0)]))
-    comp = spec.layer_norm_backward(shape, axis)
+    comp = library.layer_norm_backward(shape, axis)
     return comp, [arr(draw, s) for s in comp.in_shapes]
 
 
 @case("cross_entropy")
-def _ce(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _ce(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     shape = draw(st.sampled_from([(3, 4), (2, 3, 2)]))
     red = draw(st.sampled_from(["mean", "sum", "none"]))
     w = draw(st.booleans())
     ign = draw(st.sampled_from([None, 1, -1]))
-    comp = (spec.nll_loss if draw(st.booleans()) else spec.softmax_cross_entropy)(shape, red, w, ign)
+    comp = (library.nll_loss if draw(st.booleans()) else library.softmax_cross_entropy)(shape, red, w, ign)
     lab = ints(draw, comp.in_shapes[1], -1, shape[1] - 1)
     ins = [arr(draw, shape), lab] + ([arr(draw, (shape[1],))] if w else [])
     return comp, ins
 
 
 @case("cross_entropy_backward")
-def _ceb(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _ceb(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     shape = draw(st.sampled_from([(3, 4), (2, 3, 2)]))
     red = draw(st.sampled_from(["mean", "sum", "none"]))
-    comp = spec.softmax_cross_entropy_backward(shape, red)
+    comp = library.softmax_cross_entropy_backward(shape, red)
     return comp, [arr(draw, shape), ints(draw, comp.in_shapes[1], 0, shape[1] - 1), arr(draw, comp.in_shapes[2])]
 
 
 @case("optimizers")
-def _opt(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _opt(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     which = draw(st.sampled_from(["sgd", "sgd_first", "sgd_nesterov", "adam", "adamw", "onnx_momentum", "onnx_adam"]))
     s = (5,)
     comp = {
-        "sgd": lambda: spec.sgd(s, 0.1, 0.9, 0.1, 0.01),
-        "sgd_first": lambda: spec.sgd(s, 0.1, 0.9, 0.0, 0.0, first_step=True),
-        "sgd_nesterov": lambda: spec.sgd(s, 0.05, 0.8, 0.0, 0.001, nesterov=True),
-        "adam": lambda: spec.adam(s, 1e-3, 3, weight_decay=0.01),
-        "adamw": lambda: spec.adam(s, 1e-3, 1, weight_decay=0.1, decoupled=True),
-        "onnx_momentum": lambda: spec.onnx_momentum(s, 0.1, 1, 0.9, 0.7, 0.01, "nesterov"),
-        "onnx_adam": lambda: spec.onnx_adam(s, 0.1, 2, 0.9, 0.999, 1e-6, 0.01, 0.02),
+        "sgd": lambda: library.sgd(s, 0.1, 0.9, 0.1, 0.01),
+        "sgd_first": lambda: library.sgd(s, 0.1, 0.9, 0.0, 0.0, first_step=True),
+        "sgd_nesterov": lambda: library.sgd(s, 0.05, 0.8, 0.0, 0.001, nesterov=True),
+        "adam": lambda: library.adam(s, 1e-3, 3, weight_decay=0.01),
+        "adamw": lambda: library.adam(s, 1e-3, 1, weight_decay=0.1, decoupled=True),
+        "onnx_momentum": lambda: library.onnx_momentum(s, 0.1, 1, 0.9, 0.7, 0.01, "nesterov"),
+        "onnx_adam": lambda: library.onnx_adam(s, 0.1, 2, 0.9, 0.999, 1e-6, 0.01, 0.02),
     }[which]()
     return comp, [arr(draw, x) for x in comp.in_shapes]
 
@@ -288,11 +288,11 @@ def test_elementwise_bitwise_equals_numpy_ieee() -> None:
 
     with np.errstate(all="ignore"):
         for op, f in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("div", np.divide)]:
-            got = reference.run(spec.binary(op, a.shape, b.shape), [a, b])
+            got = reference.run(library.binary(op, a.shape, b.shape), [a, b])
             want = f(a, b).astype(F32)
             want[np.isnan(want)] = np.uint32(CANONICAL_NAN).view(F32)
             assert_bits_equal(got, want)
-        got = reference.run(spec.map_unary("sqrt", a.shape), [a])
+        got = reference.run(library.map_unary("sqrt", a.shape), [a])
         want = np.sqrt(a)
         want[np.isnan(want)] = np.uint32(CANONICAL_NAN).view(F32)
         assert_bits_equal(got, want)
@@ -303,7 +303,7 @@ def test_reduction_order_is_fixed() -> None:
 
     # k ascending: (1e8 + 1) - 1e8 + ... depends on order; check the exact sequential value
     x = np.array([1e8, 1.0, -1e8, 1.0], F32)
-    got = reference.run(spec.reduce("sum", (4,), None, False), [x])
+    got = reference.run(library.reduce("sum", (4,), None, False), [x])
     acc = F32(0)
     acc = x[0]
     for v in x[1:]:
@@ -312,10 +312,10 @@ def test_reduction_order_is_fixed() -> None:
     # dot product: all -0 products stay -0 (MUL first, then FMA chain)
     z = np.array([-0.0, -0.0, -0.0], F32)
     o = np.array([1.0, 1.0, 1.0], F32)
-    got = reference.run(spec.matmul((3,), (3,)), [z, o])
+    got = reference.run(library.matmul((3,), (3,)), [z, o])
     assert got.view(np.uint32) == 0x80000000
     # relu(-0) = +0, relu(NaN) = canonical NaN
-    got = reference.run(spec.map_unary("relu", (2,)), [np.array([-0.0, np.nan], F32)]).view(np.uint32)
+    got = reference.run(library.map_unary("relu", (2,)), [np.array([-0.0, np.nan], F32)]).view(np.uint32)
     assert list(got) == [0, CANONICAL_NAN]
 
 
@@ -325,7 +325,7 @@ def test_scatter_add_matches_sequential_definition() -> None:
     r = np.random.default_rng(2)
     g = r.standard_normal((7, 3)).astype(F32)
     idx = np.array([2, 0, 2, 2, 1, 0, 2], F32)
-    got = reference.run(spec.scatter_add(7, (3,), 4), [g, idx])
+    got = reference.run(library.scatter_add(7, (3,), 4), [g, idx])
     want = np.zeros((4, 3), F32)
     for v in range(4):
         acc = np.where(idx[0] == v, g[0], F32(0))
@@ -459,7 +459,21 @@ def test_unsupported_inputs_raise() -> None:
     with pytest.raises(RepOpsError, match="gelu"):
         rops.gelu(torch.ones(2), "fast")
     with pytest.raises(RepOpsError, match="no RepOps backend"):
-        rops.ops._runner(torch.device("meta"))
+        rops.ops.device_runner(torch.device("meta"))
+
+
+def test_package_forwards_exactly_the_torch_api() -> None:
+    """``verde_chain.repops.<name>`` forwards the torch API's ``__all__`` (and only it): a function
+    added to torch_api.py without its public name in the package would be unreachable there."""
+    from verde_chain.repops import ops, torch_api
+
+    public = {rops._ALIASES.get(n, n) for n in rops._TORCH_API}
+    assert public == set(torch_api.__all__)
+    for name in rops._TORCH_API:
+        assert getattr(rops, name) is getattr(torch_api, rops._ALIASES.get(name, name))
+        assert getattr(ops, rops._ALIASES.get(name, name)) is getattr(rops, name)  # the old ops.<name>
+    with pytest.raises(AttributeError):
+        rops.no_such_op  # noqa: B018
 
 
 def test_backend_dispatch_hook() -> None:
@@ -480,18 +494,18 @@ def test_backend_dispatch_hook() -> None:
 
 
 @case("binary_backward")
-def _binb(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _binb(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     sa, sb = bcast_pair(draw)
     op = draw(st.sampled_from(["add", "sub", "mul", "div"]))
-    comp = spec.binary_backward(op, sa, sb)
+    comp = library.binary_backward(op, sa, sb)
     return comp, [arr(draw, s) for s in comp.in_shapes]
 
 
 @case("matmul_backward")
-def _mmb(draw: st.DrawFn) -> tuple[spec.Composite, list[np.ndarray]]:
+def _mmb(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     sa, sb, ta, tb = draw(st.sampled_from([((2, 3), (3, 4), False, False), ((3, 2), (4, 3), True, True),
                                            ((2, 2, 3), (4, 3), False, True), ((2, 3, 2), (2, 3, 4), True, False)]))
-    comp = spec.matmul_backward(sa, sb, ta, tb)
+    comp = library.matmul_backward(sa, sb, ta, tb)
     return comp, [arr(draw, s) for s in comp.in_shapes]
 
 
@@ -499,7 +513,7 @@ def test_torch_linear_backward() -> None:
     for op in ("add", "sub", "mul", "div"):
         a, b, g = _t(2, 3, 4), _t(3, 1, seed=1) + 2.0, _t(2, 3, 4, seed=2)
         da, db = _grads(getattr(torch, op), a, b, g=g)
-        rda, rdb = rops.apply(spec.binary_backward(op, (2, 3, 4), (3, 1)), a, b, g)
+        rda, rdb = rops.apply(library.binary_backward(op, (2, 3, 4), (3, 1)), a, b, g)
         torch.testing.assert_close(rda, da, **TOL_RED)
         torch.testing.assert_close(rdb, db, **TOL_RED)
     for sa, sb, ta, tb in [((2, 3), (3, 4), False, False), ((3, 2), (4, 3), True, True), ((3, 2), (3, 4), True, False),
@@ -511,6 +525,6 @@ def test_torch_linear_backward() -> None:
 
         g = _t(*f(a, b).shape, seed=5)
         da, db = _grads(f, a, b, g=g)
-        rda, rdb = rops.apply(spec.matmul_backward(sa, sb, ta, tb), a, b, g)
+        rda, rdb = rops.apply(library.matmul_backward(sa, sb, ta, tb), a, b, g)
         torch.testing.assert_close(rda, da, **TOL_RED)
         torch.testing.assert_close(rdb, db, **TOL_RED)

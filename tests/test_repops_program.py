@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import program, reference, rng, spec
+from verde_chain.repops import library, program, reference, rng
 from verde_chain.repops.isa import CANONICAL_NAN, Instr, Op, f32_bits
 from verde_chain.repops.program import DescriptorError, InputMap, KernelDesc, instruction_at, trace
 
@@ -18,16 +18,16 @@ F32 = np.float32
 
 def _descs() -> list[KernelDesc]:
     return [
-        spec.matmul((2, 3, 4), (4, 5)),
-        spec.matmul((4, 3), (5, 4), trans_a=True, trans_b=True),
-        spec.gemm((3, 4), (4, 2), (2,), alpha=0.5, beta=2.0),
-        spec.binary("sub", (3, 1), (1, 4)),
-        spec.reduce("mean", (2, 3, 4), (1, 2)),
-        spec.reduce("max", (5,), None, keepdims=False),
-        spec.gather((6, 3), (2, 2), 0),
-        spec.scatter_add(4, (3,), 5),
-        spec.transpose((2, 3, 4), (2, 0, 1)),
-        spec.map_unary("relu", ()),
+        library.matmul((2, 3, 4), (4, 5)),
+        library.matmul((4, 3), (5, 4), trans_a=True, trans_b=True),
+        library.gemm((3, 4), (4, 2), (2,), alpha=0.5, beta=2.0),
+        library.binary("sub", (3, 1), (1, 4)),
+        library.reduce("mean", (2, 3, 4), (1, 2)),
+        library.reduce("max", (5,), None, keepdims=False),
+        library.gather((6, 3), (2, 2), 0),
+        library.scatter_add(4, (3,), 5),
+        library.transpose((2, 3, 4), (2, 0, 1)),
+        library.map_unary("relu", ()),
     ]
 
 
@@ -48,7 +48,7 @@ def test_encode_decode_round_trip(desc: KernelDesc) -> None:
 
 
 def test_hash_changes_with_every_field_and_ignores_label() -> None:
-    d = spec.matmul((2, 3), (3, 4))
+    d = library.matmul((2, 3), (3, 4))
     variants = [
         KernelDesc((2, 4), 3, d.inputs, d.prologue, d.body, d.epilogue, label="other"),
     ]
@@ -109,12 +109,12 @@ def test_instruction_at_matches_trace(desc: KernelDesc) -> None:
 
 
 def test_instruction_at_phases_and_bounds() -> None:
-    d = spec.matmul((2, 5), (5, 3))  # P = 3, B = 3, K = 5, E = 0
+    d = library.matmul((2, 5), (5, 3))  # P = 3, B = 3, K = 5, E = 0
     assert d.num_steps == 3 + 4 * 3
     assert instruction_at(d, 0) == (d.prologue[0], 0)
     assert instruction_at(d, 3) == (d.body[0], 1)
     assert instruction_at(d, 14) == (d.body[2], 4)
-    g = spec.gemm((2, 5), (5, 3), (3,), alpha=2.0)
+    g = library.gemm((2, 5), (5, 3), (3,), alpha=2.0)
     n = g.num_steps
     assert instruction_at(g, n - 1) == (g.epilogue[-1], 4)
     with pytest.raises(DescriptorError):
@@ -160,9 +160,9 @@ def test_descriptor_validation() -> None:
     with pytest.raises(DescriptorError, match="rank"):
         KernelDesc((1,) * 7, 1, (), (Instr(Op.CONST, 0, imm=0),))
     with pytest.raises(RepOpsError, match="float32"):
-        program.run_spec(spec.map_unary("neg", (2,)), [np.zeros(2, np.float64)])
+        program.run_spec(library.map_unary("neg", (2,)), [np.zeros(2, np.float64)])
     with pytest.raises(DescriptorError, match="elements"):
-        reference.run(spec.map_unary("neg", (2,)), [np.zeros(3, F32)])
+        reference.run(library.map_unary("neg", (2,)), [np.zeros(3, F32)])
 
 
 def test_coord_and_const() -> None:
@@ -177,15 +177,15 @@ def test_exact_constants() -> None:
     from fractions import Fraction
 
     for x in [Fraction(1, 3), Fraction(2, 3), Fraction(1, 10), Fraction(10**12 + 1, 7), Fraction(-5, 11)]:
-        assert spec.f32_of_fraction(x) == float(np.float32(float(x)))  # double rounding is safe here
+        assert library.f32_of_fraction(x) == float(np.float32(float(x)))  # double rounding is safe here
     # halfway case: 1 + 2**-24 rounds to even (1.0); 1 + 3*2**-24 rounds up
-    assert spec.f32_of_fraction(Fraction(1) + Fraction(1, 2**24)) == 1.0
-    assert spec.f32_of_fraction(Fraction(1) + Fraction(3, 2**24)) == 1.0 + 2**-22
+    assert library.f32_of_fraction(Fraction(1) + Fraction(1, 2**24)) == 1.0
+    assert library.f32_of_fraction(Fraction(1) + Fraction(3, 2**24)) == 1.0 + 2**-22
     for x in [Fraction(2), Fraction(1, 10), Fraction(999, 1000), Fraction(1) - Fraction(999, 1000) ** 3, Fraction(9, 4)]:
-        got = spec.f32_of_sqrt_fraction(x)
+        got = library.f32_of_sqrt_fraction(x)
         ref = float(np.float32(np.sqrt(np.float64(float(x)))))
         assert got == ref
-    assert spec.f32_of_sqrt_fraction(Fraction(9, 4)) == 1.5
+    assert library.f32_of_sqrt_fraction(Fraction(9, 4)) == 1.5
 
 
 # ---------------------------------------------------------------------------------- rng
@@ -232,7 +232,7 @@ def test_loadidx_index_must_be_int32_everywhere() -> None:
     from verde_chain.repops import backend_cpu
     from verde_chain.scalarvm import vm
 
-    desc = spec.gather((4, 2), (5,))
+    desc = library.gather((4, 2), (5,))
     data = np.arange(8, dtype=np.float32)
     idx = np.array([2.0**31, -(2.0**31) - 256, 1e30, 2.0**62, 3.0], dtype=np.float32)
     want = np.array([np.nan] * 8 + [6.0, 7.0], dtype=np.float32).reshape(5, 2)

@@ -11,7 +11,7 @@ from verde_chain.chain.deploy import deploy_contract
 from verde_chain.chain.tx import call
 from verde_chain.commit.tensor import tensor_root
 from verde_chain.errors import ContractRevert
-from verde_chain.repops import program, spec
+from verde_chain.repops import library, program
 from verde_chain.repops.edges import EDGE_BITS
 from verde_chain.repops.isa import Op
 from verde_chain.scalarvm import vm
@@ -19,25 +19,25 @@ from verde_chain.scalarvm import vm
 
 def _descs() -> list[program.KernelDesc]:
     out = [
-        spec.matmul((3, 5), (5, 2)),
-        spec.matmul((4, 3), (2, 4), trans_a=True, trans_b=True),
-        spec.binary("add", (3, 1, 4), (2, 4)),
-        spec.binary("div", (2, 3), (3,)),
-        spec.binary("max", (5,), (5,)),
-        spec.binary("le", (4,), (4,)),
-        spec.reduce("sum", (3, 6), [1]),
-        spec.reduce("max", (4, 5), [0]),
-        spec.reduce("mean", (2, 3, 4), [1, 2]),
-        spec.gather((6, 3), (4,)),
-        spec.scatter_add(5, (3,), 4),
-        spec.leaky_relu((6,), 0.1),
-        spec.where((4,), (4,), (4,)),
-        spec.transpose((2, 3, 4), (2, 0, 1)),
+        library.matmul((3, 5), (5, 2)),
+        library.matmul((4, 3), (2, 4), trans_a=True, trans_b=True),
+        library.binary("add", (3, 1, 4), (2, 4)),
+        library.binary("div", (2, 3), (3,)),
+        library.binary("max", (5,), (5,)),
+        library.binary("le", (4,), (4,)),
+        library.reduce("sum", (3, 6), [1]),
+        library.reduce("max", (4, 5), [0]),
+        library.reduce("mean", (2, 3, 4), [1, 2]),
+        library.gather((6, 3), (4,)),
+        library.scatter_add(5, (3,), 4),
+        library.leaky_relu((6,), 0.1),
+        library.where((4,), (4,), (4,)),
+        library.transpose((2, 3, 4), (2, 0, 1)),
     ]
-    out += [spec.map_unary(n, (7,)) for n in spec.UNARY_CODE if n != "identity"]
+    out += [library.map_unary(n, (7,)) for n in library.UNARY_CODE if n != "identity"]
     from verde_chain.repops import transcendental
 
-    out += [spec.map_unary(n, (7,)) for n in spec.TRANSCENDENTAL_UNARY if n in transcendental.PROGRAMS]
+    out += [library.map_unary(n, (7,)) for n in library.TRANSCENDENTAL_UNARY if n in transcendental.PROGRAMS]
     return out
 
 
@@ -86,7 +86,7 @@ def scalar_vm(_session_w3, artifacts):  # type: ignore[no-untyped-def]
 
 @pytest.mark.chain
 def test_describe_and_initial_state(scalar_vm, artifacts) -> None:  # type: ignore[no-untyped-def]
-    d = spec.matmul((3, 5), (5, 2))
+    d = library.matmul((3, 5), (5, 2))
     assert call(scalar_vm.functions.describe(d.encode()), artifacts) == [d.numel, d.num_steps]
     ins = [np.zeros(15, np.float32), np.zeros(10, np.float32)]
     got = call(scalar_vm.functions.initialStateHash(_ctx(d, ins, 4, 0)), artifacts)
@@ -131,7 +131,7 @@ def test_one_step_matches_twin_1000_random_instructions(scalar_vm, artifacts) ->
 
 @pytest.mark.chain
 def test_rejections_are_named(scalar_vm, artifacts) -> None:  # type: ignore[no-untyped-def]
-    desc = spec.matmul((3, 5), (5, 2))
+    desc = library.matmul((3, 5), (5, 2))
     rng = random.Random(3)
     ins = _inputs(desc, rng)
     e = 3
@@ -157,7 +157,7 @@ def test_rejections_are_named(scalar_vm, artifacts) -> None:  # type: ignore[no-
     assert revert_name((*ctx[:4], load_j + 1), sp.pre.encode(), sp.proof) == "StateContextMismatch"
     assert revert_name((*ctx[:3], e + 1, load_j), sp.pre.encode(), sp.proof) == "StateContextMismatch"
     # wrong op descriptor (another node's program under this node's hash)
-    other = spec.matmul((3, 5), (5, 1)).encode()
+    other = library.matmul((3, 5), (5, 1)).encode()
     assert revert_name((ctx[0], other, *ctx[2:]), sp.pre.encode(), sp.proof) == "DescriptorHashMismatch"
     # step past the end, element past the end, malformed state
     assert revert_name((*ctx[:4], desc.num_steps), sp.pre.encode(), sp.proof) == "StepOutOfRange"
@@ -168,7 +168,7 @@ def test_rejections_are_named(scalar_vm, artifacts) -> None:  # type: ignore[no-
 
 @pytest.mark.chain
 def test_final_value(scalar_vm, artifacts) -> None:  # type: ignore[no-untyped-def]
-    desc = spec.map_unary("exp", (3,))
+    desc = library.map_unary("exp", (3,))
     ins = [np.array([0.5, -1.0, 2.0], np.float32)]
     last = vm.run_states(desc, ins, 2)[-1]
     h, v = call(scalar_vm.functions.finalValue(last.encode()), artifacts)

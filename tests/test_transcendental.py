@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verde_chain.errors import RepOpsError
+from verde_chain.repops import ssa
 from verde_chain.repops import transcendental as T
 from verde_chain.repops.isa import CANONICAL_NAN, NUM_REGS, Instr, Op, decode_program, encode_program
 
@@ -109,8 +110,8 @@ def test_unknown_function_and_wrong_arity() -> None:
 
 
 def test_builder_rejects_inexact_constant() -> None:
-    b = T._Builder(1)
-    with pytest.raises(T.ProgramBuildError):
+    b = ssa.ProgramBuilder(1)
+    with pytest.raises(ssa.ProgramBuildError):
         b.k(0.1)
 
 

@@ -27,7 +27,7 @@ from verde_chain.chain.game import InputKind, InputProof, NodePreimage, NodeReve
 from verde_chain.commit import merkle, tensor
 from verde_chain.commit.merkle import keccak256
 from verde_chain.game.toy import Fault, LazySteps, _levels, _proof, batch_leaf, structure_leaf
-from verde_chain.repops import program, spec
+from verde_chain.repops import library, program
 from verde_chain.repops.program import KernelDesc, instruction_at
 from verde_chain.scalarvm import vm
 
@@ -36,10 +36,10 @@ Source = tuple[InputKind, int]
 
 def regression_graph(rows: int = 4, cols: int = 8, outs: int = 3) -> list[tuple[KernelDesc, tuple[Source, ...]]]:
     return [
-        (spec.matmul((rows, cols), (cols, outs)), ((InputKind.BATCH, 0), (InputKind.PREV_STEP_NODE_OUTPUT, 3))),
-        (spec.matmul((rows, cols), (rows, outs), trans_a=True), ((InputKind.BATCH, 0), (InputKind.NODE_OUTPUT, 0))),
-        (spec.binary("mul", (cols, outs), (1,)), ((InputKind.NODE_OUTPUT, 1), (InputKind.BATCH, 1))),
-        (spec.binary("sub", (cols, outs), (cols, outs)),
+        (library.matmul((rows, cols), (cols, outs)), ((InputKind.BATCH, 0), (InputKind.PREV_STEP_NODE_OUTPUT, 3))),
+        (library.matmul((rows, cols), (rows, outs), trans_a=True), ((InputKind.BATCH, 0), (InputKind.NODE_OUTPUT, 0))),
+        (library.binary("mul", (cols, outs), (1,)), ((InputKind.NODE_OUTPUT, 1), (InputKind.BATCH, 1))),
+        (library.binary("sub", (cols, outs), (cols, outs)),
          ((InputKind.PREV_STEP_NODE_OUTPUT, 3), (InputKind.NODE_OUTPUT, 2))),
     ]
 

@@ -1,6 +1,6 @@
 """Lowering of the forward IR to RepOps primitive nodes, and reverse-mode differentiation.
 
-Every IR op has a forward rule (primitive nodes from ``repops.spec``) and a backward rule that
+Every IR op has a forward rule (primitive nodes from ``repops.library``) and a backward rule that
 emits the primitive nodes of its vector-Jacobian product. Backward rules run in reverse
 topological order; a value used several times gets its gradient contributions summed with ADD
 nodes in the order they arrive (that order is fixed by the op order, so it is part of the graph).
@@ -17,9 +17,9 @@ from typing import Any
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import NotDifferentiableError, ShapeMismatchError, UnsupportedModelError
 from verde_chain.graph.ir import Model, OpNode
-from verde_chain.repops import spec
+from verde_chain.repops import library
 from verde_chain.repops.isa import Instr, Op
-from verde_chain.repops.spec import I, const
+from verde_chain.repops.library import I, const
 
 BIN_OP = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV}
 # unary fns and whether their backward program reads the forward input x (else the output y)
@@ -57,13 +57,13 @@ def _fw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     x, w = ins
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise UnsupportedModelError(op.name, f"MatMul of rank {len(x.shape)} x {len(w.shape)}", "rank >= 2 operands")
-    return Saved(b.node(spec.matmul(x.shape, w.shape), x, w, label="matmul"))
+    return Saved(b.node(library.matmul(x.shape, w.shape), x, w, label="matmul"))
 
 
 def _fw_gemm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     a = op.attrs
     c_shape = ins[2].shape if len(ins) > 2 else None
-    desc = spec.gemm(ins[0].shape, ins[1].shape, c_shape, a["alpha"], a["beta"], a["trans_a"], a["trans_b"])
+    desc = library.gemm(ins[0].shape, ins[1].shape, c_shape, a["alpha"], a["beta"], a["trans_a"], a["trans_b"])
     args = ins if (len(ins) > 2 and a["beta"] != 0.0) else ins[:2]
     return Saved(b.node(desc, *args, label="gemm"))
 
@@ -90,14 +90,14 @@ def _fw_unary(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 
 
 def _fw_softmax(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
-    comp = (spec.softmax if op.op == "softmax" else spec.log_softmax)(ins[0].shape, op.attrs["axis"])
+    comp = (library.softmax if op.op == "softmax" else library.log_softmax)(ins[0].shape, op.attrs["axis"])
     return Saved(b.composite(comp, ins[0], label=op.op)[0])
 
 
 def _fw_layer_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     if len(ins) != 3:
         raise UnsupportedModelError(op.name, "LayerNormalization without scale and bias", "scale and bias inputs")
-    comp = spec.layer_norm(ins[0].shape, op.attrs["axis"], op.attrs["eps"], scale=True, bias=True)
+    comp = library.layer_norm(ins[0].shape, op.attrs["axis"], op.attrs["eps"], scale=True, bias=True)
     y, mean, istd = b.composite(comp, *ins, label="layer_norm")
     return Saved(y, {"mean": mean, "istd": istd})
 
@@ -108,7 +108,7 @@ def _fw_reduce(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 
 
 def _fw_transpose(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
-    return Saved(b.node(spec.transpose(ins[0].shape, op.attrs["perm"]), ins[0], label="transpose"))
+    return Saved(b.node(library.transpose(ins[0].shape, op.attrs["perm"]), ins[0], label="transpose"))
 
 
 def _fw_reshape(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
@@ -117,7 +117,7 @@ def _fw_reshape(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 
 def _fw_gather(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     data, idx = ins
-    return Saved(b.node(spec.gather(data.shape, idx.shape, 0), data, idx, label="gather"))
+    return Saved(b.node(library.gather(data.shape, idx.shape, 0), data, idx, label="gather"))
 
 
 _FORWARD: dict[str, Callable[[GraphBuilder, OpNode, list[Ref]], Saved]] = {
@@ -150,7 +150,7 @@ def backward(b: GraphBuilder, op: OpNode, ins: list[Ref], saved: Saved, g: Ref, 
 
 
 def _mm(b: GraphBuilder, x: Ref, y: Ref, ta: bool = False, tb: bool = False) -> Ref:
-    return b.node(spec.matmul(x.shape, y.shape, ta, tb), x, y, label="matmul")
+    return b.node(library.matmul(x.shape, y.shape, ta, tb), x, y, label="matmul")
 
 
 def _bw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
@@ -245,17 +245,17 @@ def _bw_unary(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, nee
         return [b.map("erf_grad", [const(2, TWO_OVER_SQRT_PI), I(Op.MUL, 0, 0, 2), I(Op.MUL, 0, 0, 1)], e, g)]
     name, which = UNARY_GRAD[fn]
     src = ins[0] if which == "x" else s.out
-    return [b.node(spec.unary_grad(name, src.shape), src, g, label=name)]
+    return [b.node(library.unary_grad(name, src.shape), src, g, label=name)]
 
 
 def _bw_softmax(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
-    maker = spec.softmax_backward if op.op == "softmax" else spec.log_softmax_backward
+    maker = library.softmax_backward if op.op == "softmax" else library.log_softmax_backward
     return [b.composite(maker(s.out.shape, op.attrs["axis"]), s.out, g, label=f"{op.op}_bwd")[0]]
 
 
 def _bw_layer_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
     x, scale, _bias = ins
-    comp = spec.layer_norm_backward(x.shape, op.attrs["axis"])
+    comp = library.layer_norm_backward(x.shape, op.attrs["axis"])
     want = [i for i in range(3) if need[i]]
     res = b.composite(comp, x, scale, s.extra["mean"], s.extra["istd"], g, want=want, label="layer_norm_bwd")
     out: Grads = [None, None, None]
@@ -268,10 +268,10 @@ def _bw_reduce(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, ne
     kind = op.attrs["kind"]
     x = ins[0]
     axes = tuple(sorted(a % len(x.shape) for a in op.attrs["axes"]))
-    keep = spec.reduced_shape(x.shape, axes, True)
+    keep = library.reduced_shape(x.shape, axes, True)
     gk = b.view(g, keep)
     if kind == "sum":
-        return [b.node(spec.expand(keep, x.shape), gk, label="expand")]
+        return [b.node(library.expand(keep, x.shape), gk, label="expand")]
     if kind == "mean":
         k = math.prod(x.shape[a] for a in axes)
         return [b.map("mean_bwd", [const(1, float(k)), I(Op.DIV, 0, 0, 1)], gk, out_shape=x.shape)]
@@ -281,7 +281,7 @@ def _bw_reduce(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, ne
 def _bw_transpose(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
     perm = [p % len(ins[0].shape) for p in op.attrs["perm"]]
     inv = [perm.index(i) for i in range(len(perm))]
-    return [b.node(spec.transpose(g.shape, inv), g, label="transpose")]
+    return [b.node(library.transpose(g.shape, inv), g, label="transpose")]
 
 
 def _bw_reshape(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
@@ -293,7 +293,7 @@ def _bw_gather(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, ne
     if need[1]:
         raise NotDifferentiableError(f"{op.name}: no gradient flows into Gather indices")
     row = data.shape[1:]
-    desc = spec.scatter_add(idx.numel, row, data.shape[0])
+    desc = library.scatter_add(idx.numel, row, data.shape[0])
     return [b.node(desc, b.view(g, (g.numel,)), b.view(idx, (idx.numel,)), label="scatter_add"), None]
 
 
