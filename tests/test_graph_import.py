@@ -131,3 +131,19 @@ def test_erf_gelu_pattern_is_fused_only_when_safe() -> None:
     model, _ = import_torch(Leaky(), torch.zeros(2, 3), ["x"])
     assert any(op.attrs.get("fn") == "erf" for op in model.ops)
     assert not any(op.attrs.get("fn") == "gelu_erf" for op in model.ops)
+
+
+def test_every_ir_op_has_its_rules_and_every_onnx_op_its_importer() -> None:
+    """The operator tables are filled by registration (graph/operators): a family module that is
+    not imported, or an op added to ir.OPS without its rules, shows up here."""
+    from verde_chain.graph import ir
+    from verde_chain.graph.onnx_import import supported_ops
+    from verde_chain.graph.operators import LOWERINGS, VJPS
+
+    assert set(LOWERINGS) == set(ir.OPS)
+    assert set(VJPS) == set(ir.OPS)
+    assert supported_ops() == sorted(
+        ["Add", "Cast", "Constant", "Div", "Erf", "Exp", "Flatten", "Gather", "Gelu", "Gemm", "Identity",
+         "LayerNormalization", "Log", "LogSoftmax", "MatMul", "Mul", "Neg", "ReduceMax", "ReduceMean", "ReduceSum",
+         "Relu", "Reshape", "Sigmoid", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze"]
+    )  # fmt: skip
