@@ -46,8 +46,8 @@ import torch
 import verde_chain.graph.executor as ex
 from verde_chain.examples import EXAMPLES
 from verde_chain.game import rules
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.checkpoint import CheckpointStore
-from verde_chain.graph.kernels import make_runner
 from verde_chain.job import Job
 
 CHECKPOINT_INTERVALS = (1, 5, 10, 20, 50, 100)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verde_chain.repops import cpu_kernels as ck
-from verde_chain.repops import edges, ops, program, reference, spec
+from verde_chain.repops import edges, library, ops, program, reference
 from verde_chain.repops.backend_cpu import JIT_MIN_NUMEL, BackendUnavailable, CppBackend, jit_source, live_in
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op, f32_bits
 
@@ -73,7 +73,7 @@ def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CppBackend,
         assert be.path(desc) == ("jit" if want_kind == "program" and jit else want_kind)
 
 
-def run_composite(comp: spec.Composite, ins: list[np.ndarray], be: CppBackend) -> None:
+def run_composite(comp: library.Composite, ins: list[np.ndarray], be: CppBackend) -> None:
     want = comp.run(ins, reference.run)
     got = comp.run(ins, be)
     for g, w in zip(got, want):
@@ -98,7 +98,7 @@ def test_every_instruction_on_all_edge_pairs(isa: str) -> None:
             if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
                 continue
             instr = Instr(op, 0, 0, 1, 2 if op in THREE_REG_OPS else 0)
-            assert_same(spec.elementwise(op.name, [(n,)] * 3, (instr,)), ins, be, "program")
+            assert_same(library.elementwise(op.name, [(n,)] * 3, (instr,)), ins, be, "program")
 
 
 @pytest.mark.parametrize("isa", ck.available_isas())
@@ -114,7 +114,7 @@ def test_jit_every_instruction_on_all_edge_pairs(isa: str) -> None:
         if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
             continue
         instr = Instr(op, 0, 0, 1, 2 if op in THREE_REG_OPS else 0)
-        desc = spec.elementwise(op.name, [(n,)] * 3, (instr,))
+        desc = library.elementwise(op.name, [(n,)] * 3, (instr,))
         assert_same(desc, ins, be)
         assert be.path(desc) == "jit"
 
@@ -138,7 +138,7 @@ NAN_CHAIN = (
     [
         (Instr(Op.SELECT, 0, 12, 9, 6),),  # result from a register op: canonical
         (Instr(Op.MOV, 0, 2),),  # MOV of a raw loaded NaN: canonical
-        (spec.load(0, 1),),  # a LOAD writes r0 last: raw payload kept
+        (library.load(0, 1),),  # a LOAD writes r0 last: raw payload kept
         (Instr(Op.CONST, 0, imm=0xFFC00001),),  # raw CONST NaN kept
     ],
     ids=["select", "mov", "load", "const"],
@@ -149,7 +149,7 @@ def test_nan_payloads_through_chains(be: CppBackend, tail: tuple[Instr, ...]) ->
     a, b = (g.reshape(-1) for g in np.meshgrid(EDGE_BITS, EDGE_BITS))
     c = np.random.default_rng(5).choice(EDGE_BITS, a.size)
     ins = [x.view(np.float32) for x in (a, b, c)]
-    desc = spec.elementwise("chain", [(a.size,)] * 3, NAN_CHAIN + tail)
+    desc = library.elementwise("chain", [(a.size,)] * 3, NAN_CHAIN + tail)
     assert_same(desc, ins, be, "program")
 
 
@@ -163,9 +163,9 @@ def test_const_coord_mov_and_raw_loads_keep_payloads(be: CppBackend) -> None:
         Instr(Op.SELECT, 0, 3, 0, 5),  # row 0: the raw CONST NaN, else the loaded value
     )
     x = edge_array((5, 7), 1, 0.6)
-    assert_same(spec.elementwise("raw", [(5, 7)], (spec.load(0, 0), *code)), [x], be)
-    assert_same(spec.elementwise("mov", [(5, 7)], (spec.load(1, 0), Instr(Op.MOV, 0, 1))), [x], be)
-    assert_same(spec.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), [x], be)
+    assert_same(library.elementwise("raw", [(5, 7)], (library.load(0, 0), *code)), [x], be)
+    assert_same(library.elementwise("mov", [(5, 7)], (library.load(1, 0), Instr(Op.MOV, 0, 1))), [x], be)
+    assert_same(library.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), [x], be)
 
 
 def test_unwritten_and_loop_carried_registers_start_at_plus_zero(be: CppBackend) -> None:
@@ -175,14 +175,14 @@ def test_unwritten_and_loop_carried_registers_start_at_plus_zero(be: CppBackend)
     m = program.InputMap(x.size, (6,), 1)
     desc = program.KernelDesc(
         (300,), 6, (m,),
-        (spec.load(1, 0), Instr(Op.ADD, 0, 1, 7)),
-        (spec.load(1, 0), Instr(Op.ADD, 9, 9, 1), Instr(Op.MUL, 0, 9, 9)),
+        (library.load(1, 0), Instr(Op.ADD, 0, 1, 7)),
+        (library.load(1, 0), Instr(Op.ADD, 9, 9, 1), Instr(Op.MUL, 0, 9, 9)),
         (Instr(Op.ADD, 0, 0, 11),),
         label="carried",
     )  # fmt: skip
     assert_same(desc, [x], be, "program")
     neg0 = np.full((300, 1), -0.0, np.float32)
-    one = program.KernelDesc((300,), 1, (program.InputMap(300, (1,)),), (spec.load(1, 0), Instr(Op.ADD, 0, 1, 7)))
+    one = program.KernelDesc((300,), 1, (program.InputMap(300, (1,)),), (library.load(1, 0), Instr(Op.ADD, 0, 1, 7)))
     assert_same(one, [neg0], be)
     assert (be(one, [neg0]).view(np.uint32) == 0).all()
 
@@ -191,15 +191,15 @@ def test_loadidx_edge_indices_match_the_scalar_interpreter(be: CppBackend) -> No
     """Gather with every kind of bad index: NaN, inf, non-integral, negative (wraps once),
     out of range, huge. Huge integral indices are compared to ``program.run_spec`` (exact
     integers): ``reference.run`` clips them to 2**62 and its int64 product with the index
-    stride can wrap (reported to the lead)."""
+    stride can wrap."""
     data = edge_array((10, 4), 2)
     small = np.array([0, 3, -1, -10, -11, 10, 2.5, -0.0, np.nan, np.inf, -np.inf, 9, 1e9], np.float32)
-    assert_same(spec.gather((10, 4), small.shape, 0), [data, small], be)
+    assert_same(library.gather((10, 4), small.shape, 0), [data, small], be)
     huge = np.array([1e30, 2.0**62, -(2.0**62), 4.6e18, 3e38, 1.0], np.float32)
-    desc = spec.gather((10, 4), huge.shape, 0)
+    desc = library.gather((10, 4), huge.shape, 0)
     np.testing.assert_array_equal(be(desc, [data, huge]).view(np.uint32), program.run_spec(desc, [data, huge]).view(np.uint32))
     idx = np.array([[0, 3, 1], [-1, 7, 2]], np.float32)
-    assert_same(spec.gather_elements((2, 4), (2, 3), 1), [edge_array((2, 4), 3), idx], be)
+    assert_same(library.gather_elements((2, 4), (2, 3), 1), [edge_array((2, 4), 3), idx], be)
 
 
 # ======================================================================= GEMM path
@@ -228,7 +228,7 @@ MATMUL_CASES = [  # (a, b, trans_a, trans_b, the backend's path)
 def test_matmul_path(
     be: CppBackend, a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool, path: str
 ) -> None:
-    desc = spec.matmul(a_shape, b_shape, ta, tb)
+    desc = library.matmul(a_shape, b_shape, ta, tb)
     ins = [edge_array(a_shape, 11, 0.1), edge_array(b_shape, 12, 0.1)]
     assert_same(desc, ins, be, path)
 
@@ -238,10 +238,10 @@ def test_matmul_subnormal_products_are_not_flushed(be: CppBackend) -> None:
     b = np.full((16, 8), 2.0**-70, np.float32)  # products 2**-140: subnormal
     torch.set_flush_denormal(True)
     try:
-        got = be(spec.matmul(a.shape, b.shape), [a, b])
+        got = be(library.matmul(a.shape, b.shape), [a, b])
     finally:
         torch.set_flush_denormal(False)
-    assert_same(spec.matmul(a.shape, b.shape), [a, b], be)
+    assert_same(library.matmul(a.shape, b.shape), [a, b], be)
     assert (got.reshape(-1).view(np.uint32) == np.float32(16 * 2.0**-140).view(np.uint32)).all()
 
 
@@ -256,35 +256,35 @@ def test_gemm_epilogues(be: CppBackend, c_shape: tuple[int, ...] | None, alpha: 
     ins = [a, b]
     if c_shape is not None and beta != 0.0:
         ins.append(edge_array(c_shape, 23, 0.3))
-    assert_same(spec.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb), ins, be, "dot")
+    assert_same(library.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb), ins, be, "dot")
 
 
 def test_epilogue_reading_body_registers_goes_to_the_interpreter(be: CppBackend) -> None:
     """An epilogue that reads r1 (the last A value) is outside what the GEMM models: the plan
     must fall back to the interpreter, and the label ("matmul") must not fool it either way."""
-    mm = spec.matmul((4, 6), (6, 3))
+    mm = library.matmul((4, 6), (6, 3))
     odd = program.KernelDesc(mm.out_shape, mm.K, mm.inputs, mm.prologue, mm.body, (Instr(Op.ADD, 0, 0, 1),), label="matmul")
     assert live_in(odd.epilogue) == {0, 1}
     assert_same(odd, [edge_array((4, 6), 31), edge_array((6, 3), 32)], be, "program")
-    exp_named_matmul = program.KernelDesc((5,), 1, (program.InputMap(5, (1,)),), spec.map_unary("exp", (5,)).prologue, label="matmul")
+    exp_named_matmul = program.KernelDesc((5,), 1, (program.InputMap(5, (1,)),), library.map_unary("exp", (5,)).prologue, label="matmul")
     assert_same(exp_named_matmul, [edge_array((5,), 33)], be, "program")
 
 
 def test_reduce_dot_runs_on_the_interpreter(be: CppBackend) -> None:
     x, y = edge_array((5, 7, 3), 41), edge_array((5, 7, 3), 42)
     for axes, mean in [((1,), False), ((2,), True), (None, False)]:
-        assert_same(spec.reduce_dot(x.shape, axes, keepdims=True, mean=mean), [x, y], be, "program")
+        assert_same(library.reduce_dot(x.shape, axes, keepdims=True, mean=mean), [x, y], be, "program")
 
 
 # ======================================================================= folds
 
 
-@pytest.mark.parametrize("kind", spec.REDUCE_KINDS)
+@pytest.mark.parametrize("kind", library.REDUCE_KINDS)
 def test_reductions_every_kind_and_axes(be: CppBackend, kind: str) -> None:
     x = edge_array((6, 11, 4), 51, 0.2)
     fold = kind in ("sum", "mean", "max", "min")
     for axes, keep in [((1, 2), False), ((2,), True), ((0,), False), (None, True)]:
-        desc = spec.reduce(kind, x.shape, axes, keep)
+        desc = library.reduce(kind, x.shape, axes, keep)
         assert_same(desc, [x], be, "fold" if fold else "program")
 
 
@@ -293,7 +293,7 @@ def test_k1_reduction_keeps_raw_nan_payloads(be: CppBackend) -> None:
     reduce kernel canonicalises, so the plan must not use it."""
     x = np.array([[0x7F800001], [0xFFC12345], [0x80000000]], np.uint32).view(np.float32)
     for kind in ("sum", "max", "min"):
-        desc = spec.reduce(kind, x.shape, (1,), False)
+        desc = library.reduce(kind, x.shape, (1,), False)
         assert_same(desc, [x], be, "program")
         assert be(desc, [x]).view(np.uint32)[0] == 0x7F800001
 
@@ -301,45 +301,45 @@ def test_k1_reduction_keeps_raw_nan_payloads(be: CppBackend) -> None:
 def test_large_reductions_threaded(be: CppBackend) -> None:
     x = edge_array((300, 257), 52, 0.01)
     for kind, axes in [("sum", (1,)), ("max", (0,)), ("mean", None), ("min", (1,))]:
-        assert_same(spec.reduce(kind, x.shape, axes, False), [x], be, "fold")
+        assert_same(library.reduce(kind, x.shape, axes, False), [x], be, "fold")
 
 
 # ======================================================================= elementwise
 
 
-@pytest.mark.parametrize("op", sorted(spec.BINARY_CODE))
+@pytest.mark.parametrize("op", sorted(library.BINARY_CODE))
 def test_binary_same_shape_and_broadcast(be: CppBackend, op: str) -> None:
     a, b = edge_array((4, 8), 61, 0.4), edge_array((4, 8), 62, 0.4)
     fast = op in ("add", "sub", "mul", "div", "max", "min")
-    assert_same(spec.binary(op, a.shape, b.shape), [a, b], be, "binary" if fast else "program")
+    assert_same(library.binary(op, a.shape, b.shape), [a, b], be, "binary" if fast else "program")
     c = edge_array((3, 1, 8), 63, 0.4)
-    assert_same(spec.binary(op, c.shape, b.shape), [c, b], be, "program")
+    assert_same(library.binary(op, c.shape, b.shape), [c, b], be, "program")
     big = edge_array((1 << 17) + 5, 64, 0.05)
-    assert_same(spec.binary(op, big.shape, big.shape), [big, big[::-1].copy()], be)
+    assert_same(library.binary(op, big.shape, big.shape), [big, big[::-1].copy()], be)
 
 
-UNARY = sorted(spec.UNARY_CODE) + list(spec.TRANSCENDENTAL_UNARY)
+UNARY = sorted(library.UNARY_CODE) + list(library.TRANSCENDENTAL_UNARY)
 
 
 @pytest.mark.parametrize("name", UNARY)
 def test_unary_maps_on_edges_and_wide_range(be: CppBackend, name: str) -> None:
     x = np.concatenate([EDGE_BITS.view(np.float32), edge_array((3000,), 71, 0.1, 10.0), edge_array((500,), 72, 0, 200.0)])
-    assert_same(spec.map_unary(name, x.shape), [x], be, "program")
+    assert_same(library.map_unary(name, x.shape), [x], be, "program")
 
 
-@pytest.mark.parametrize("name", sorted(spec.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"])
+@pytest.mark.parametrize("name", sorted(library.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"])
 def test_unary_grads(be: CppBackend, name: str) -> None:
     x, g = edge_array((40, 30), 81, 0.2), edge_array((40, 30), 82, 0.2)
-    assert_same(spec.unary_grad(name, x.shape), [x, g], be)
+    assert_same(library.unary_grad(name, x.shape), [x, g], be)
 
 
 def test_other_maps(be: CppBackend) -> None:
     x = edge_array((9, 13), 91, 0.3)
-    assert_same(spec.map_affine(x.shape, 0.3, -1.25), [x], be)
-    assert_same(spec.clip(x.shape, -1.0, 2.0), [x], be)
-    assert_same(spec.leaky_relu(x.shape, 0.01), [x], be)
+    assert_same(library.map_affine(x.shape, 0.3, -1.25), [x], be)
+    assert_same(library.clip(x.shape, -1.0, 2.0), [x], be)
+    assert_same(library.leaky_relu(x.shape, 0.01), [x], be)
     cond = edge_array((9, 1), 92, 0.5)
-    assert_same(spec.where(cond.shape, x.shape, (13,)), [cond, x, edge_array((13,), 93)], be)
+    assert_same(library.where(cond.shape, x.shape, (13,)), [cond, x, edge_array((13,), 93)], be)
 
 
 # ======================================================================= data movement
@@ -347,20 +347,20 @@ def test_other_maps(be: CppBackend) -> None:
 
 def test_copies_gathers_and_scatter(be: CppBackend) -> None:
     x = edge_array((3, 4, 5), 101)
-    assert_same(spec.transpose(x.shape, (2, 0, 1)), [x], be)
-    assert_same(spec.reshape(x.shape, (5, 12)), [x], be)
-    assert_same(spec.expand((4, 1), (3, 4, 6)), [edge_array((4, 1), 102)], be)
-    assert_same(spec.slice_(x.shape, [2, 0, 4], [None, 4, None], [-1, 2, -2]), [x], be)  # negative strides
+    assert_same(library.transpose(x.shape, (2, 0, 1)), [x], be)
+    assert_same(library.reshape(x.shape, (5, 12)), [x], be)
+    assert_same(library.expand((4, 1), (3, 4, 6)), [edge_array((4, 1), 102)], be)
+    assert_same(library.slice_(x.shape, [2, 0, 4], [None, 4, None], [-1, 2, -2]), [x], be)  # negative strides
     v = edge_array((1001,), 104)
-    assert_same(spec.slice_(v.shape, [1], [None], [2]), [v], be)  # linear map, address stride 2
-    assert_same(spec.binary("mul", (600, 3), (1, 1)), [edge_array((600, 3), 105), np.float32([[0.5]])], be)  # stride 0
-    assert_same(spec.binary("sub", (3, 1, 500), (3, 7, 500)), [edge_array((3, 1, 500), 106), edge_array((3, 7, 500), 107)], be)
+    assert_same(library.slice_(v.shape, [1], [None], [2]), [v], be)  # linear map, address stride 2
+    assert_same(library.binary("mul", (600, 3), (1, 1)), [edge_array((600, 3), 105), np.float32([[0.5]])], be)  # stride 0
+    assert_same(library.binary("sub", (3, 1, 500), (3, 7, 500)), [edge_array((3, 1, 500), 106), edge_array((3, 7, 500), 107)], be)
     # trailing size-1 output axes: runs follow the last axis of size > 1 (fill / strided runs)
-    assert_same(spec.binary("sub", (60, 40, 1), (60, 1, 1)), [edge_array((60, 40, 1), 108), edge_array((60, 1, 1), 109)], be)
-    assert_same(spec.transpose((50, 40, 1), (1, 0, 2)), [edge_array((50, 40, 1), 110)], be)
+    assert_same(library.binary("sub", (60, 40, 1), (60, 1, 1)), [edge_array((60, 40, 1), 108), edge_array((60, 1, 1), 109)], be)
+    assert_same(library.transpose((50, 40, 1), (1, 0, 2)), [edge_array((50, 40, 1), 110)], be)
     g = edge_array((7, 3), 103)
     idx = np.array([0, 4, 4, 2, 0, 1, 4], np.float32)
-    assert_same(spec.scatter_add(7, (3,), 5), [g, idx], be)
+    assert_same(library.scatter_add(7, (3,), 5), [g, idx], be)
 
 
 # ======================================================================= compositions
@@ -369,21 +369,21 @@ def test_copies_gathers_and_scatter(be: CppBackend) -> None:
 def test_compositions_softmax_norms_losses_optimizers(be: CppBackend) -> None:
     x = edge_array((6, 10), 111, 0.05)
     g = edge_array((6, 10), 112, 0.05)
-    run_composite(spec.softmax(x.shape, -1), [x], be)
-    run_composite(spec.log_softmax(x.shape, 0), [x], be)
-    run_composite(spec.softmax_backward(x.shape, -1), [x, g], be)
-    run_composite(spec.layer_norm(x.shape, 1, 1e-5, True, True), [x, edge_array((10,), 113), edge_array((10,), 114)], be)
-    _, m, s = spec.layer_norm(x.shape, 1, 1e-5, False, False).run([x])
-    run_composite(spec.layer_norm_backward(x.shape, 1), [x, edge_array((10,), 115), m, s, g], be)
+    run_composite(library.softmax(x.shape, -1), [x], be)
+    run_composite(library.log_softmax(x.shape, 0), [x], be)
+    run_composite(library.softmax_backward(x.shape, -1), [x, g], be)
+    run_composite(library.layer_norm(x.shape, 1, 1e-5, True, True), [x, edge_array((10,), 113), edge_array((10,), 114)], be)
+    _, m, s = library.layer_norm(x.shape, 1, 1e-5, False, False).run([x])
+    run_composite(library.layer_norm_backward(x.shape, 1), [x, edge_array((10,), 115), m, s, g], be)
     labels = np.array([0, 3, 9, 2, 2, 7], np.float32)
-    run_composite(spec.softmax_cross_entropy(x.shape, "mean"), [x, labels], be)
-    run_composite(spec.softmax_cross_entropy_backward(x.shape, "mean"), [x, labels, np.ones(1, np.float32)], be)
+    run_composite(library.softmax_cross_entropy(x.shape, "mean"), [x, labels], be)
+    run_composite(library.softmax_cross_entropy_backward(x.shape, "mean"), [x, labels, np.ones(1, np.float32)], be)
     p, buf = edge_array((5, 4), 116, 0.1), edge_array((5, 4), 117, 0.1)
-    run_composite(spec.sgd(p.shape, 0.1, 0.9, 0.0, 1e-4, True, False), [p, g[:5, :4].copy(), buf], be)
+    run_composite(library.sgd(p.shape, 0.1, 0.9, 0.0, 1e-4, True, False), [p, g[:5, :4].copy(), buf], be)
     v = np.abs(edge_array((5, 4), 118, 0.1))
-    run_composite(spec.adam(p.shape, 1e-3, 3, (0.9, 0.999), 1e-8, 0.01, True), [p, g[:5, :4].copy(), buf, v], be)
-    run_composite(spec.reduce_composite("log_sum_exp", x.shape, (1,), False), [x], be)
-    run_composite(spec.matmul_backward((6, 10), (10, 3)), [x, edge_array((10, 3), 119), edge_array((6, 3), 120)], be)
+    run_composite(library.adam(p.shape, 1e-3, 3, (0.9, 0.999), 1e-8, 0.01, True), [p, g[:5, :4].copy(), buf, v], be)
+    run_composite(library.reduce_composite("log_sum_exp", x.shape, (1,), False), [x], be)
+    run_composite(library.matmul_backward((6, 10), (10, 3)), [x, edge_array((10, 3), 119), edge_array((6, 3), 120)], be)
 
 
 # ======================================================================= properties
@@ -400,19 +400,19 @@ def test_property_matmul_raw_bits(m: int, k: int, n: int, batch: int, ta: bool, 
     a_shape = (batch, k, m) if ta else (batch, m, k)
     b_shape = (n, k) if tb else (k, n)
     raw = lambda s: rng.integers(0, 2**32, s, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    assert_same(spec.matmul(a_shape, b_shape, ta, tb), [raw(a_shape), raw(b_shape)], be)
+    assert_same(library.matmul(a_shape, b_shape, ta, tb), [raw(a_shape), raw(b_shape)], be)
 
 
 @settings(max_examples=25, deadline=None)
 @given(
-    shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), kind=st.sampled_from(spec.REDUCE_KINDS),
+    shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), kind=st.sampled_from(library.REDUCE_KINDS),
     seed=st.integers(0, 2**16), data=st.data(),
 )  # fmt: skip
 def test_property_reductions_any_axes(shape: list[int], kind: str, seed: int, data: st.DataObject) -> None:
     be = CppBackend(threads=2)
     axes = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True))
     x = edge_array(tuple(shape), seed, 0.3)
-    run_composite(spec.reduce_composite(kind, shape, axes, data.draw(st.booleans())), [x], be)
+    run_composite(library.reduce_composite(kind, shape, axes, data.draw(st.booleans())), [x], be)
 
 
 # ======================================================================= backend plumbing
@@ -441,18 +441,18 @@ def test_register_puts_the_torch_api_on_cpp(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_make_runner_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from verde_chain.graph import kernels
+    from verde_chain.graph import backend
     from verde_chain.repops import backend_cpu
 
-    assert isinstance(kernels.make_runner(), CppBackend)  # the default
-    assert kernels.make_runner("cpp", threads=2).threads == 2  # type: ignore[attr-defined]
+    assert isinstance(backend.make_runner(), CppBackend)  # the default
+    assert backend.make_runner("cpp", threads=2).threads == 2  # type: ignore[attr-defined]
 
     def broken(*a: object, **k: object) -> None:
         raise BackendUnavailable("RepOps C++ kernels unavailable: no compiler (test)")
 
     monkeypatch.setattr(backend_cpu, "CppBackend", broken)
-    monkeypatch.setattr(kernels, "_warned", set())
-    assert kernels.make_runner("cpp") is reference.run
+    monkeypatch.setattr(backend, "_warned", set())
+    assert backend.make_runner("cpp") is reference.run
     assert "falling back to the numpy reference" in capsys.readouterr().err
 
 

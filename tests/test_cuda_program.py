@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import backend_cuda, ops, program, reference, spec
+from verde_chain.repops import backend_cuda, library, ops, program, reference
 from verde_chain.repops.backend_cuda import CudaBackend, CudaUnavailable, encode_maps, encode_program
 from verde_chain.repops.edges import EDGE_BITS
 from verde_chain.repops.isa import IMM_OPS, THREE_REG_OPS, Instr, Op
@@ -192,11 +192,11 @@ def test_loadidx_huge_and_boundary_indices_match_the_scalar_interpreter(host: Ho
     """Integral indices at and beyond the int32 limits: decided exactly as program.index_of."""
     data = np.arange(40, dtype=np.float32).reshape(10, 4)
     idx = np.array([2.0**31, -(2.0**31), 2.0**31 - 128, 1e30, 2.0**62, -(2.0**62), 3e38, 9, -10, 1.0], np.float32)
-    desc = spec.gather((10, 4), idx.shape, 0)
+    desc = library.gather((10, 4), idx.shape, 0)
     assert_bits(host(desc, [data, idx]), program.run_spec(desc, [data, idx]), "gather")
     # idx_stride 0: an index only needs to be valid, any valid value reads the base address
     m = program.InputMap(4, (1,), 0, 0, 0)
-    d0 = program.KernelDesc((4,), 1, (m, program.InputMap(4, (1,))), (spec.load(1, 1), Instr(Op.LOADIDX, 0, 1, 0, 0)))
+    d0 = program.KernelDesc((4,), 1, (m, program.InputMap(4, (1,))), (library.load(1, 1), Instr(Op.LOADIDX, 0, 1, 0, 0)))
     ix = np.array([2.0**31, -(2.0**31), 5e9, -3.0], np.float32)
     got = host(d0, [np.arange(4, dtype=np.float32), ix])
     assert_bits(got, program.run_spec(d0, [np.arange(4, dtype=np.float32), ix]), "idx_stride 0")
@@ -208,7 +208,7 @@ def test_gemm_epilogue_with_r0_preset(host: HostInterpreter) -> None:
     a, b, c = (
         np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(6, 9), (9, 5), (5,)])
     )
-    desc = spec.gemm(a.shape, b.shape, c.shape, 0.5, -2.0)
+    desc = library.gemm(a.shape, b.shape, c.shape, 0.5, -2.0)
     assert desc.epilogue
     chain = program.KernelDesc(desc.out_shape, desc.K, desc.inputs, desc.prologue, desc.body)
     r0 = reference.run(chain, [a, b, c])
@@ -227,7 +227,7 @@ def random_desc(draw: st.DrawFn) -> tuple[program.KernelDesc, list[np.ndarray]]:
     K = draw(st.integers(1, 4))
     n_in = draw(st.integers(1, 3))
     numel = int(np.prod(shape)) if shape else 1
-    cs = spec.c_strides(shape)
+    cs = library.c_strides(shape)
     maps, ins = [], []
     for t in range(n_in):
         bcast = draw(st.lists(st.booleans(), min_size=rank, max_size=rank))
@@ -304,7 +304,7 @@ def test_bad_descriptors_are_refused_before_any_read(host: HostInterpreter) -> N
 def test_backend_raises_clearly_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; gpu_check.py runs the backend")
-    desc = spec.map_unary("exp", (3,))
+    desc = library.map_unary("exp", (3,))
     x = np.ones(3, np.float32)
     with pytest.raises(CudaUnavailable, match="CUDA is not available"):
         CudaBackend()
@@ -313,7 +313,7 @@ def test_backend_raises_clearly_without_cuda() -> None:
     assert isinstance(info.value, RepOpsError)
     with pytest.raises(CudaUnavailable, match="CUDA is not available"):
         ops.BACKENDS["cuda"](desc, [x])
-    from verde_chain.graph.kernels import make_runner
+    from verde_chain.graph.backend import make_runner
 
     run = make_runner("cuda")  # registered; the error comes on first use, not silently
     with pytest.raises(CudaUnavailable, match="CUDA is not available"):
@@ -321,13 +321,13 @@ def test_backend_raises_clearly_without_cuda() -> None:
 
 
 def test_plan_sends_dot_nodes_to_the_gemm() -> None:
-    assert backend_cuda.plan(spec.matmul((6, 9), (9, 5))).kind == "dot"
-    assert backend_cuda.plan(spec.gemm((6, 9), (5, 9), (5,), 0.5, 1.0, False, True)).kind == "dot"
-    assert backend_cuda.plan(spec.matmul((3, 1, 4, 7), (2, 7, 5))).kind == "dot"
-    assert backend_cuda.plan(spec.matmul((7,), (7, 4))).kind == "program"  # GEMV
-    assert backend_cuda.plan(spec.reduce_dot((5, 7), (1,))).kind == "program"
-    assert backend_cuda.plan(spec.softmax((4, 6)).nodes[0].desc).kind == "program"
-    mm = spec.matmul((4, 6), (6, 3))
+    assert backend_cuda.plan(library.matmul((6, 9), (9, 5))).kind == "dot"
+    assert backend_cuda.plan(library.gemm((6, 9), (5, 9), (5,), 0.5, 1.0, False, True)).kind == "dot"
+    assert backend_cuda.plan(library.matmul((3, 1, 4, 7), (2, 7, 5))).kind == "dot"
+    assert backend_cuda.plan(library.matmul((7,), (7, 4))).kind == "program"  # GEMV
+    assert backend_cuda.plan(library.reduce_dot((5, 7), (1,))).kind == "program"
+    assert backend_cuda.plan(library.softmax((4, 6)).nodes[0].desc).kind == "program"
+    mm = library.matmul((4, 6), (6, 3))
     odd = program.KernelDesc(mm.out_shape, mm.K, mm.inputs, mm.prologue, mm.body, (Instr(Op.ADD, 0, 0, 1),))
     assert backend_cuda.plan(odd).kind == "program"  # the epilogue reads r1: not modelled by the GEMM
     neg = program.KernelDesc(

@@ -21,8 +21,8 @@ from test_cuda_program import HostInterpreter, StandInExtension, host  # noqa: F
 
 from verde_chain.errors import RepOpsError
 from verde_chain.examples import EXAMPLES
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.executor import PlainState, StepExecutor
-from verde_chain.graph.kernels import make_runner
 from verde_chain.job import Job
 from verde_chain.repops import backend_cuda
 from verde_chain.repops.backend_cpu import StepKernel
@@ -111,14 +111,14 @@ def test_whole_step_on_the_device_equals_the_cpu_backend(
     be, ext, transfers = cuda
     job = jobs[name]
     outs, c_t, ex, _ = run_steps(job, CudaRunner())
-    kernel = ex._step_kernel()
+    kernel = ex.step_kernel()
     assert isinstance(kernel, CudaStepKernel)  # the whole-step path really ran
     want_outs, want_c, cpu_ex, _ = run_steps(job, make_runner("cpp"))
     assert c_t == want_c
     for s in range(STEPS):
         same(outs[s], want_outs[s], f"{name} step {s + 1}")
     # the same arena layout as the CPU whole-step kernel (the executor's arena_roots rely on it)
-    cpu_kernel = cpu_ex._step_kernel()
+    cpu_kernel = cpu_ex.step_kernel()
     assert isinstance(cpu_kernel, StepKernel)
     assert kernel.offsets == cpu_kernel.offsets and kernel.arena_numel == cpu_kernel.arena_numel
     up, down = transfers.take()
@@ -150,7 +150,7 @@ def test_states_not_from_the_kernel_are_uploaded(
     ex = StepExecutor(job.program.graph, CudaRunner())
     s0 = ex.initial_state(job.init_state)
     s1 = ex.run_plain(s0, job.batch(1)).state
-    kernel = ex._step_kernel()
+    kernel = ex.step_kernel()
     s2 = ex.run_plain(s1, job.batch(2)).state
     transfers.take()
     n_arena, n_batch = kernel.arena_numel, job.program.graph.batch_numel
@@ -200,7 +200,7 @@ def test_node_times_and_refusals(jobs: dict[str, Job], cuda: tuple[CudaBackend, 
     job = jobs["digits"]
     g = job.program.graph
     ex = StepExecutor(g, CudaRunner())
-    kernel = ex._step_kernel()
+    kernel = ex.step_kernel()
     assert isinstance(kernel, CudaStepKernel)
     kernel.node_times = np.zeros(len(g.nodes))
     s0 = ex.initial_state(job.init_state)
@@ -242,7 +242,7 @@ def test_make_runner_cuda_runs_whole_steps(
     runner = make_runner("cuda")
     assert getattr(runner, "compile_step", None) is not None, "make_runner('cuda') must offer compile_step"
     _, c_t, ex, _ = run_steps(jobs["digits"], runner)
-    assert isinstance(ex._step_kernel(), CudaStepKernel)
+    assert isinstance(ex.step_kernel(), CudaStepKernel)
     assert c_t == run_steps(jobs["digits"], make_runner("cpp"))[1]
 
 
@@ -274,7 +274,7 @@ def test_training_run_with_checkpoints_resume_and_recompute(
     want.run()
     run = job.make_run(tmp_path, 2, CudaRunner(), 4)
     assert run.run() == want.commitments[4]
-    assert isinstance(run.exec._step_kernel(), CudaStepKernel)
+    assert isinstance(run.exec.step_kernel(), CudaStepKernel)
     assert [run.commitments[s] for s in range(5)] == [want.commitments[s] for s in range(5)]
     again = job.make_run(tmp_path, 2, CudaRunner(), 4, fresh=False)
     assert again.resume() == 4

@@ -16,11 +16,11 @@ from torch import nn
 
 from verde_chain.commit import merkle, node_hash, step_commitment, tensor_root, verify_element
 from verde_chain.graph import checkpoint, executor
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.data import batch_leaf, batch_root_list
 from verde_chain.graph.errors import CheckpointError, ShapeMismatchError
 from verde_chain.graph.executor import StepState, TrainingRun
-from verde_chain.graph.kernels import make_runner
 from verde_chain.graph.structure import SourceKind, TrainingGraph, structure_leaf
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 
@@ -344,12 +344,12 @@ def test_a_failed_background_checkpoint_write_fails_the_run(
 def test_train_cli_uses_the_default_checkpoint_interval_capped_at_T() -> None:
     import argparse
 
-    from verde_chain.graph import train_cli
+    from verde_chain import train_cli
 
     def loaded(**kw):  # type: ignore[no-untyped-def]
         args = argparse.Namespace(job="digits", steps=None, checkpoint_interval=None)
         vars(args).update(kw)
-        return train_cli._load(args).spec
+        return train_cli.job_of(args).spec
 
     assert executor.DEFAULT_CHECKPOINT_INTERVAL == 100
     assert loaded().checkpoint_interval == 100  # digits: T = 150

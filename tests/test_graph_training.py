@@ -106,7 +106,7 @@ def test_inference_graph_is_forward_only() -> None:
 
 def test_cli_json_summary(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "verde_chain.graph.train_cli", "digits", "--steps", "4", "--checkpoint-interval", "2",
+        [sys.executable, "-m", "verde_chain.cli", "train", "digits", "--steps", "4", "--checkpoint-interval", "2",
          "--out", str(tmp_path), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
     )
@@ -116,7 +116,7 @@ def test_cli_json_summary(tmp_path: Path) -> None:
     commits = json.loads((tmp_path / "commitments.json").read_text())
     assert commits["4"] == summary["final_commitment"]
     again = subprocess.run(
-        [sys.executable, "-m", "verde_chain.graph.train_cli", str(tmp_path / "job"), "--steps", "4", "--json"],
+        [sys.executable, "-m", "verde_chain.cli", "train", str(tmp_path / "job"), "--steps", "4", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
     )
     assert json.loads(again.stdout.strip().splitlines()[-1])["final_commitment"] == summary["final_commitment"]
@@ -124,7 +124,7 @@ def test_cli_json_summary(tmp_path: Path) -> None:
     for f in (tmp_path / "checkpoints").glob("step_00000004.*"):
         f.unlink()
     resumed = subprocess.run(
-        [sys.executable, "-m", "verde_chain.graph.train_cli", str(tmp_path / "job"), "--out", str(tmp_path), "--resume",
+        [sys.executable, "-m", "verde_chain.cli", "train", str(tmp_path / "job"), "--out", str(tmp_path), "--resume",
          "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
     )

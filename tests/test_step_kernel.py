@@ -15,8 +15,8 @@ from test_graph_helpers import build
 from torch import nn
 
 from verde_chain.examples import EXAMPLES
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.executor import StepExecutor
-from verde_chain.graph.kernels import make_runner
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.repops import cpu_kernels as ck
 from verde_chain.repops.backend_cpu import CppBackend, StepKernel
@@ -108,7 +108,7 @@ def test_small_graphs_fused_equal_node_by_node_and_the_reference(name: str) -> N
 
     backend = CppBackend(threads=1)
     fused = run_steps(prog.graph, prog.initial_state(), batches, backend)
-    assert isinstance(fused[2]._step_kernel(), StepKernel)  # the whole-step path really ran
+    assert isinstance(fused[2].step_kernel(), StepKernel)  # the whole-step path really ran
     assert_same_steps(fused, run_steps(prog.graph, prog.initial_state(), batches, node_by_node(backend)))
     assert fused[1] == run_steps(prog.graph, prog.initial_state(), batches, make_runner("reference"))[1]
 
@@ -190,9 +190,9 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     with pytest.raises(RuntimeError, match="map input addresses"):
         plan.add_jit(_int64([(1, 0, 8)]), _int64([(1, 1)]), 0, 8, 1234, 8)  # reads element 8 of 8
     # a 4x4 @ 4x4 dot whose B offset runs past its input
-    from verde_chain.repops import spec
+    from verde_chain.repops import library
 
-    desc: KernelDesc = spec.matmul((4, 4), (4, 4))
+    desc: KernelDesc = library.matmul((4, 4), (4, 4))
     backend = CppBackend(threads=1)
     prep = backend._prepare(desc)
     code = (prep.maps, prep.out_shape, desc.K, *prep.programs, 0)
@@ -215,9 +215,9 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
 
 
 def _scatter_case(P: int, row: tuple[int, ...], V: int, seed: int) -> tuple[KernelDesc, list[np.ndarray]]:
-    """spec.scatter_add with indices that hit, miss (out of range, negative, non-integral, NaN,
+    """library.scatter_add with indices that hit, miss (out of range, negative, non-integral, NaN,
     -0 which matches row 0), repeat, and gradients full of ±0 / NaN / ±inf."""
-    from verde_chain.repops import spec
+    from verde_chain.repops import library
     from verde_chain.repops.edges import edge_array
 
     rng = np.random.default_rng(seed)
@@ -233,7 +233,7 @@ def _scatter_case(P: int, row: tuple[int, ...], V: int, seed: int) -> tuple[Kern
     if P > 2:
         idx[-1] = idx[0] = 0.0  # row 0 matched first and last (no trailing miss) ...
         idx[1] = -1.0  # ... with a miss between
-    return spec.scatter_add(P, row, V), [g.reshape(-1), idx]
+    return library.scatter_add(P, row, V), [g.reshape(-1), idx]
 
 
 @pytest.mark.parametrize("P,row,V", [(1, (3,), 4), (2, (1,), 1), (7, (5,), 3), (40, (33,), 6), (128, (4, 8), 38), (300, (17,), 50)])
@@ -270,7 +270,7 @@ def test_scatter_add_in_the_step_plan_equals_the_interpreter(transformer) -> Non
 
 
 def test_a_scatter_lookalike_with_other_maps_stays_on_the_interpreter() -> None:
-    """Only spec.scatter_add's exact program and maps take the kernel."""
+    """Only library.scatter_add's exact program and maps take the kernel."""
     import dataclasses as dc
 
     from verde_chain.repops import reference

@@ -139,7 +139,7 @@ _register_agents()
 
 
 def _register_train() -> None:
-    from verde_chain.graph import train_cli
+    from verde_chain import train_cli
 
     COMMANDS.append(("train", "run a training job locally (no chain) with step commitments", train_cli.configure,
                      train_cli.run))

@@ -307,7 +307,7 @@ class MicroStepWorld(CheatWorld):
         f = self.micro_fault
         honest = super()._run(f.step)  # nodes before f.node are the same in both runs
         batch = np.asarray(self.batches(f.step), dtype=np.float32).reshape(-1)
-        ins = self.exec._inputs(f.node, self._state(f.step - 1), honest.outputs, batch)
+        ins = self.exec.node_inputs(f.node, self._state(f.step - 1), honest.outputs, batch)
         bad = corrupted_trace(self.graph.nodes[f.node].desc, ins, f.element, f.micro, f.bit)
         if bad[-1].regs[0] == vm.run_states(self.graph.nodes[f.node].desc, ins, f.element)[-1].regs[0]:
             raise CheatError(f"{f} does not change the element's value: choose another bit or micro-step")

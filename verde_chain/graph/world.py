@@ -24,10 +24,10 @@ import numpy as np
 
 from verde_chain.chain.game import InputProof, NodePreimage, NodeReveal
 from verde_chain.commit import merkle, tensor
+from verde_chain.graph.backend import Runner
 from verde_chain.graph.data import batch_leaf, batch_root_list
 from verde_chain.graph.errors import JobSpecError
 from verde_chain.graph.executor import StepExecutor, StepResult, StepState
-from verde_chain.graph.kernels import Runner
 from verde_chain.graph.structure import SourceKind, TrainingGraph
 from verde_chain.scalarvm import vm
 
@@ -110,7 +110,7 @@ class TrainingWorld:
     def _inputs(self, s: int, d: int) -> list[np.ndarray]:
         res = self._result(s)
         batch = np.asarray(self.batches(s), dtype=np.float32).reshape(-1)
-        return self.exec._inputs(d, self._state(s - 1), res.outputs, batch)
+        return self.exec.node_inputs(d, self._state(s - 1), res.outputs, batch)
 
     def _output(self, s: int, d: int) -> np.ndarray:
         return self._result(s).outputs[d]

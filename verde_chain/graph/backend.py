@@ -1,4 +1,4 @@
-"""Which RepOps implementation runs the executor's nodes.
+"""Which RepOps backend runs the training executor's nodes: ``make_runner(name, threads)``.
 
     "cpp"        (default) the C++ CPU kernels (``verde_chain/repops/backend_cpu.py``): GEMM,
                  reductions and vector binaries for the nodes shaped like them, a generic
@@ -17,15 +17,13 @@ tensor root or a commitment; tests check C_T across backends.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-
-import numpy as np
 
 from verde_chain.graph.errors import GraphError
 from verde_chain.repops import reference
-from verde_chain.repops.program import KernelDesc
+from verde_chain.repops.program import Runner
 
-Runner = Callable[[KernelDesc, list[np.ndarray]], np.ndarray]
+__all__ = ["DEFAULT_BACKEND", "Runner", "make_runner"]
+
 DEFAULT_BACKEND = "cpp"
 _warned: set[str] = set()
 
