@@ -258,7 +258,7 @@ def test_ldexp_vs_numpy(a: int, n: int) -> None:
     assert sf.ldexp(a, n) == _canon_ref(_bits_np(ref))
 
 
-# ------------------------------------------------------------------------- RepOps fp32 (engineer T)
+# ------------------------------------------------------------------------- RepOps fp32
 
 
 def _isa_ops() -> list[int]:
