@@ -16,9 +16,8 @@ from verde_chain.graph.errors import GraphError, ShapeMismatchError
 from verde_chain.graph.structure import BatchField, GraphNode, Source, SourceKind, StateSlot, TrainingGraph
 from verde_chain.repops import library
 from verde_chain.repops.isa import Instr
+from verde_chain.repops.library.shapes import Shape, as_shape
 from verde_chain.repops.program import KernelDesc
-
-Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -30,10 +29,6 @@ class Ref:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-def _shape(s: Sequence[int]) -> Shape:
-    return tuple(int(d) for d in s)
 
 
 class GraphBuilder:
@@ -49,7 +44,7 @@ class GraphBuilder:
 
     # -------------------------------------------------------------- leaves
     def state(self, name: str, shape: Sequence[int], role: str) -> Ref:
-        shp = _shape(shape)
+        shp = as_shape(shape)
         if name in self._states and self._states[name][0] != shp:
             raise GraphError(f"state {name!r} declared with two shapes", state=name)
         self._states[name] = (shp, role)
@@ -59,7 +54,7 @@ class GraphBuilder:
         """Declare a field of the packed batch and unpack it with one copy node."""
         if self._sealed:
             raise GraphError(f"batch field {name!r} declared after the batch was unpacked")
-        shp = _shape(shape)
+        shp = as_shape(shape)
         f = BatchField(name, shp, self._batch_numel)
         self._batch.append(f)
         self._batch_numel += f.numel
@@ -89,7 +84,7 @@ class GraphBuilder:
         return Ref("node", len(self._descs) - 1, desc.out_shape)
 
     def view(self, r: Ref, shape: Sequence[int]) -> Ref:
-        shp = _shape(shape)
+        shp = as_shape(shape)
         if math.prod(shp) != r.numel:
             raise ShapeMismatchError(f"cannot view {r.shape} as {shp}")
         return Ref(r.kind, r.key, shp)
@@ -138,7 +133,7 @@ class GraphBuilder:
 
     def unbroadcast(self, g: Ref, shape: Sequence[int]) -> Ref:
         """Sum g over the axes along which ``shape`` was broadcast to g.shape (gradient of broadcast)."""
-        target = _shape(shape)
+        target = as_shape(shape)
         if g.shape == target:
             return g
         axes = library.broadcast_axes(g.shape, target)
@@ -149,7 +144,7 @@ class GraphBuilder:
 
     def constant(self, value: float, shape: Sequence[int] = ()) -> Ref:
         """A zero-input node filling ``shape`` with ``value`` (e.g. the loss seed gradient 1.0)."""
-        desc = KernelDesc(_shape(shape), 1, (), (library.const(0, value),), label="fill")
+        desc = KernelDesc(as_shape(shape), 1, (), (library.const(0, value),), label="fill")
         return self.node(desc, label="fill")
 
     # -------------------------------------------------------------- finish

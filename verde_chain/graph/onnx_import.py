@@ -31,8 +31,8 @@ from verde_chain.graph.errors import UnsupportedModelError
 from verde_chain.graph.fusion import fuse_gelu
 from verde_chain.graph.ir import Model, OpNode, Value
 from verde_chain.graph.operators import ONNX_IMPORTERS
+from verde_chain.repops.library.shapes import Shape
 
-Shape = tuple[int, ...]
 MIN_OPSET, MAX_OPSET = 13, 21
 FLOAT = onnx.TensorProto.FLOAT
 INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}

@@ -41,9 +41,9 @@ from eth_abi import encode as abi_encode
 from verde_chain.commit import merkle, node_hash, step_commitment, tensor_root
 from verde_chain.commit.merkle import keccak256
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
+from verde_chain.repops.library.shapes import Shape
 from verde_chain.repops.program import KernelDesc
 
-Shape = tuple[int, ...]
 ZERO32 = b"\x00" * 32
 T = TypeVar("T")
 
