@@ -4,10 +4,9 @@ This module is the importer's core (static values, attribute checks, graph input
 points); each op's handler lives with its IR operator in ``graph/operators`` and is looked up in
 ``operators.ONNX_IMPORTERS``.
 
-Supported ops: Gemm MatMul Add Sub Mul Div Relu Tanh Exp Log Sqrt Erf Sigmoid Neg Identity Gelu
-Softmax LogSoftmax LayerNormalization ReduceSum ReduceMean ReduceMax Transpose Reshape Flatten
-Squeeze Unsqueeze Gather Cast Constant (plus initializers). Anything else — ops, attributes,
-dtypes, dynamic dimensions — raises :class:`UnsupportedModelError` naming the node.
+Supported ops: ``supported_ops()`` (Constant and the registered importers; docs/training.md
+lists them), plus initializers. Anything else — ops, attributes, dtypes, dynamic dimensions —
+raises :class:`UnsupportedModelError` naming the node.
 
 Initializers and Constant nodes are *static*: integer ones only feed shape/axes arguments; float
 ones with one element become CONST immediates of ``scalar`` ops; other float ones become
@@ -39,6 +38,9 @@ INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
 
 
 class Importer:
+    """One model's import. The op handlers read ``proto``, ``opset``, ``static`` (name -> constant
+    array) and ``model``, and use the public helpers below; everything else is the core's."""
+
     def __init__(self, model: onnx.ModelProto, frozen: Iterable[str] = (), name: str = "model") -> None:
         self.proto = model
         self.frozen = set(frozen)
