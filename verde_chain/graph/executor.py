@@ -146,7 +146,7 @@ class StepExecutor:
             return arena_roots(arena, fused.offsets_arr, fused.numels_arr)
         return arena_roots(arena, fused.offsets_arr[nodes], fused.numels_arr[nodes])
 
-    def _inputs(self, d: int, prev: PlainState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
+    def node_inputs(self, d: int, prev: PlainState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
         return [s.pick(outputs, prev.tensors, batch) for s in self.graph.nodes[d].inputs]
 
     def _batch(self, batch: np.ndarray) -> np.ndarray:
@@ -419,7 +419,7 @@ class TrainingRun:
             raise GraphError(f"step {step} outside 1..{self.T}")
         prev = self.state_at(step - 1)
         res = self.exec.run_plain(prev, self.batches(step))
-        ins = self.exec._inputs(d, prev, res.outputs, np.asarray(self.batches(step), dtype=np.float32).reshape(-1))
+        ins = self.exec.node_inputs(d, prev, res.outputs, np.asarray(self.batches(step), dtype=np.float32).reshape(-1))
         return ins, res.outputs[d]
 
     def open_output(self, step: int, d: int, element: int) -> tuple[bytes, ElementOpening]:
