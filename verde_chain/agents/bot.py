@@ -247,7 +247,7 @@ class Bot:
     def _player(self, rec: dict[str, Any]) -> pl.Defender | pl.Challenger:
         p = self.plan(rec["job_id"])
         cls = pl.Defender if rec["role"] == "defender" else pl.Challenger
-        return cls(p.world, p.player_strategy, self.cfg.seed)
+        return cls(p.world, p.style, self.cfg.seed)
 
     def seen(self, gid: int, rec: dict[str, Any]) -> Seen:
         """The last claims and chunk posted in the game, from its event log (read afresh each

@@ -61,7 +61,7 @@ class Plan:
     budget after which it goes silent, and the final commitment it submits."""
 
     world: World
-    player_strategy: PlayStyle = PlayStyle.CONSISTENT
+    style: PlayStyle = PlayStyle.CONSISTENT
     silent_after: int | None = None
     fault: OutputFault | None = None
     tamper_result: bool = False
@@ -74,9 +74,9 @@ class Plan:
 def parse(strategy: str, allowed: type[enum.StrEnum]) -> tuple[str, list[int]]:
     """``NAME[:INT[:INT...]]`` -> (NAME, [INT, ...]); NAME must be one of `allowed`."""
     name, *rest = strategy.split(":")
-    if name not in allowed.__members__.values():
-        choices = ", ".join(allowed.__members__.values())
-        raise StrategyError(f"unknown strategy {name!r}; choose one of {choices}", strategy=strategy)
+    choices = [s.value for s in allowed]
+    if name not in choices:
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(choices)}", strategy=strategy)
     try:
         return name, [int(x) for x in rest]
     except ValueError as exc:
