@@ -9,7 +9,7 @@ TOOLPATH:= $(CURDIR)/build/toolchain
 export PATH := $(CURDIR)/node_modules/@foundry-rs/anvil-linux-amd64/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export SOLCX_BINARY_PATH := $(TOOLPATH)/solcx
 
-.PHONY: setup test test-fast demo bench ape-compile ape-test clean
+.PHONY: setup lint test test-fast demo bench ape-compile ape-test clean
 
 setup: $(PYSTAMP) $(NPMSTAMP) $(SOLCX_BINARY_PATH)/solc-v0.8.28
 
@@ -27,7 +27,12 @@ $(SOLCX_BINARY_PATH)/solc-v0.8.28: bin/solc
 	mkdir -p $(SOLCX_BINARY_PATH)
 	ln -sf $(CURDIR)/bin/solc $@
 
-test: setup
+# ruff (style, imports, bugbear-like checks) and mypy (types) as configured in pyproject.toml.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy verde_chain
+
+test: setup lint
 	$(PY) -m pytest
 
 test-fast: setup

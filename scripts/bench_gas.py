@@ -21,7 +21,7 @@ from verde_chain.commit import merkle
 from verde_chain.commit.merkle import keccak256
 from verde_chain.commit.tensor import LEAF_BYTES, LEAF_ELEMS, tensor_root
 from verde_chain.repops import library, program
-from verde_chain.scalarvm import vm
+from verde_chain.vm import scalarvm as vm
 
 
 def opening_at_depth(depth: int, rng: random.Random) -> tuple[bytes, int, int, bytes, list[bytes]]:

@@ -181,7 +181,7 @@ def bench(ext: Any, sizes: list[int]) -> list[dict[str, Any]]:
 # ======================================================================= op families
 #
 # The same cases run here on the GPU (CUDA backend vs the CPU C++ backend) and on the host in
-# tests/test_cuda_program.py (the interpreter header compiled by g++ vs reference.run), so the
+# tests/repops/test_cuda_program.py (the interpreter header compiled by g++ vs reference.run), so the
 # GPU run checks exactly the descriptors whose host twin is already proven.
 
 Case = tuple[str, library.Composite, list[np.ndarray]]

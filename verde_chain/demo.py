@@ -26,7 +26,7 @@ from eth_typing import HexStr
 
 from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.challenger import ChallengerBot
-from verde_chain.agents.client import ClientBot, JobTerms
+from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.errors import StrategyError
 from verde_chain.agents.strategies import check_fault, draw_fault, parse_cheat
 from verde_chain.agents.system import Conductor, deploy_full_system
@@ -34,10 +34,12 @@ from verde_chain.agents.trace import game_trace, interval, plot_bisection, settl
 from verde_chain.agents.trainer import TrainerBot
 from verde_chain.chain.anvil import Anvil
 from verde_chain.chain.compile import compile_contracts
-from verde_chain.chain.game import DisputeGameClient, GameView, Phase
-from verde_chain.chain.market import JobStatus, Market, SlotStatus
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
+from verde_chain.dispute.types import GameView, Phase
 from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
+from verde_chain.market.types import JobStatus, SlotStatus
 
 DEFAULT_STEPS = {"digits": 100, "transformer": 8}
 # --cheat-level: where the cheat is caught. 4: a flipped bit, refuted by the one-step proof;
@@ -131,10 +133,10 @@ def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, ch
                              strategy, seed, name)
 
         client = ClientBot(w3, artifacts, cfg("client", 1))
-        terms = JobTerms(kind=job_kind, steps=steps or DEFAULT_STEPS[job_kind])
-        job_id = client.post(terms)
+        offer = JobOffer(kind=job_kind, steps=steps or DEFAULT_STEPS[job_kind])
+        job_id = client.post(offer)
         market = Market.at(w3, artifacts, market_addr)
-        job = client.bundles.fetch(market.job(job_id).spec.spec_hash)
+        job = client.bundles.fetch(market.job(job_id).terms.spec_hash)
         strategy = cheater_strategy(job, seed, cheat, cheat_level)
         if strategy.startswith("bitflip"):
             _, s, d, e, b = strategy.split(":")
