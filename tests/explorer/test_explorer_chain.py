@@ -113,6 +113,27 @@ def test_a_played_dispute_read_live_and_afresh(world: World, anvil: Any) -> None
     assert j["reward"] == str(TERMS.reward)  # beyond 2**53: a string, exact for the page
 
 
+def test_a_timeout_ends_where_the_clock_ran_out(world: World, anvil: Any) -> None:
+    client = world.client()
+    world.trainer(2)
+    world.trainer(3, f"silent:3:2:{node_of(world.job, 'matmul')}:1")  # answers 3 times, then never again
+    ch = world.challenger()
+    job_id = client.post(TERMS, world.job)
+    world.run(finished(client, job_id, world.bots))
+    (gid,) = ch.store.games()
+    d = _view(world, anvil).snapshot()["disputes"][str(gid)]
+    e = d["end"]
+    assert e["resolution"] == "TIMEOUT" and e["winner_role"] == "challenger" and e["loser_role"] == "defender"
+    assert e["instruction"] is None and e["phase_before"] in {p.name for p in Phase if p.mover == 0}
+    last = d["moves"][-1]
+    assert last["function"] == "claimTimeout" and last["phase"] == "RESOLVED" and last["role"] == "challenger"
+    assert d["parties"]["defender"]["moves"] == 3
+    stopped = Phase[e["phase_before"]].level
+    assert [lv["state"] for lv in d["levels"]] == [
+        "settled" if lvl < stopped else "ended" if lvl == stopped else "not reached" for lvl in (1, 2, 3, 4)]
+    assert d["clocks"]["running"] is None
+
+
 def test_no_contracts_or_not_a_market_is_said_plainly(world: World, anvil: Any,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     nowhere = "0x" + "12" * 20

@@ -37,7 +37,7 @@ from web3.exceptions import BlockNotFound
 from verde_chain.agents.commands import _connect
 from verde_chain.agents.status import dispute_status, job_status
 from verde_chain.agents.trace import game_trace, interval, narrowing
-from verde_chain.agents.wallet import TRANSIENT
+from verde_chain.agents.wallet import TRANSIENT, connect
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.game import DisputeGameClient, GameView, Phase, Resolution, Side
 from verde_chain.chain.market import EVENT_NAMES as MARKET_EVENTS
@@ -112,9 +112,10 @@ class ChainView:
         if args.market is not None and not Web3.is_address(args.market):
             raise ExplorerError(f"--market {args.market!r} is not an address (want 0x and 40 hex digits)")
         try:
-            w3, artifacts, market = _connect(args)
+            connect(args.rpc_url)
         except ChainError as exc:
             raise ExplorerError(f"no JSON-RPC node answers at {args.rpc_url} (is the chain running?)") from exc
+        w3, artifacts, market = _connect(args)  # the market from the deployment record when not given
         view = cls(w3, artifacts, market, args.rpc_url, args.bundles)
         view.check_deployed()
         return view
