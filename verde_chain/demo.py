@@ -19,6 +19,7 @@ import json
 import shutil
 import time
 from collections import Counter
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -113,20 +114,29 @@ def _net_wei(bot: Bot) -> int:
 
 
 def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, cheat_level: int | None = None,
-             job_kind: str = "digits", steps: int | None = None, out: Path | None = None) -> int:
+             job_kind: str = "digits", steps: int | None = None, out: Path | None = None,
+             explorer_port: int | None = None, explorer_hold: bool = False) -> int:
+    """``explorer_port``: serve the live explorer of this run there (0: any free port) while it
+    plays, and with ``explorer_hold`` after it ends too, until Ctrl-C."""
     t0 = time.monotonic()
     out = Path(out or Path("build") / "demo")
     state = out / "state"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     artifacts = compile_contracts()
-    with Anvil() as node:
+    with Anvil() as node, ExitStack() as serving:
         w3 = node.web3()
         record, _ = deploy_full_system(w3, artifacts, node.rpc_url)
         deploy_gas = sum(int(w3.eth.get_block(b)["gasUsed"]) for b in range(1, w3.eth.block_number + 1))
         market_addr = record.contracts["JobMarket"]
         print(f"[chain] Anvil {node.rpc_url}; JobMarket {market_addr}, DisputeGame {record.contracts['DisputeGame']}, "
               f"ScalarVM {record.contracts['ScalarVM']} ({deploy_gas} gas to deploy)", flush=True)
+        if explorer_port is not None:
+            from verde_chain.explorer.cli import start_explorer
+
+            site = serving.enter_context(start_explorer(node.rpc_url, market_addr, artifacts, state / "bundles",
+                                                        port=explorer_port))
+            print(f"[explorer] watch this run live at {site.url}", flush=True)
 
         def cfg(name: str, index: int, strategy: str = "honest") -> BotConfig:
             return BotConfig(node.rpc_url, market_addr, index, str(state / f"{name}.sqlite"), str(state / "bundles"),
@@ -158,9 +168,14 @@ def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, ch
         report["wall_s"] = round(time.monotonic() - t0, 2)
         report["bots_s"] = round(dispute_s, 2)
         report["time_jumps"] = conductor.time_jumps
-    _print_report(report)
-    if json_out:
-        print(json.dumps(report, sort_keys=True))
+        _print_report(report)
+        if json_out:
+            print(json.dumps(report, sort_keys=True))
+        if explorer_port is not None and explorer_hold:
+            print(f"[explorer] still serving {site.url}; Ctrl-C to stop", flush=True)
+            with suppress(KeyboardInterrupt):
+                while node.running:
+                    time.sleep(0.5)
     return 0 if report["honest_won"] else 1
 
 

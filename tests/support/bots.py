@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from web3 import Web3
 
 from verde_chain.agents.bot import Bot, BotConfig
+from verde_chain.agents.catalog import Bundles, build_job
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.system import Conductor
@@ -76,3 +78,24 @@ class World:
 def finished(client: ClientBot, job_id: int, bots: list[Bot]) -> Callable[[], bool]:
     return lambda: ((client.store.job(job_id) or {}).get("state") == "done"
                     and all(g.get("done") for b in bots for g in b.store.games().values()))
+
+
+# Fixtures shared by the bot, status and explorer tests (imported by their conftest.py): one tiny
+# digits job per module, its published bundle, a fresh market.
+@pytest.fixture(scope="module")
+def job() -> Job:
+    return build_job("digits", STEPS)
+
+
+@pytest.fixture(scope="module")
+def bundles(job: Job, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bundles")
+    Bundles(root).publish(job)
+    return root
+
+
+@pytest.fixture
+def world(w3: Web3, artifacts: Any, deploy: Callable[..., Any], bundles: Path, tmp_path: Path, job: Job) -> World:
+    game = deploy("DisputeGame", deploy("ScalarVM").address)
+    market = Market.at(w3, artifacts, deploy("JobMarket", game.address).address)
+    return World(w3, artifacts, market, bundles, tmp_path, job)

@@ -43,7 +43,7 @@ def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
     p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
 
 
-def _connect(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
+def connect_market(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
     w3 = connect(args.rpc_url)
     artifacts = compile_contracts()
     market = args.market
@@ -92,7 +92,7 @@ def configure_trainer(p: argparse.ArgumentParser) -> None:
 def run_trainer(args: argparse.Namespace) -> int:
     from verde_chain.agents.trainer import TrainerBot
 
-    w3, artifacts, market = _connect(args)
+    w3, artifacts, market = connect_market(args)
     cfg = _config(args, "trainer", market, args.strategy)
     return _run_bot(TrainerBot(w3, artifacts, cfg, max_jobs=args.max_jobs, dispute_rivals=args.dispute_rivals), args)
 
@@ -109,7 +109,7 @@ def configure_challenger(p: argparse.ArgumentParser) -> None:
 def run_challenger(args: argparse.Namespace) -> int:
     from verde_chain.agents.challenger import ChallengerBot
 
-    w3, artifacts, market = _connect(args)
+    w3, artifacts, market = connect_market(args)
     return _run_bot(ChallengerBot(w3, artifacts, _config(args, "challenger", market, args.strategy), bond=args.bond),
                     args)
 
@@ -148,7 +148,7 @@ def _token_address(text: str) -> str:
 def run_client(args: argparse.Namespace) -> int:
     from verde_chain.agents.client import ClientBot, JobOffer
 
-    w3, artifacts, market = _connect(args)
+    w3, artifacts, market = connect_market(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
     offer = JobOffer(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
                      args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token)
@@ -186,7 +186,7 @@ def configure_dispute(p: argparse.ArgumentParser) -> None:
 
 
 def _views(args: argparse.Namespace) -> tuple[Web3, Market, DisputeGameClient]:
-    w3, artifacts, market_addr = _connect(args)
+    w3, artifacts, market_addr = connect_market(args)
     market = Market.at(w3, artifacts, market_addr)
     game = w3.eth.contract(address=Web3.to_checksum_address(market.game_address()), abi=artifacts["DisputeGame"].abi)
     return w3, market, DisputeGameClient(w3, game, artifacts)

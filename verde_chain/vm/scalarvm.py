@@ -75,7 +75,7 @@ def _coords(desc: KernelDesc, e: int) -> tuple[int, ...]:
     return desc.coords(e)
 
 
-def _read(desc: KernelDesc, state: State, instr: isa.Instr, k: int) -> tuple[int | None, int | None]:
+def memory_read(desc: KernelDesc, state: State, instr: isa.Instr, k: int) -> tuple[int | None, int | None]:
     """(input slot, address) a memory instruction reads; address None means no read (NaN)."""
     c = _coords(desc, state.element)
     addr = desc.address(instr.imm, c, k)
@@ -103,7 +103,7 @@ def execute(desc: KernelDesc, state: State, loaded: int | None = None) -> State:
     elif instr.op == Op.COORD:
         val = softfloat.from_uint32(_coords(desc, state.element)[instr.imm])
     elif instr.op in (Op.LOAD, Op.LOADIDX):
-        _, addr = _read(desc, state, instr, k)
+        _, addr = memory_read(desc, state, instr, k)
         if addr is None:
             val = CANONICAL_NAN
         else:
@@ -132,7 +132,7 @@ def _loaded_value(desc: KernelDesc, flat: Sequence[np.ndarray], s: State) -> int
     instr, k = instruction_at(desc, s.step)
     if instr.op not in (Op.LOAD, Op.LOADIDX):
         return None
-    t, addr = _read(desc, s, instr, k)
+    t, addr = memory_read(desc, s, instr, k)
     return None if addr is None or t is None else int(flat[t][addr])
 
 
@@ -143,7 +143,7 @@ def prove_step(desc: KernelDesc, inputs: Sequence[np.ndarray], pre: State) -> St
     proof = b""
     loaded = None
     if instr.op in (Op.LOAD, Op.LOADIDX):
-        t, addr = _read(desc, pre, instr, k)
+        t, addr = memory_read(desc, pre, instr, k)
         if addr is not None and t is not None:
             op = open_element(flat[t], addr)
             proof = abi_encode(["(bytes,bytes32[])"], [(op.chunk, list(op.proof))])
