@@ -103,7 +103,7 @@ def test_a_played_dispute_read_live_and_afresh(world: World, anvil: Any) -> None
     # the job page's data: generic spec and slot fields, the market's events, the model from the bundle
     j = fresh["jobs"][str(job_id)]
     assert j["status"] == "FINALIZED" and j["model"]["name"] == world.job.spec.name
-    assert set(j["spec"]) >= {"token", "reward", "trainer_stake", "min_challenge_bond", "submission_deadline",
+    assert set(j["terms"]) >= {"token", "reward", "trainer_stake", "min_challenge_bond", "submission_deadline",
                               "challenge_window", "clock_seconds", "num_steps", "num_nodes", "slots"}
     by_slot = {s["trainer"]: s for s in j["slots"]}
     assert by_slot[honest.address]["status"] == "SETTLED" and by_slot[cheat.address]["status"] == "REJECTED"

@@ -218,11 +218,11 @@ class ChainView:
         st = job_status(self.market, self.games, job_id)
         chain_job = self.market.job(job_id)
         # every field the market stores, not a chosen few: new submission phases show up by themselves
-        st["spec"] = dataclasses.asdict(chain_job.spec)
+        st["terms"] = dataclasses.asdict(chain_job.terms)
         st["slots"] = [{**row, **{k: v for k, v in dataclasses.asdict(s).items() if k not in row}}
                        for s, row in zip(self.market.slots(job_id), st["slots"])]
         st["events"] = [self._event_row(e) for e in self._events if e.args.get("jobId") == job_id]
-        bundle, note = self._bundle(chain_job.spec.spec_hash)
+        bundle, note = self._bundle(chain_job.terms.spec_hash)
         st["model"] = bundle.spec.to_json() if bundle is not None else None
         st["model_note"] = note
         return st
@@ -255,7 +255,7 @@ class ChainView:
         roles = {v.defender: "defender", v.challenger: "challenger"}
         for m in log.moves:
             m["role"] = roles.get(m["sender"], "other")
-        bundle, note = self._bundle(self.market.job(st["job_id"]).spec.spec_hash)
+        bundle, note = self._bundle(self.market.job(st["job_id"]).terms.spec_hash)
         revealed = v.desc_hash != bytes(32)  # the node's descriptor is on chain from revealNode on
         chosen = any(m["function"] == "chooseElement" for m in log.moves) and v.resolution != Resolution.PADDING
         st.update(
@@ -352,7 +352,7 @@ class ChainView:
         clock = ChessClockModel(v.defender_left, v.challenger_left, v.turn_started_at)
         return {"defender_left": v.defender_left, "challenger_left": v.challenger_left,
                 "turn_started_at": v.turn_started_at, "now": now, "running": running,
-                "expired": running is not None and clock.expired(running == "defender", now)}
+                "expired": running is not None and clock.expired(v.phase.mover, now)}
 
     def _end(self, log: _GameLog, v: GameView) -> dict[str, Any]:
         before = log.trace[-2][1] if len(log.trace) > 1 else v

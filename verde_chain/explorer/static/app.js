@@ -175,9 +175,9 @@ function renderJob(view, data) {
     section("Deadlines", h("table", { class: "kv", id: "deadlines" }, deadlines.map(([k, v]) =>
       h("tr", { "data-key": k }, h("th", {}, k), h("td", {}, utc(v), " ", countdown(v)))))),
     section("Model (job bundle)", j.model ? kvTable(j.model, ctx) : h("p", { class: "muted" }, j.model_note || "unknown")),
-    section("Spec on chain", kvTable(j.spec, ctx)),
-    section("Job state", kvTable(j, ctx, ["spec", "slots", "disputes", "events", "model", "model_note", "token", "job_id",
-      ...deadlines.map(([k]) => k), ...Object.keys(j.spec).filter((k) => String(j.spec[k]) === String(j[k]))])),
+    section("Terms on chain", kvTable(j.terms, ctx)),
+    section("Job state", kvTable(j, ctx, ["terms", "slots", "disputes", "events", "model", "model_note", "token", "job_id",
+      ...deadlines.map(([k]) => k), ...Object.keys(j.terms).filter((k) => String(j.terms[k]) === String(j[k]))])),
     section("Slots", grid(j.slots, ctx, {
       rowAttrs: (r) => ({ "data-slot": r.slot, "data-status": r.status }),
       cell: (c, r) => c === "status" ? statusTag(r.status) : undefined,
