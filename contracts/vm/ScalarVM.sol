@@ -21,6 +21,11 @@ import {
 ///
 ///   desc = abi.encode(uint32[] outShape, uint32 K, InputMap[] inputs, bytes prologue,
 ///                     bytes body, bytes epilogue)         instructions: 8 bytes each
+///        | abi.encode(..., the same six ..., Ext ext)     the window extension (conv, pooling):
+///          its first head word (the head size) is 0xE0 instead of 0xC0
+///   LOAD t: addr = offset + sum c[d]*strides[d] + k*kstride + sum_w (v_w/div_w)*stride_w,
+///           v_w = outMul*c[axis] + kMul*kdigit[digit] + offset; a window with v_w < 0,
+///           v_w % div != 0 or v_w/div >= size reads nothing: the result is the input's fill
 ///   step j:   0 .. P-1 | P .. P+(K-1)*B-1      | P+(K-1)*B .. N-1
 ///   instr:    prologue | body[(j-P) % B]       | epilogue
 ///   k:        0        | 1 + (j-P) / B         | K-1
@@ -71,6 +76,30 @@ contract ScalarVM is IStepper {
         int64 idxStride;
     }
 
+    /// @notice One bounded input axis of a windowed load (verde_chain/repops/program.py Window).
+    struct Window {
+        uint8 axis;
+        int64 outMul;
+        uint8 digit;
+        int64 kMul;
+        int64 offset;
+        uint32 div;
+        uint64 size;
+        int64 stride;
+    }
+
+    struct InputExt {
+        uint32 fill;
+        Window[] windows;
+    }
+
+    /// @notice The window extension: the digits of k (row-major; none = k itself) and per input
+    ///         its windows and fill. Empty for a descriptor encoded in the six-value form.
+    struct Ext {
+        uint32[] kdims;
+        InputExt[] inputs;
+    }
+
     struct Desc {
         uint32[] outShape;
         uint32 K;
@@ -78,7 +107,11 @@ contract ScalarVM is IStepper {
         bytes prologue;
         bytes body;
         bytes epilogue;
+        Ext ext;
     }
+
+    /// @dev abi.encode's first head word is the head size: six values or seven.
+    uint256 internal constant HEAD_EXTENDED = 0xE0;
 
     struct Instr {
         uint256 op;
@@ -159,8 +192,18 @@ contract ScalarVM is IStepper {
     // ------------------------------------------------------------------ program model
 
     function _decode(bytes calldata desc) internal pure returns (Desc memory d) {
-        (d.outShape, d.K, d.inputs, d.prologue, d.body, d.epilogue) =
-            abi.decode(desc, (uint32[], uint32, InputMap[], bytes, bytes, bytes));
+        if (desc.length >= 32 && uint256(bytes32(desc[0:32])) == HEAD_EXTENDED) {
+            (d.outShape, d.K, d.inputs, d.prologue, d.body, d.epilogue, d.ext) =
+                abi.decode(desc, (uint32[], uint32, InputMap[], bytes, bytes, bytes, Ext));
+            // SAFETY: every input needs its extension entry, or a window lookup would read past
+            // the array (a panic instead of a named refusal).
+            if (d.ext.inputs.length != d.inputs.length) {
+                revert InputCountMismatch(d.ext.inputs.length, d.inputs.length);
+            }
+        } else {
+            (d.outShape, d.K, d.inputs, d.prologue, d.body, d.epilogue) =
+                abi.decode(desc, (uint32[], uint32, InputMap[], bytes, bytes, bytes));
+        }
     }
 
     function _checkedDesc(StepContext calldata ctx) internal pure returns (Desc memory) {
@@ -219,11 +262,44 @@ contract ScalarVM is IStepper {
         }
     }
 
-    function _address(Desc memory d, uint256 t, uint256[] memory c, uint256 k) internal pure returns (int256 addr) {
+    /// @dev The address LOAD t reads at (c, k); inside = false when a window is out of range
+    ///      (nothing is read: the result is the input's fill).
+    function _address(Desc memory d, uint256 t, uint256[] memory c, uint256 k)
+        internal
+        pure
+        returns (int256 addr, bool inside)
+    {
         InputMap memory m = d.inputs[t];
         addr = int256(uint256(m.offset)) + int256(k) * m.kstride;
         for (uint256 i = 0; i < c.length; ++i) {
             addr += int256(c[i]) * m.strides[i];
+        }
+        if (d.ext.inputs.length == 0 || d.ext.inputs[t].windows.length == 0) return (addr, true);
+        Window[] memory ws = d.ext.inputs[t].windows;
+        uint256[] memory kd = _kdigits(d, k);
+        for (uint256 i = 0; i < ws.length; ++i) {
+            Window memory w = ws[i];
+            int256 v = w.offset;
+            if (w.outMul != 0) v += int256(c[w.axis]) * w.outMul;
+            if (w.kMul != 0) v += int256(kd[w.digit]) * w.kMul;
+            if (v < 0 || uint256(v) % w.div != 0 || uint256(v) / w.div >= w.size) return (addr, false);
+            addr += int256(uint256(v) / w.div) * w.stride;
+        }
+        return (addr, true);
+    }
+
+    /// @dev The digits of k over ext.kdims (row-major), or [k] without them.
+    function _kdigits(Desc memory d, uint256 k) internal pure returns (uint256[] memory kd) {
+        uint32[] memory dims = d.ext.kdims;
+        if (dims.length == 0) {
+            kd = new uint256[](1);
+            kd[0] = k;
+            return kd;
+        }
+        kd = new uint256[](dims.length);
+        for (uint256 i = dims.length; i > 0; --i) {
+            kd[i - 1] = k % dims[i - 1];
+            k /= dims[i - 1];
         }
     }
 
@@ -261,7 +337,8 @@ contract ScalarVM is IStepper {
             if (op == COORD) {
                 return F32.unwrap(SoftFloat32.fromUint32(uint32(c[ins.imm])));
             }
-            int256 addr = _address(d, ins.imm, c, ins.k);
+            (int256 addr, bool inside) = _address(d, ins.imm, c, ins.k);
+            if (!inside) return d.ext.inputs[ins.imm].fill;
             if (op == LOADIDX) {
                 (bool ok, int256 idx) = _index(_reg(pre, ins.a));
                 if (!ok) return CANONICAL_NAN;

@@ -36,11 +36,27 @@ def _descs() -> list[program.KernelDesc]:
         library.where((4,), (4,), (4,)),
         library.transpose((2, 3, 4), (2, 0, 1)),
     ]
+    out += _windowed_descs()
     out += [library.map_unary(n, (7,)) for n in library.UNARY_CODE if n != "identity"]
     from verde_chain.repops import transcendental
 
     out += [library.map_unary(n, (7,)) for n in library.TRANSCENDENTAL_UNARY if n in transcendental.PROGRAMS]
     return out
+
+
+def _windowed_descs() -> list[program.KernelDesc]:
+    """The window extension: conv loads with padding, dilation, groups and strided gradients."""
+    from verde_chain.repops.library import conv as cv
+
+    g = cv.ConvGeometry.make((2, 4, 5, 4), (3, 2), (2, 1), (1, 2), (1, 2, 2, 0))
+    g1 = cv.ConvGeometry.make((1, 2, 7), (3,), (2,), (1,), (1, 1))
+    return [
+        cv.conv(g, (6, 2, 3, 2), groups=2, bias=True),
+        cv.conv_grad_input(g, (6, 2, 3, 2), groups=2),
+        cv.conv_grad_weight(g, (6, 2, 3, 2), groups=2),
+        cv.conv(g1, (2, 2, 3)),
+        cv.channel_sum((3, 2, 2, 2)),
+    ]
 
 
 DESCS = _descs()

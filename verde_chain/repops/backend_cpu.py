@@ -70,6 +70,7 @@ import torch
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops import reference
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.program import InputMap, KernelDesc, check_inputs
 
@@ -536,8 +537,11 @@ class CppBackend:
         self._prepared: dict[int, tuple[KernelDesc, Prepared]] = {}
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
-                     producers: Sequence[int], batch_numel: int) -> StepKernel:
-        """One C++ call per training step for these nodes (see ``StepKernel``)."""
+                     producers: Sequence[int], batch_numel: int) -> StepKernel | None:
+        """One C++ call per training step for these nodes (see ``StepKernel``); None (nodes one
+        by one) while a node uses the window extension, which the C++ kernels do not read yet."""
+        if any(desc.extended for desc in descs):
+            return None
         return StepKernel(self, descs, wiring, producers, batch_numel)
 
     def plan(self, desc: KernelDesc) -> Plan:
@@ -597,6 +601,8 @@ class CppBackend:
         return out
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
+        if desc.extended:  # the window extension: the C++ interpreter does not read windows yet
+            return reference.run(desc, inputs)
         prep = self._prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan

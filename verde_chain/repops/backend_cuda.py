@@ -364,6 +364,9 @@ class CudaBackend:
         self._prepared: dict[int, tuple[KernelDesc, _Prepared]] = {}
 
     def _prepare(self, desc: KernelDesc) -> _Prepared:
+        if desc.extended:
+            # SAFETY: the device interpreter reads no windows; running one would read wrong memory
+            raise RepOpsError(f"{desc.label or 'kernel'}: the CUDA backend does not run window descriptors yet")
         hit = self._prepared.get(id(desc))
         if hit is not None and hit[0] is desc:
             return hit[1]

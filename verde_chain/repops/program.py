@@ -21,10 +21,18 @@ Execution of one element (every register starts as +0.0 = bits 0)::
 
 Addressing (``InputMap``)::
 
-    LOAD    t: addr = offset + sum_d c[d]*strides[d] + k*kstride       (checked in range statically)
+    LOAD    t: addr = offset + sum_d c[d]*strides[d] + k*kstride
+                      + sum_w (v_w / div_w) * stride_w                  (checked in range statically)
     LOADIDX t: addr = (the same) + int(value of register a) * idx_stride
                register a must hold an integral, finite float with 0 <= addr < numel,
                otherwise the result is CANONICAL_NAN and nothing is read (decidable on-chain)
+
+Windows (``Window``, the convolution / pooling / padding extension): ``k`` is split into digits
+``kd`` over ``kdims`` (row-major; no kdims = one digit, k itself) and each window of an input is
+one bounded input axis ``v_w = out_mul*c[axis] + k_mul*kd[digit] + offset``. The window is *in
+range* iff ``v_w >= 0``, ``v_w % div == 0`` and ``v_w / div < size``. A LOAD or LOADIDX with any
+window of its input out of range reads nothing and yields the input's ``fill`` bits (+0.0 for
+a zero-padded convolution, -inf for max pooling); LOADIDX checks windows before its index.
 
 Canonical encoding (``KernelDesc.encode``) is Solidity's ``abi.encode`` of the six values::
 
@@ -33,7 +41,15 @@ Canonical encoding (``KernelDesc.encode``) is Solidity's ``abi.encode`` of the s
      bytes prologue, bytes body, bytes epilogue)            programs: isa.encode_program words
 
 so a contract reads it with ``abi.decode(data, (uint32[], uint32, InputMap[], bytes, bytes,
-bytes))``; ``KernelDesc.hash()`` is keccak256 of that encoding.
+bytes))``; ``KernelDesc.hash()`` is keccak256 of that encoding. A descriptor that uses the window
+extension (kdims, windows or fills) appends a seventh value, ``EXT_TYPE``::
+
+    (uint32[] kdims, (uint32 fill, (uint8 axis, int64 outMul, uint8 digit, int64 kMul,
+                                    int64 offset, uint32 div, uint64 size, int64 stride)[] windows)[] inputs)
+
+The first head word of an abi encoding is the offset of ``outShape``, i.e. the head size: 0xC0 for
+six values, 0xE0 for seven. That word tells a decoder which form it reads, and a descriptor
+without the extension encodes (and hashes) exactly as before the extension existed.
 
 This module also holds the slow scalar interpreter (``run_spec``, ``trace``): element by
 element, instruction by instruction, exactly the semantics the on-chain VM executes.
@@ -65,6 +81,11 @@ ABI_TYPES = (
     "bytes",
     "bytes",
 )
+# The window extension's seventh value (module docstring).
+EXT_TYPE = "(uint32[],(uint32,(uint8,int64,uint8,int64,int64,uint32,uint64,int64)[])[])"
+# The head size of abi.encode: 32 bytes per top-level value (every one here is dynamic but K).
+HEAD_PLAIN, HEAD_EXTENDED = 32 * len(ABI_TYPES), 32 * (len(ABI_TYPES) + 1)
+MAX_WINDOWS = 8
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -77,6 +98,46 @@ class DescriptorError(RepOpsError):
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """One bounded input axis of a windowed load (convolution, pooling, padding).
+
+    ``v = out_mul*c[axis] + k_mul*kd[digit] + offset`` (a zero multiplier drops its term, and
+    then its index must be 0); in range iff ``v >= 0``, ``v % div == 0`` and ``v // div < size``;
+    an in-range window adds ``(v // div) * stride`` to the address. ``div > 1`` is the stride of
+    a convolution seen from its input (the gradient w.r.t. the input of a strided conv)."""
+
+    axis: int = 0
+    out_mul: int = 0
+    digit: int = 0
+    k_mul: int = 0
+    offset: int = 0
+    div: int = 1
+    size: int = 1
+    stride: int = 0
+
+    def position(self, c: Sequence[int], kd: Sequence[int]) -> int | None:
+        """``v // div`` if the window is in range at (c, kd), else None."""
+        v = self.offset
+        if self.out_mul:
+            v += self.out_mul * c[self.axis]
+        if self.k_mul:
+            v += self.k_mul * kd[self.digit]
+        if v < 0 or v % self.div:
+            return None
+        q = v // self.div
+        return q if q < self.size else None
+
+    def q_range(self, out_shape: Sequence[int], kdims: Sequence[int]) -> tuple[int, int]:
+        """Smallest and largest in-range ``v // div`` (lo > hi: never in range)."""
+        lo = hi = self.offset
+        for mul, n in ((self.out_mul, out_shape[self.axis] if self.out_mul else 1),
+                       (self.k_mul, kdims[self.digit] if self.k_mul else 1)):
+            span = mul * (n - 1)
+            lo, hi = lo + min(0, span), hi + max(0, span)
+        return max(0, -(-lo // self.div)), min(self.size - 1, hi // self.div)
+
+
+@dataclass(frozen=True, slots=True)
 class InputMap:
     """Affine address map of one input tensor (flat, C order, ``numel`` elements)."""
 
@@ -85,9 +146,13 @@ class InputMap:
     kstride: int = 0
     offset: int = 0
     idx_stride: int = 0
+    # The window extension: bounded axes, and the bits a load reads when one is out of range.
+    windows: tuple[Window, ...] = ()
+    fill: int = 0
 
     def base_range(self, out_shape: tuple[int, ...], K: int) -> tuple[int, int]:
-        """Smallest and largest LOAD address over all coordinates and k in [0, K-1]."""
+        """Smallest and largest LOAD address over all coordinates and k in [0, K-1], windows
+        out of the count (see ``load_range``)."""
         lo = hi = self.offset
         for s, n in zip(self.strides, out_shape):
             span = s * (n - 1)
@@ -95,6 +160,17 @@ class InputMap:
             hi += max(0, span)
         span = self.kstride * (K - 1)
         return lo + min(0, span), hi + max(0, span)
+
+    def load_range(self, out_shape: tuple[int, ...], K: int, kdims: Sequence[int]) -> tuple[int, int] | None:
+        """A box holding every address a LOAD reads (windows in range); None: it never reads."""
+        lo, hi = self.base_range(out_shape, K)
+        for w in self.windows:
+            qlo, qhi = w.q_range(out_shape, kdims)
+            if qlo > qhi:
+                return None
+            a, b = qlo * w.stride, qhi * w.stride
+            lo, hi = lo + min(a, b), hi + max(a, b)
+        return lo, hi
 
 
 @dataclass(frozen=True)
@@ -107,6 +183,8 @@ class KernelDesc:
     prologue: tuple[Instr, ...]
     body: tuple[Instr, ...] = ()
     epilogue: tuple[Instr, ...] = ()
+    # The digits of k (row-major, product K) that windows read; () = one digit, k itself.
+    kdims: tuple[int, ...] = ()
     # Human-readable name for logs and errors; NOT part of the encoding or the hash.
     label: str = field(default="", compare=False)
 
@@ -115,6 +193,9 @@ class KernelDesc:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         for name in ("prologue", "body", "epilogue"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        # One digit is k itself: keep the one encoding of that descriptor.
+        kdims = tuple(int(d) for d in self.kdims)
+        object.__setattr__(self, "kdims", kdims if len(kdims) > 1 else ())
         self.validate()
 
     # ----------------------------------------------------------------- validation
@@ -139,7 +220,9 @@ class KernelDesc:
                 )
             if not 1 <= m.numel < 2**63 or not 0 <= m.offset < 2**63:
                 raise DescriptorError(f"{who}: input {t} numel {m.numel} / offset {m.offset} invalid", input=t)
-            lo, hi = m.base_range(self.out_shape, self.K)
+            self._validate_windows(t, m)
+            box = m.load_range(self.out_shape, self.K, self.digit_dims)
+            lo, hi = box if box is not None else (0, 0)
             uses_plain_load = any(
                 i.op == Op.LOAD and i.imm == t for i in self.prologue + self.body + self.epilogue
             )
@@ -160,6 +243,31 @@ class KernelDesc:
                 )
             if i.op == Op.COORD and i.imm >= rank:
                 raise DescriptorError(f"{who}: COORD axis {i.imm} >= rank {rank}", axis=i.imm)
+        if self.kdims and (len(self.kdims) > MAX_RANK or math.prod(self.kdims) != self.K
+                           or min(self.kdims) < 1):
+            raise DescriptorError(f"{who}: kdims {self.kdims} must be 2..{MAX_RANK} digits >= 1 "
+                                  f"with product K={self.K}", kdims=self.kdims)
+
+    def _validate_windows(self, t: int, m: InputMap) -> None:
+        who = self.label or "KernelDesc"
+        if len(m.windows) > MAX_WINDOWS:
+            raise DescriptorError(f"{who}: input {t} has {len(m.windows)} windows > {MAX_WINDOWS}", input=t)
+        if not 0 <= m.fill < 2**32 or (m.fill and not m.windows):
+            raise DescriptorError(f"{who}: input {t} fill {m.fill:#x} needs windows and 32 bits", input=t)
+        digits = len(self.digit_dims)
+        for w in m.windows:
+            ok = (
+                (0 <= w.axis < len(self.out_shape) if w.out_mul else w.axis == 0)
+                and (0 <= w.digit < digits if w.k_mul else w.digit == 0)
+                and 1 <= w.div < 2**32
+                and 1 <= w.size < 2**63
+                and all(INT64_MIN <= v <= INT64_MAX for v in (w.out_mul, w.k_mul, w.offset, w.stride))
+            )
+            if not ok:
+                raise DescriptorError(f"{who}: input {t} has a malformed window {w}", input=t)
+        box = m.load_range(self.out_shape, self.K, self.digit_dims)
+        if m.windows and box is not None and not (INT64_MIN // 2 <= box[0] <= box[1] <= INT64_MAX // 2):
+            raise DescriptorError(f"{who}: input {t} window addresses exceed int64", input=t)
 
     # ----------------------------------------------------------------- geometry
     @property
@@ -181,34 +289,98 @@ class KernelDesc:
             e //= d
         return tuple(reversed(out))
 
-    def address(self, t: int, c: Sequence[int], k: int) -> int:
+    @property
+    def digit_dims(self) -> tuple[int, ...]:
+        """The digits of k: ``kdims``, or ``(K,)`` without them."""
+        return self.kdims or (self.K,)
+
+    @property
+    def extended(self) -> bool:
+        """Whether the descriptor uses the window extension (and so encodes seven values)."""
+        return bool(self.kdims) or any(m.windows for m in self.inputs)
+
+    def kdigits(self, k: int) -> tuple[int, ...]:
+        """The digits of loop index k over ``digit_dims`` (row-major)."""
+        out = []
+        for d in reversed(self.digit_dims):
+            out.append(k % d)
+            k //= d
+        return tuple(reversed(out))
+
+    def address(self, t: int, c: Sequence[int], k: int) -> int | None:
+        """The flat address LOAD t reads at (c, k); None if a window is out of range (the load
+        then reads the input's fill bits)."""
         m = self.inputs[t]
-        return m.offset + sum(ci * si for ci, si in zip(c, m.strides)) + k * m.kstride
+        addr = m.offset + sum(ci * si for ci, si in zip(c, m.strides)) + k * m.kstride
+        if m.windows:
+            kd = self.kdigits(k)
+            for w in m.windows:
+                q = w.position(c, kd)
+                if q is None:
+                    return None
+                addr += q * w.stride
+        return addr
+
+    def read(self, t: int, c: Sequence[int], k: int, index_bits: int | None = None) -> tuple[int | None, int]:
+        """What LOAD t (``index_bits`` None) or LOADIDX t reads at (c, k): ``(address, 0)``, or
+        ``(None, bits)`` when nothing is read — the input's fill for a window out of range,
+        the canonical NaN for a LOADIDX index that is not valid (docs/repops-spec.md §1)."""
+        m = self.inputs[t]
+        addr = self.address(t, c, k)
+        if addr is None:
+            return None, m.fill
+        if index_bits is None:
+            return addr, 0
+        idx = index_of(index_bits)
+        if idx is None:
+            return None, CANONICAL_NAN
+        addr += idx * m.idx_stride
+        return (addr, 0) if 0 <= addr < m.numel else (None, CANONICAL_NAN)
 
     # ----------------------------------------------------------------- encoding
     def encode(self) -> bytes:
-        return abi_encode(
-            list(ABI_TYPES),
-            [
-                list(self.out_shape),
-                self.K,
-                [(m.numel, list(m.strides), m.kstride, m.offset, m.idx_stride) for m in self.inputs],
-                isa.encode_program(self.prologue),
-                isa.encode_program(self.body),
-                isa.encode_program(self.epilogue),
-            ],
+        values: list[object] = [
+            list(self.out_shape),
+            self.K,
+            [(m.numel, list(m.strides), m.kstride, m.offset, m.idx_stride) for m in self.inputs],
+            isa.encode_program(self.prologue),
+            isa.encode_program(self.body),
+            isa.encode_program(self.epilogue),
+        ]
+        if not self.extended:
+            return abi_encode(list(ABI_TYPES), values)
+        ext = (
+            list(self.kdims),
+            [(m.fill, [(w.axis, w.out_mul, w.digit, w.k_mul, w.offset, w.div, w.size, w.stride)
+                       for w in m.windows]) for m in self.inputs],
         )
+        return abi_encode([*ABI_TYPES, EXT_TYPE], [*values, ext])
 
     @classmethod
     def decode(cls, data: bytes) -> KernelDesc:
-        shape, K, ins, pro, body, epi = abi_decode(list(ABI_TYPES), data)
+        head = int.from_bytes(data[:32], "big")
+        if head not in (HEAD_PLAIN, HEAD_EXTENDED):
+            raise DescriptorError(f"descriptor head size {head:#x} is neither form's", head=head)
+        if head == HEAD_PLAIN:
+            shape, K, ins, pro, body, epi = abi_decode(list(ABI_TYPES), data)
+            kdims: tuple[int, ...] = ()
+            exts: list[tuple[int, list[tuple[int, ...]]]] = [(0, [])] * len(ins)
+        else:
+            shape, K, ins, pro, body, epi, (kd, exts) = abi_decode([*ABI_TYPES, EXT_TYPE], data)
+            kdims = tuple(kd)
+            if len(exts) != len(ins):
+                raise DescriptorError(f"descriptor extension has {len(exts)} inputs, not {len(ins)}")
         return cls(
             out_shape=tuple(shape),
             K=K,
-            inputs=tuple(InputMap(n, tuple(s), ks, off, ids) for n, s, ks, off, ids in ins),
+            inputs=tuple(
+                InputMap(n, tuple(s), ks, off, ids, tuple(Window(*w) for w in wins), fill)
+                for (n, s, ks, off, ids), (fill, wins) in zip(ins, exts)
+            ),
             prologue=tuple(isa.decode_program(pro)),
             body=tuple(isa.decode_program(body)),
             epilogue=tuple(isa.decode_program(epi)),
+            kdims=kdims,
         )
 
     def hash(self) -> bytes:
@@ -250,7 +422,8 @@ class VMState:
 
 @dataclass(frozen=True, slots=True)
 class MemAccess:
-    """What a LOAD/LOADIDX read: the input slot, flat address (None: no read, result NaN), bits."""
+    """What a LOAD/LOADIDX read: the input slot, flat address (None: nothing read — the fill of a
+    window out of range, or NaN for a bad LOADIDX index), bits."""
 
     input: int
     address: int | None
@@ -327,17 +500,10 @@ def step_once(
         val = instr.imm
     elif instr.op == Op.COORD:
         val = coord_bits(coords[instr.imm])
-    elif instr.op == Op.LOAD:
-        addr = desc.address(instr.imm, coords, k)
-        val = int(inputs[instr.imm][addr])
-        access = MemAccess(instr.imm, addr, val)
-    elif instr.op == Op.LOADIDX:
-        m = desc.inputs[instr.imm]
-        idx = index_of(regs[instr.a])
-        where = None if idx is None else desc.address(instr.imm, coords, k) + idx * m.idx_stride
-        if where is None or not 0 <= where < m.numel:
-            where, val = None, CANONICAL_NAN
-        else:
+    elif instr.op in (Op.LOAD, Op.LOADIDX):
+        index = regs[instr.a] if instr.op == Op.LOADIDX else None
+        where, val = desc.read(instr.imm, coords, k, index)
+        if where is not None:
             val = int(inputs[instr.imm][where])
         access = MemAccess(instr.imm, where, val)
     else:

@@ -1,0 +1,223 @@
+"""Convolution and the per-channel reductions of vision models: windowed dot chains.
+
+Every kernel here reads its inputs through windows (``program.Window``): a bounded input axis
+whose position comes from an output coordinate and a digit of the loop index k, reading the
+input's fill (+0.0: zero padding) when it falls outside the tensor. That is implicit im2col:
+no padded or unfolded copy exists anywhere, and a padded tap contributes exactly what a zero in
+an explicit im2col matrix would.
+
+The three convolution kernels (docs/repops-spec.md §4, "Convolution") and their ONE reduction
+order each, for spatial rank r (1, 2 or 3), groups G, ``Cg = C/G``, ``Mg = M/G``::
+
+    forward       y[n, g, mg, o...]   k = (ci, kh, kw)   ascending   x[n, g*Cg+ci, o*s + kh*d - p] * w[g*Mg+mg, ci, kh, kw]
+    grad input    dx[n, g, ci, i...]  k = (mg, kh, kw)   ascending   dy[n, g*Mg+mg, (i + p - kh*d)/s] * w[g*Mg+mg, ci, kh, kw]
+    grad weight   dw[g, mg, ci, t...] k = (n, oh, ow)    ascending   dy[n, g*Mg+mg, o] * x[n, g*Cg+ci, o*s + t*d - p]
+
+each the dot chain ``acc = MUL(a_0, b_0)``, ``acc = FMA(a_k, b_k, acc)`` with r1 = a_k (the first
+operand above), r2 = b_k, r0 = acc; a tap outside the input (padding, or a non-integral
+``(i + p - kh*d)/s``) reads +0.0. Outputs split the channel axis by group (``(N, G, Mg, ...)``;
+the graph views them as ``(N, M, ...)`` for free), so a group's offset is a plain stride.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from verde_chain.errors import RepOpsError
+from verde_chain.repops.isa import Op
+from verde_chain.repops.library.asm import I, load
+from verde_chain.repops.library.shapes import Shape, as_shape, c_strides, numel
+from verde_chain.repops.program import InputMap, KernelDesc, Window
+
+DOT_PROLOGUE = (load(1, 0), load(2, 1), I(Op.MUL, 0, 1, 2))  # r0 = a_0 * b_0
+DOT_BODY = (load(1, 0), load(2, 1), I(Op.FMA, 0, 1, 2, 0))  # r0 = FMA(a_k, b_k, r0)
+
+
+def digit_window(digit: int, size: int, stride: int) -> Window:
+    """A k digit that walks a whole input axis (always in range): ``digit * stride``."""
+    return Window(digit=digit, k_mul=1, size=size, stride=stride)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """An N-D window over ``(N, C, *S)``: kernel, strides, dilations and ONNX pads (begins then
+    ends), as for Conv and the pools; ``ceil_mode`` (pools only) rounds the output size up."""
+
+    x_shape: Shape
+    kernel: Shape
+    strides: Shape
+    dilations: Shape
+    pads: Shape
+    ceil_mode: bool = False
+
+    @classmethod
+    def make(
+        cls,
+        x_shape: Sequence[int],
+        kernel: Sequence[int],
+        strides: Sequence[int] | None = None,
+        dilations: Sequence[int] | None = None,
+        pads: Sequence[int] | None = None,
+        ceil_mode: bool = False,
+    ) -> ConvGeometry:
+        x, ks = as_shape(x_shape), as_shape(kernel)
+        r = len(ks)
+        if len(x) != r + 2 or not 1 <= r <= 3:
+            raise RepOpsError(f"conv: input {x} and kernel {ks} need rank 2 + (1..3) and spatial rank {r}")
+        g = cls(
+            x,
+            ks,
+            as_shape(strides or (1,) * r),
+            as_shape(dilations or (1,) * r),
+            as_shape(pads or (0,) * (2 * r)),
+            ceil_mode,
+        )
+        if len(g.strides) != r or len(g.dilations) != r or len(g.pads) != 2 * r:
+            raise RepOpsError(f"conv: strides {g.strides} / dilations {g.dilations} / pads {g.pads} for rank {r}")
+        if min(g.strides + g.dilations + g.kernel) < 1 or min(g.pads) < 0:
+            raise RepOpsError(f"conv: strides, dilations and kernel must be >= 1 and pads >= 0: {g}")
+        if min(g.out_spatial) < 1:
+            raise RepOpsError(f"conv: window {ks} (dilations {g.dilations}) does not fit the padded input {x}")
+        return g
+
+    @property
+    def rank(self) -> int:
+        return len(self.kernel)
+
+    @property
+    def spatial(self) -> Shape:
+        return self.x_shape[2:]
+
+    @property
+    def pads_begin(self) -> Shape:
+        return self.pads[: self.rank]
+
+    @property
+    def out_spatial(self) -> Shape:
+        out = []
+        for S, k, s, d, pb, pe in zip(self.spatial, self.kernel, self.strides, self.dilations,
+                                      self.pads_begin, self.pads[self.rank:]):
+            span = S + pb + pe - d * (k - 1) - 1
+            o = (-(-span // s) if self.ceil_mode else span // s) + 1
+            # ONNX / torch: the last window must start inside the input or its left padding
+            if self.ceil_mode and (o - 1) * s >= S + pb:
+                o -= 1
+            out.append(o)
+        return tuple(out)
+
+    def window_of_output(self, axis: int, digit: int, i: int, stride: int) -> Window:
+        """Input position ``o*s + t*d - p`` of spatial axis i: o at output ``axis``, t = k ``digit``."""
+        return Window(axis, self.strides[i], digit, self.dilations[i], -self.pads_begin[i], 1,
+                      self.spatial[i], stride)
+
+    def window_of_input(self, axis: int, digit: int, i: int, stride: int) -> Window:
+        """Output position ``(x + p - t*d) / s`` of spatial axis i seen from input position x at
+        output ``axis`` and tap t = k ``digit`` (in range only where the division is exact)."""
+        return Window(axis, 1, digit, -self.dilations[i], self.pads_begin[i], self.strides[i],
+                      self.out_spatial[i], stride)
+
+    def window_of_tap(self, axis: int, digit: int, i: int, stride: int) -> Window:
+        """Input position ``o*s + t*d - p`` with the tap t at output ``axis``, o = k ``digit``."""
+        return Window(axis, self.dilations[i], digit, self.strides[i], -self.pads_begin[i], 1,
+                      self.spatial[i], stride)
+
+
+def _conv_shapes(geo: ConvGeometry, w_shape: Sequence[int], groups: int) -> tuple[int, int, int, int]:
+    """(N, M, Cg, Mg), checked."""
+    w = as_shape(w_shape)
+    N, C = geo.x_shape[:2]
+    if len(w) != geo.rank + 2 or w[2:] != geo.kernel:
+        raise RepOpsError(f"conv: weight {w} does not match kernel {geo.kernel}")
+    M, Cg = w[:2]
+    if groups < 1 or C % groups or M % groups or Cg != C // groups:
+        raise RepOpsError(f"conv: {C} input / {M} output channels, weight {w}, groups {groups} do not fit")
+    return N, M, Cg, M // groups
+
+
+def conv(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1, bias: bool = False) -> KernelDesc:
+    """ONNX Conv (NC + spatial): output ``(N, G, Mg, *O)``; inputs x, w[, b]; bias added last."""
+    N, M, Cg, Mg = _conv_shapes(geo, w_shape, groups)
+    r, O = geo.rank, geo.out_spatial
+    xs, ws = c_strides(geo.x_shape), c_strides(w_shape)
+    xmap = InputMap(
+        numel(geo.x_shape),
+        (xs[0], Cg * xs[1], 0) + (0,) * r,
+        windows=(digit_window(0, Cg, xs[1]),)
+        + tuple(geo.window_of_output(3 + i, 1 + i, i, xs[2 + i]) for i in range(r)),
+    )
+    wmap = InputMap(numel(w_shape), (0, Mg * ws[0], ws[0]) + (0,) * r, kstride=1)
+    maps = [xmap, wmap]
+    epi: tuple = ()
+    if bias:
+        maps.append(InputMap(M, (0, Mg, 1) + (0,) * r))
+        epi = (load(1, 2), I(Op.ADD, 0, 0, 1))  # r0 = acc + b[m]
+    K = Cg * math.prod(geo.kernel)
+    return KernelDesc((N, groups, Mg, *O), K, tuple(maps), DOT_PROLOGUE, DOT_BODY if K > 1 else (), epi,
+                      kdims=(Cg, *geo.kernel), label="conv")
+
+
+def conv_grad_input(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1) -> KernelDesc:
+    """dL/dx of :func:`conv`: output ``(N, G, Cg, *S)``; inputs dy ``(N, M, *O)``, w."""
+    N, M, Cg, Mg = _conv_shapes(geo, w_shape, groups)
+    r, S, O = geo.rank, geo.spatial, geo.out_spatial
+    ys, ws = c_strides((N, M, *O)), c_strides(w_shape)
+    ymap = InputMap(
+        N * M * math.prod(O),
+        (ys[0], Mg * ys[1], 0) + (0,) * r,
+        windows=(digit_window(0, Mg, ys[1]),)
+        + tuple(geo.window_of_input(3 + i, 1 + i, i, ys[2 + i]) for i in range(r)),
+    )
+    wmap = InputMap(
+        numel(w_shape),
+        (0, Mg * ws[0], ws[1]) + (0,) * r,
+        windows=(digit_window(0, Mg, ws[0]),) + tuple(digit_window(1 + i, geo.kernel[i], ws[2 + i]) for i in range(r)),
+    )
+    K = Mg * math.prod(geo.kernel)
+    return KernelDesc((N, groups, Cg, *S), K, (ymap, wmap), DOT_PROLOGUE, DOT_BODY if K > 1 else (),
+                      kdims=(Mg, *geo.kernel), label="conv_grad_input")
+
+
+def conv_grad_weight(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1) -> KernelDesc:
+    """dL/dw of :func:`conv`: output ``(G, Mg, Cg, *kernel)``; inputs dy ``(N, M, *O)``, x."""
+    N, M, Cg, Mg = _conv_shapes(geo, w_shape, groups)
+    r, O = geo.rank, geo.out_spatial
+    ys, xs = c_strides((N, M, *O)), c_strides(geo.x_shape)
+    ymap = InputMap(
+        N * M * math.prod(O),
+        (Mg * ys[1], ys[1], 0) + (0,) * r,
+        windows=(digit_window(0, N, ys[0]),) + tuple(digit_window(1 + i, O[i], ys[2 + i]) for i in range(r)),
+    )
+    xmap = InputMap(
+        numel(geo.x_shape),
+        (Cg * xs[1], 0, xs[1]) + (0,) * r,
+        windows=(digit_window(0, N, xs[0]),)
+        + tuple(geo.window_of_tap(3 + i, 1 + i, i, xs[2 + i]) for i in range(r)),
+    )
+    K = N * math.prod(O)
+    return KernelDesc((groups, Mg, Cg, *geo.kernel), K, (ymap, xmap), DOT_PROLOGUE, DOT_BODY if K > 1 else (),
+                      kdims=(N, *O), label="conv_grad_weight")
+
+
+def channel_map(shape: Sequence[int]) -> InputMap:
+    """Read ``(N, C, *S)`` as ``(C,)`` outputs with k = (n, s) digits: the per-channel
+    reductions' input map (batch norm statistics, a conv's bias gradient)."""
+    shp = as_shape(shape)
+    if len(shp) < 2:
+        raise RepOpsError(f"per-channel reduction needs (N, C, ...), got {shp}")
+    N, C, P = shp[0], shp[1], numel(shp[2:])
+    return InputMap(numel(shp), (P,), windows=(digit_window(0, N, C * P), digit_window(1, P, 1)))
+
+
+def channel_kdims(shape: Sequence[int]) -> tuple[int, int]:
+    """k = (n, s): batch, then the flattened spatial position, both ascending."""
+    return shape[0], numel(shape[2:])
+
+
+def channel_sum(shape: Sequence[int]) -> KernelDesc:
+    """``out[c] = sum over (n, s) of x[n, c, s]``, k = (n, s) ascending (a conv's bias gradient)."""
+    N, P = channel_kdims(shape)
+    body = (load(1, 0), I(Op.ADD, 0, 0, 1))  # r0 += x_k
+    return KernelDesc((shape[1],), N * P, (channel_map(shape),), (load(0, 0),), body if N * P > 1 else (),
+                      kdims=(N, P), label="channel_sum")
