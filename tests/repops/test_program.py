@@ -298,7 +298,7 @@ def test_kdigits_and_conv_descriptor_round_trip() -> None:
     from verde_chain.repops.library import conv as cv
 
     g = cv.ConvGeometry.make((2, 4, 5, 4), (3, 2), (2, 1), (1, 2), (1, 2, 2, 0))
-    for d in (cv.conv(g, (6, 2, 3, 2), 2, True), cv.conv_grad_input(g, (6, 2, 3, 2), 2),
+    for d in (cv.convolution(g, (6, 2, 3, 2), 2, True), cv.conv_grad_input(g, (6, 2, 3, 2), 2),
               cv.conv_grad_weight(g, (6, 2, 3, 2), 2)):
         assert d.extended and KernelDesc.decode(d.encode()) == d
         assert [d.kdigits(k) for k in range(d.K)] == [tuple(t) for t in np.ndindex(*d.kdims)]

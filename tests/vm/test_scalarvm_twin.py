@@ -51,10 +51,10 @@ def _windowed_descs() -> list[program.KernelDesc]:
     g = cv.ConvGeometry.make((2, 4, 5, 4), (3, 2), (2, 1), (1, 2), (1, 2, 2, 0))
     g1 = cv.ConvGeometry.make((1, 2, 7), (3,), (2,), (1,), (1, 1))
     return [
-        cv.conv(g, (6, 2, 3, 2), groups=2, bias=True),
+        cv.convolution(g, (6, 2, 3, 2), groups=2, bias=True),
         cv.conv_grad_input(g, (6, 2, 3, 2), groups=2),
         cv.conv_grad_weight(g, (6, 2, 3, 2), groups=2),
-        cv.conv(g1, (2, 2, 3)),
+        cv.convolution(g1, (2, 2, 3)),
         cv.channel_sum((3, 2, 2, 2)),
     ]
 

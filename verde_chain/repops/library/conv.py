@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops.isa import Op
-from verde_chain.repops.library.asm import I, load
+from verde_chain.repops.isa import CANONICAL_NAN, Op
+from verde_chain.repops.library.asm import I, const, coord, load
 from verde_chain.repops.library.shapes import Shape, as_shape, c_strides, numel
 from verde_chain.repops.program import InputMap, KernelDesc, Window
 
@@ -136,7 +136,7 @@ def _conv_shapes(geo: ConvGeometry, w_shape: Sequence[int], groups: int) -> tupl
     return N, M, Cg, M // groups
 
 
-def conv(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1, bias: bool = False) -> KernelDesc:
+def convolution(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1, bias: bool = False) -> KernelDesc:
     """ONNX Conv (NC + spatial): output ``(N, G, Mg, *O)``; inputs x, w[, b]; bias added last."""
     N, M, Cg, Mg = _conv_shapes(geo, w_shape, groups)
     r, O = geo.rank, geo.out_spatial
@@ -159,7 +159,7 @@ def conv(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1, bias: bool 
 
 
 def conv_grad_input(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1) -> KernelDesc:
-    """dL/dx of :func:`conv`: output ``(N, G, Cg, *S)``; inputs dy ``(N, M, *O)``, w."""
+    """dL/dx of :func:`convolution`: output ``(N, G, Cg, *S)``; inputs dy ``(N, M, *O)``, w."""
     N, M, Cg, Mg = _conv_shapes(geo, w_shape, groups)
     r, S, O = geo.rank, geo.spatial, geo.out_spatial
     ys, ws = c_strides((N, M, *O)), c_strides(w_shape)
@@ -180,7 +180,7 @@ def conv_grad_input(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1) 
 
 
 def conv_grad_weight(geo: ConvGeometry, w_shape: Sequence[int], groups: int = 1) -> KernelDesc:
-    """dL/dw of :func:`conv`: output ``(G, Mg, Cg, *kernel)``; inputs dy ``(N, M, *O)``, x."""
+    """dL/dw of :func:`convolution`: output ``(G, Mg, Cg, *kernel)``; inputs dy ``(N, M, *O)``, x."""
     N, M, Cg, Mg = _conv_shapes(geo, w_shape, groups)
     r, O = geo.rank, geo.out_spatial
     ys, xs = c_strides((N, M, *O)), c_strides(geo.x_shape)
@@ -221,3 +221,198 @@ def channel_sum(shape: Sequence[int]) -> KernelDesc:
     body = (load(1, 0), I(Op.ADD, 0, 0, 1))  # r0 += x_k
     return KernelDesc((shape[1],), N * P, (channel_map(shape),), (load(0, 0),), body if N * P > 1 else (),
                       kdims=(N, P), label="channel_sum")
+
+
+def channel_mean(shape: Sequence[int]) -> KernelDesc:
+    """:func:`channel_sum`, then ``DIV`` by ``fl32(N * S)`` (batch norm's mean)."""
+    d = channel_sum(shape)
+    epi = (const(1, float(d.K)), I(Op.DIV, 0, 0, 1))
+    return KernelDesc(d.out_shape, d.K, d.inputs, d.prologue, d.body, epi, kdims=d.kdims, label="channel_mean")
+
+
+def _per_channel(C: int) -> InputMap:
+    """A ``(C,)`` tensor read at this output channel, the same for every k."""
+    return InputMap(C, (1,))
+
+
+def channel_centered_meansq(shape: Sequence[int]) -> KernelDesc:
+    """Batch norm's (population) variance: inputs (x, mean ``(C,)``); ``r2 = mean`` once, then the
+    sumsq chain of ``d = x - mean`` (``r0 = MUL(d_0, d_0)``, ``r0 = FMA(d_k, d_k, r0)``), k = (n, s)
+    ascending, ``DIV fl32(N * S)``."""
+    N, P = channel_kdims(shape)
+    pro = (load(2, 1), load(1, 0), I(Op.SUB, 1, 1, 2), I(Op.MUL, 0, 1, 1))
+    body = (load(1, 0), I(Op.SUB, 1, 1, 2), I(Op.FMA, 0, 1, 1, 0))
+    epi = (const(1, float(N * P)), I(Op.DIV, 0, 0, 1))
+    maps = (channel_map(shape), _per_channel(shape[1]))
+    return KernelDesc((shape[1],), N * P, maps, pro, body if N * P > 1 else (), epi, kdims=(N, P),
+                      label="channel_var")
+
+
+def channel_dot_xhat(shape: Sequence[int]) -> KernelDesc:
+    """Batch norm's dscale: inputs (g, x, mean, inv_std); the dot chain of ``g_k`` and
+    ``xhat_k = (x_k - mean) * inv_std`` (recomputed per k), k = (n, s) ascending."""
+    N, P = channel_kdims(shape)
+    C = shape[1]
+    xhat = (load(2, 1), I(Op.SUB, 2, 2, 3), I(Op.MUL, 2, 2, 4))  # r2 = (x - mean) * inv_std
+    pro = (load(3, 2), load(4, 3), load(1, 0), *xhat, I(Op.MUL, 0, 1, 2))
+    body = (load(1, 0), *xhat, I(Op.FMA, 0, 1, 2, 0))
+    maps = (channel_map(shape), channel_map(shape), _per_channel(C), _per_channel(C))
+    return KernelDesc((C,), N * P, maps, pro, body if N * P > 1 else (), kdims=(N, P), label="channel_dot_xhat")
+
+
+# ----------------------------------------------------------------------------------- pooling
+NEG_INF = 0xFF800000  # max pooling's fill: a padded tap never wins
+
+
+def _pool_map(geo: ConvGeometry, fill: int = 0) -> InputMap:
+    """x ``(N, C, *S)`` read at the window of output ``(N, C, *O)``, tap digits ``(t_1 .. t_r)``."""
+    xs = c_strides(geo.x_shape)
+    return InputMap(
+        numel(geo.x_shape),
+        (xs[0], xs[1]) + (0,) * geo.rank,
+        windows=tuple(geo.window_of_output(2 + i, i, i, xs[2 + i]) for i in range(geo.rank)),
+        fill=fill,
+    )
+
+
+def _pool_grad_map(geo: ConvGeometry, fill: int = 0) -> InputMap:
+    """dy ``(N, C, *O)`` read from input position ``(N, C, *S)`` at tap t: ``(x + p - t*d)/s``."""
+    out = geo.x_shape[:2] + geo.out_spatial
+    ys = c_strides(out)
+    return InputMap(
+        numel(out),
+        (ys[0], ys[1]) + (0,) * geo.rank,
+        windows=tuple(geo.window_of_input(2 + i, i, i, ys[2 + i]) for i in range(geo.rank)),
+        fill=fill,
+    )
+
+
+def _pool_desc(geo: ConvGeometry, out: Shape, maps: tuple[InputMap, ...], pro: tuple, body: tuple,
+               epi: tuple, label: str) -> KernelDesc:
+    K = math.prod(geo.kernel)
+    return KernelDesc(out, K, maps, pro, body if K > 1 else (), epi, kdims=geo.kernel, label=label)
+
+
+def max_pool(geo: ConvGeometry) -> KernelDesc:
+    """MaxPool: ``r0 = x_0``, ``r0 = MAX(r0, x_t)`` for taps t ascending; padding reads -inf."""
+    out = geo.x_shape[:2] + geo.out_spatial
+    body = (load(1, 0), I(Op.MAX, 0, 0, 1))
+    return _pool_desc(geo, out, (_pool_map(geo, NEG_INF),), (load(0, 0),), body, (), "max_pool")
+
+
+def max_pool_argmax(geo: ConvGeometry) -> KernelDesc:
+    """The tap (flat index t over the kernel, as a float) MaxPool took: the first maximum in
+    ascending t (a later tap wins only if strictly greater; a NaN never wins, and after a NaN
+    nothing does: ``LT`` is false on NaN)."""
+    out = geo.x_shape[:2] + geo.out_spatial
+    pro = (
+        load(0, 0),  # r0 = best = x_0 (r1 = its tap, r2 = t: both +0.0)
+        const(3, 1.0),  # r3 = 1.0
+    )
+    body = (
+        load(4, 0),  # r4 = x_t
+        I(Op.ADD, 2, 2, 3),  # r2 = t
+        I(Op.LT, 5, 0, 4),  # r5 = best < x_t
+        I(Op.SELECT, 1, 5, 2, 1),  # r1 = r5 ? t : r1
+        I(Op.MAX, 0, 0, 4),  # r0 = best
+    )
+    return _pool_desc(geo, out, (_pool_map(geo, NEG_INF),), pro, body, (I(Op.MOV, 0, 1),), "max_pool_argmax")
+
+
+def max_pool_backward(geo: ConvGeometry) -> KernelDesc:
+    """dx ``(N, C, *S)`` from (argmax tap, dy) of ``(N, C, *O)``: the sum over taps t ascending of
+    ``dy[o]`` where output o = ``(x + p - t*d)/s`` exists and took tap t (``SELECT(EQ(arg, t),
+    dy, +0)``; the first term starts the chain, the others are ADDed). The argmax reads NaN
+    outside (never equal to a tap)."""
+    pro = (
+        const(3, 1.0),  # r3 = 1.0 (r4 = t = +0.0, r5 = +0.0)
+        load(1, 0),  # r1 = arg[o(x, t)]
+        load(2, 1),  # r2 = dy[o(x, t)]
+        I(Op.EQ, 6, 1, 4),  # r6 = arg == t
+        I(Op.SELECT, 0, 6, 2, 5),  # r0 = r6 ? dy : +0
+    )
+    body = (
+        I(Op.ADD, 4, 4, 3),  # r4 = t
+        load(1, 0),
+        load(2, 1),
+        I(Op.EQ, 6, 1, 4),
+        I(Op.SELECT, 6, 6, 2, 5),  # r6 = arg == t ? dy : +0
+        I(Op.ADD, 0, 0, 6),
+    )
+    maps = (_pool_grad_map(geo, CANONICAL_NAN), _pool_grad_map(geo))
+    return _pool_desc(geo, geo.x_shape, maps, pro, body, (), "max_pool_backward")
+
+
+def _window_count(geo: ConvGeometry, include_pad: bool) -> tuple:
+    """Epilogue code leaving in r1 the number of taps of this output's window that count
+    (inside the input, or inside the padded input with ``include_pad``), from COORD: per axis
+    ``#{t in [0, k): lo <= o*s - pb + t*d < hi}``, exact integer arithmetic in binary32; the
+    product over axes in r1. Uses r1..r5."""
+    code: list = [const(1, 1.0)]
+    for i in range(geo.rank):
+        S, k, s, d, pb = geo.spatial[i], geo.kernel[i], geo.strides[i], geo.dilations[i], geo.pads_begin[i]
+        pe = geo.pads[geo.rank + i]
+        lo, hi = (-pb, S + pe) if include_pad else (0, S)
+        code += [
+            coord(2, 2 + i),  # r2 = o
+            const(3, float(s)),
+            I(Op.MUL, 2, 2, 3),
+            const(3, float(-pb)),
+            I(Op.ADD, 2, 2, 3),  # r2 = start = o*s - pb
+        ]
+        if d == 1:
+            code += [
+                const(3, float(k)),
+                I(Op.ADD, 3, 2, 3),  # r3 = start + k
+                const(4, float(hi)),
+                I(Op.MIN, 3, 3, 4),  # r3 = min(start + k, hi)
+                const(4, float(lo)),
+                I(Op.MAX, 2, 2, 4),  # r2 = max(start, lo)
+                I(Op.SUB, 2, 3, 2),  # r2 = count
+            ]
+        else:
+            code += [
+                const(3, float(lo)),
+                I(Op.SUB, 3, 3, 2),  # r3 = lo - start
+                I(Op.NEG, 3, 3),
+                const(4, float(d)),
+                I(Op.DIV, 3, 3, 4),
+                I(Op.FLOOR, 3, 3),
+                I(Op.NEG, 3, 3),  # r3 = ceil((lo - start)/d)
+                const(5, 0.0),
+                I(Op.MAX, 3, 3, 5),  # r3 = t_lo
+                const(5, float(hi - 1)),
+                I(Op.SUB, 2, 5, 2),  # r2 = hi - 1 - start
+                I(Op.DIV, 2, 2, 4),
+                I(Op.FLOOR, 2, 2),
+                const(5, float(k - 1)),
+                I(Op.MIN, 2, 2, 5),  # r2 = t_hi
+                I(Op.SUB, 2, 2, 3),
+                const(5, 1.0),
+                I(Op.ADD, 2, 2, 5),  # r2 = t_hi - t_lo + 1
+            ]
+        code.append(I(Op.MUL, 1, 1, 2))
+    return tuple(code)
+
+
+def avg_pool(geo: ConvGeometry, count_include_pad: bool = False) -> KernelDesc:
+    """AveragePool: the sum over taps t ascending (padding reads +0), then ``DIV`` by the
+    window's count (``_window_count``)."""
+    out = geo.x_shape[:2] + geo.out_spatial
+    body = (load(1, 0), I(Op.ADD, 0, 0, 1))
+    epi = _window_count(geo, count_include_pad) + (I(Op.DIV, 0, 0, 1),)
+    return _pool_desc(geo, out, (_pool_map(geo),), (load(0, 0),), body, epi, "avg_pool")
+
+
+def avg_pool_grad_scale(geo: ConvGeometry, count_include_pad: bool = False) -> KernelDesc:
+    """``dy / count`` over ``(N, C, *O)``: the first node of AveragePool's backward."""
+    out = geo.x_shape[:2] + geo.out_spatial
+    code = (load(0, 0),) + _window_count(geo, count_include_pad) + (I(Op.DIV, 0, 0, 1),)
+    return KernelDesc(out, 1, (InputMap(numel(out), c_strides(out)),), code, label="avg_pool_grad_scale")
+
+
+def window_sum_backward(geo: ConvGeometry) -> KernelDesc:
+    """dx ``(N, C, *S)`` = the sum over taps t ascending of ``dy[(x + p - t*d)/s]`` (+0 where no
+    output took x at tap t): AveragePool's backward after ``avg_pool_grad_scale``."""
+    body = (load(1, 0), I(Op.ADD, 0, 0, 1))
+    return _pool_desc(geo, geo.x_shape, (_pool_grad_map(geo),), (load(0, 0),), body, (), "window_sum_backward")
