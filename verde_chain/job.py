@@ -141,7 +141,7 @@ class Job:
             else:
                 idx = batch_indices(self.spec.seed, step, bs, n)
             inputs = {self.program.model.inputs[0]: self.dataset.X[idx]}
-            b = self.program.batch(step, inputs, self.dataset.Y[idx])
+            b = self.program.batch(step, inputs, self.dataset.Y[idx], self.spec.seed)
             if len(self._batch_cache) > 256:
                 self._batch_cache.clear()
             self._batch_cache[step] = b

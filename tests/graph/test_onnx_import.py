@@ -145,5 +145,7 @@ def test_every_ir_op_has_its_rules_and_every_onnx_op_its_importer() -> None:
     assert supported_ops() == sorted(
         ["Add", "Cast", "Constant", "Div", "Erf", "Exp", "Flatten", "Gather", "Gelu", "Gemm", "Identity",
          "LayerNormalization", "Log", "LogSoftmax", "MatMul", "Mul", "Neg", "ReduceMax", "ReduceMean", "ReduceSum",
-         "Relu", "Reshape", "Sigmoid", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze"]
+         "Relu", "Reshape", "Sigmoid", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
+         "AveragePool", "BatchNormalization", "Clip", "Concat", "Conv", "Dropout", "GlobalAveragePool",
+         "HardSigmoid", "HardSwish", "MaxPool", "Pad", "Softplus"]
     )  # fmt: skip

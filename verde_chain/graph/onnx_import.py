@@ -150,6 +150,12 @@ class Importer:
             return self.model.values[name].shape
         return tuple(int(d) for d in self.static[name].shape)
 
+    def is_read(self, name: str) -> bool:
+        """Whether a node or the graph's outputs read the value ``name`` (optional outputs an
+        exporter emits but nothing reads, like Dropout's mask, are accepted)."""
+        g = self.proto.graph
+        return bool(name) and (any(name in n.input for n in g.node) or any(name == o.name for o in g.output))
+
     def is_static(self, name: str) -> bool:
         return name in self.static and name not in self.model.values
 
@@ -167,10 +173,42 @@ class Importer:
         if node.op_type == "Constant":
             self._constant(node)
             return
+        if self._fold_static(node):
+            return
         handler = ONNX_IMPORTERS.get(node.op_type)
         if handler is None:
             raise UnsupportedModelError(self.who(node), f"op {node.op_type!r} is not supported", supported_ops())
         handler(self, node)
+
+    def _fold_static(self, node: onnx.NodeProto) -> bool:
+        """Evaluate shape arithmetic at import: ``Shape`` of any value (shapes are static), and
+        any node whose inputs are all static integer tensors (exporters compute pads and
+        reshape targets so when constant folding is off, as in training mode). onnx's reference
+        implementation runs it; integer results are exact on every machine, and float inputs
+        are never folded here."""
+        if node.op_type == "Shape":
+            a = self.check_attrs(node, {"start": 0, "end": None})
+            self.static[node.output[0]] = np.array(self.shape(node.input[0])[a["start"]:a["end"]], dtype=np.int64)
+            return True
+        ins = [n for n in node.input if n]
+        if not ins or not all(self.is_static(n) and self.static[n].dtype.kind in "iub" for n in ins):
+            return False
+        from onnx.reference import ReferenceEvaluator
+
+        feeds = {n: self.static[n] for n in ins}
+        graph = onnx.helper.make_graph(
+            [node], "fold", [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype),
+                                                                v.shape) for n, v in feeds.items()],
+            [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o],
+        )
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
+        try:
+            outs = ReferenceEvaluator(model).run(None, feeds)
+        except Exception as exc:  # the reference implementation refuses the node
+            raise UnsupportedModelError(self.who(node), f"cannot evaluate static {node.op_type}: {exc}") from exc
+        for name, val in zip([o for o in node.output if o], outs):
+            self.static[name] = np.asarray(val)
+        return True
 
     def _constant(self, node: onnx.NodeProto) -> None:
         a = self.attrs(node)
@@ -219,8 +257,17 @@ def import_onnx(source: str | Path | bytes | onnx.ModelProto, frozen: Iterable[s
     return model
 
 
-def export_torch(module: Any, example_inputs: Any, input_names: list[str] | None = None, opset: int = 17) -> bytes:
-    """torch.onnx.export (TorchScript exporter, offline) with fixed shapes; returns the ONNX bytes."""
+def export_torch(
+    module: Any, example_inputs: Any, input_names: list[str] | None = None, opset: int = 17, training: bool = False
+) -> bytes:
+    """torch.onnx.export (TorchScript exporter, offline) with fixed shapes; returns the ONNX bytes.
+
+    ``training``: export the module in train() mode (BatchNormalization with batch statistics
+    and running-statistics updates, Dropout active), without constant folding, so that those
+    nodes keep their training semantics. Tracing runs the module once, which in train() mode
+    moves its running statistics: the export traces a copy, and the exported buffers are the
+    module's own. The module is left in eval() mode either way."""
+    import copy
     import warnings
 
     import torch
@@ -228,14 +275,26 @@ def export_torch(module: Any, example_inputs: Any, input_names: list[str] | None
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     buf = io.BytesIO()
     target: Any = buf  # a BytesIO is accepted at run time although the stub says path
-    module.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, args, target, opset_version=opset, dynamo=False, input_names=input_names,
-            output_names=["output"], do_constant_folding=True,
-        )
-    return buf.getvalue()
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+    traced = copy.deepcopy(module) if training else module
+    traced.train(training)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                traced, args, target, opset_version=opset, dynamo=False, input_names=input_names,
+                output_names=["output"], do_constant_folding=not training, training=mode,
+            )
+    finally:
+        module.eval()
+    if not training:
+        return buf.getvalue()
+    proto = onnx.load_from_string(buf.getvalue())
+    buffers = dict(module.named_buffers())
+    for init in proto.graph.initializer:
+        if init.name in buffers:
+            init.CopyFrom(numpy_helper.from_array(buffers[init.name].detach().cpu().numpy(), init.name))
+    return proto.SerializeToString()
 
 
 def import_torch(

@@ -13,8 +13,15 @@ Node order (fixed, part of the graph root):
 The packed batch of a step holds, in field order: every model input, then ``labels`` (class ids
 as float32 integers, cross-entropy) or ``targets`` (MSE), then for Adam/AdamW ``sched`` =
 [fl32(lr / (1 - b1^t)), fl32(sqrt(1 - b2^t))] of that step t (exact, rounded once:
-``repops.library.adam_constants``). Carrying the step-dependent constants in the batch keeps ONE
-graph (one root) for every step.
+``repops.library.adam_constants``), then one keep-mask per training-mode Dropout (``mask``
+values, in op order): mask j of step t is ``rng.dropout_keep(seed, stream=j, shape, ratio,
+offset=(t-1)*numel)`` — Philox keyed by the job seed, counter (element + (t-1)*numel, j), so the
+bits of any element of any step are reproducible alone. Carrying the step-dependent constants
+and masks in the batch keeps ONE graph (one root) for every step; the masks are committed in the
+batch root like the data, and a dispute opens them like any batch element.
+
+Carried state a forward rule updates (batch norm's running mean and variance in training mode,
+``GraphBuilder.update_state``) is produced by that rule's node instead of a carry copy.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
 from verde_chain.graph.ir import Model
 from verde_chain.graph.structure import TrainingGraph
-from verde_chain.repops import library
+from verde_chain.repops import library, rng
 from verde_chain.repops.isa import Op
 from verde_chain.repops.library import I, const, load
 from verde_chain.repops.program import InputMap, KernelDesc
@@ -136,9 +143,14 @@ class TrainingProgram:
                 out[slot.name] = np.zeros(slot.shape, dtype=np.float32)
         return out
 
-    def batch(self, step: int, inputs: dict[str, np.ndarray], target: np.ndarray | None = None) -> np.ndarray:
-        """The packed batch tensor of step ``step`` (1-based); inference ignores ``target``."""
+    def batch(
+        self, step: int, inputs: dict[str, np.ndarray], target: np.ndarray | None = None, seed: int = 0
+    ) -> np.ndarray:
+        """The packed batch tensor of step ``step`` (1-based); inference ignores ``target``;
+        ``seed`` (the job's) keys the dropout masks."""
         fields = dict(inputs)
+        for j, (v, ratio) in enumerate(self.model.masks()):
+            fields[v.name] = rng.dropout_keep(seed, j, v.shape, ratio, offset=(step - 1) * v.numel)
         if self.loss is not None:
             if target is None:
                 raise GraphError("a training batch needs its labels/targets")
@@ -150,6 +162,25 @@ class TrainingProgram:
     @property
     def target_field(self) -> str:
         return "labels" if self.loss is not None and self.loss.kind == "cross_entropy" else "targets"
+
+
+def _mask_fields(b: GraphBuilder, model: Model) -> dict[str, Ref]:
+    """The batch fields of the dropout masks (declared after every other field)."""
+    return {v.name: b.batch_field(v.name, v.shape) for v, _ in model.masks()}
+
+
+def _state_producers(b: GraphBuilder, model: Model, skip: set[str]) -> dict[str, Ref]:
+    """Producers of the state the optimizer does not write: a forward rule's update
+    (``GraphBuilder.update_state``), else a carry copy."""
+    out: dict[str, Ref] = {}
+    for v in model.params() + model.consts():
+        if v.name in skip:
+            continue
+        new = b.state_updates.get(v.name)
+        out[v.name] = new if new is not None else b.node(
+            library.map_unary("identity", v.shape), b.state(v.name, v.shape, "param" if v.role == "param" else "const"),
+            label=f"carry:{v.name}")
+    return out
 
 
 def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec) -> TrainingProgram:
@@ -168,6 +199,7 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
     else:
         tgt = b.batch_field("targets", out_shape)
     sched = b.batch_field("sched", (2,)) if optimizer.is_adam else None
+    fields.update(_mask_fields(b, model))
     env: dict[str, Ref] = {n: b.unpack(r) for n, r in fields.items()}
     target = b.unpack(tgt)
     sched_ref = b.unpack(sched) if sched is not None else None
@@ -222,12 +254,8 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
             producers[f"{name}.exp_avg"] = mn
             producers[f"{name}.exp_avg_sq"] = vn
         producers[name] = pn
-    # 6. carries of frozen constants (and of parameters the loss does not reach)
-    for v in model.params():
-        if v.name not in grads:
-            producers[v.name] = b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
-    for v in model.consts():
-        producers[v.name] = b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
+    # 6. carries of frozen constants (and of parameters the loss does not reach), or their updates
+    producers.update(_state_producers(b, model, set(grads)))
     named = {"loss": loss_ref, "output": out}
     named.update({f"grad:{k}": g for k, g in grads.items() if g.kind == "node"})
     graph = b.finish(producers, named)
@@ -238,14 +266,12 @@ def build_inference_graph(model: Model) -> TrainingGraph:
     """Forward graph only (inference jobs): batch = model inputs; params/consts are carried state."""
     b = GraphBuilder()
     fields = {n: b.batch_field(n, model.shape(n)) for n in model.inputs}
+    fields.update(_mask_fields(b, model))
     env: dict[str, Ref] = {n: b.unpack(r) for n, r in fields.items()}
     for v in model.params() + model.consts():
         env[v.name] = b.state(v.name, v.shape, "param" if v.role == "param" else "const")
     lower_forward(b, model, env)
-    producers = {
-        v.name: b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
-        for v in model.params() + model.consts()
-    }
+    producers = _state_producers(b, model, set())
     named = {f"output{i}" if i else "output": env[n] for i, n in enumerate(model.outputs)}
     for k, r in list(named.items()):
         if r.kind != "node":

@@ -1,4 +1,5 @@
-"""Data movement IR ops: ``transpose`` (a strided copy) and ``reshape`` (a free view: no node).
+"""Data movement IR ops: ``transpose`` (a strided copy), ``reshape`` (a free view: no node),
+``concat`` and ``pad`` (constant mode; windowed loads).
 
 ONNX Reshape, Flatten, Squeeze, Unsqueeze, Identity and Cast (float to float) all become
 ``reshape``; applied to static (constant) tensors they are evaluated at import instead.
@@ -150,3 +151,82 @@ def _fw_reshape(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 @vjp("reshape")
 def _bw_reshape(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
     return [b.view(g, ins[0].shape)]
+
+
+# ----------------------------------------------------------------------- concat, pad
+
+
+@onnx_op("Concat")
+def _import_concat(imp: Importer, node: onnx.NodeProto) -> None:
+    a = imp.check_attrs(node, {"axis": None})
+    xs = [imp.float_input(n, node) for n in node.input]
+    shapes = [imp.shape(x) for x in xs]
+    rank = len(shapes[0])
+    if a["axis"] is None or not -rank <= a["axis"] < rank:
+        raise UnsupportedModelError(imp.who(node), f"axis {a['axis']} for rank {rank}")
+    axis = a["axis"] % rank
+    try:
+        out = library.concat(shapes, axis).out_shape
+    except Exception as exc:  # RepOpsError: shapes or too many inputs
+        raise UnsupportedModelError(imp.who(node), str(exc)) from exc
+    imp.emit(node, "concat", xs, out, axis=axis)
+
+
+@onnx_op("Pad")
+def _import_pad(imp: Importer, node: onnx.NodeProto) -> None:
+    a = imp.check_attrs(node, {"mode": "constant"})
+    mode = a["mode"].decode() if isinstance(a["mode"], bytes) else a["mode"]
+    if mode != "constant":
+        raise UnsupportedModelError(imp.who(node), f"mode={mode!r}", "constant")
+    x = imp.float_input(node.input[0], node)
+    rank = len(imp.shape(x))
+    pads = imp.ints(node.input[1], node, "pads")
+    value = 0.0
+    if len(node.input) > 2 and node.input[2]:
+        if not imp.is_static(node.input[2]):
+            raise UnsupportedModelError(imp.who(node), "a constant_value that is not a constant")
+        value = float(np.asarray(imp.static[node.input[2]], dtype=np.float32).reshape(()))
+    if len(node.input) > 3 and node.input[3]:  # opset 18: pads of these axes only
+        axes = [ax % rank for ax in imp.ints(node.input[3], node, "axes")]
+        full = [0] * (2 * rank)
+        for i, ax in enumerate(axes):
+            full[ax], full[rank + ax] = pads[i], pads[len(axes) + i]
+        pads = full
+    try:
+        out = library.pad(imp.shape(x), pads, value).out_shape
+    except Exception as exc:
+        raise UnsupportedModelError(imp.who(node), str(exc)) from exc
+    imp.emit(node, "pad", [x], out, pads=tuple(pads), value=value)
+
+
+@lowering("concat")
+def _fw_concat(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    return Saved(b.node(library.concat([x.shape for x in ins], op.attrs["axis"]), *ins, label="concat"))
+
+
+@vjp("concat")
+def _bw_concat(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    ax = op.attrs["axis"]
+    out: Grads = []
+    off = 0
+    for x, nd in zip(ins, need):
+        n = x.shape[ax]
+        if nd:
+            starts = [0] * len(g.shape)
+            ends = list(g.shape)
+            starts[ax], ends[ax] = off, off + n
+            out.append(b.node(library.slice_(g.shape, starts, ends, [1] * len(g.shape)), g, label="concat_bwd"))
+        else:
+            out.append(None)
+        off += n
+    return out
+
+
+@lowering("pad")
+def _fw_pad(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    return Saved(b.node(library.pad(ins[0].shape, op.attrs["pads"], op.attrs["value"]), ins[0], label="pad"))
+
+
+@vjp("pad")
+def _bw_pad(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    return [b.node(library.pad(g.shape, [-p for p in op.attrs["pads"]]), g, label="pad_bwd")]
