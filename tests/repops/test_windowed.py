@@ -1,0 +1,70 @@
+"""Windowed dot chains (convolution and its gradients) as an explicit GEMM: the C++ backend's
+path gives the reference's bits on every ISA and thread count, edge values included."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops import edges, library, reference, windowed
+from verde_chain.repops.backend_cpu import CppBackend
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library import ConvGeometry
+from verde_chain.repops.program import KernelDesc
+
+CASES = [  # x shape, w shape, strides, dilations, pads, groups
+    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 3), (1, 2), (2, 0, 1, 3), 2),
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ((1, 4, 5, 5), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 4),
+    ((2, 3, 11), (2, 3, 4), (3,), (2,), (2, 1), 1),
+]
+
+
+def _descs() -> list[KernelDesc]:
+    out = []
+    for xs, ws, st, dil, pads, groups in CASES:
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        out += [library.convolution(g, ws, groups, True), library.conv_grad_input(g, ws, groups),
+                library.conv_grad_weight(g, ws, groups)]
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fp_env() -> None:
+    torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("threads", [1, 2])
+def test_windowed_gemm_equals_the_reference(isa: str, threads: int) -> None:
+    be = CppBackend(isa=isa, threads=threads)
+    for i, desc in enumerate(_descs()):
+        assert windowed.plan(desc) is not None, desc.label
+        ins = [edges.edge_array((m.numel,), 100 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
+        assert got.shape == want.shape and (got == want).all(), (isa, threads, desc.label)
+
+
+def test_plan_splits_batch_m_and_n_axes() -> None:
+    g = ConvGeometry.make((2, 4, 9, 8), (3, 2), (2, 3), (1, 2), (2, 0, 1, 3))
+    fwd, dx, dw = library.convolution(g, (6, 2, 3, 2), 2), library.conv_grad_input(g, (6, 2, 3, 2), 2), \
+        library.conv_grad_weight(g, (6, 2, 3, 2), 2)
+    assert windowed.plan(fwd) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))  # w is A, x im2col is B
+    assert windowed.plan(dx) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))
+    assert windowed.plan(dw) == windowed.WindowedGemm(0, 1, (0,), (1,), (2, 3, 4))
+
+
+def test_what_is_not_a_windowed_gemm_runs_on_the_reference() -> None:
+    g = ConvGeometry.make((1, 2, 5, 5), (3, 3), pads=(1, 1, 1, 1))
+    conv = library.convolution(g, (2, 2, 3, 3), bias=True)
+    # an epilogue that reads a chain register (r1) cannot start from r0 alone
+    reads_r1 = dataclasses.replace(conv, epilogue=(Instr(Op.ADD, 0, 0, 1),))
+    for desc in (library.max_pool(g), library.channel_sum((2, 3, 4)), reads_r1, library.matmul((3, 4), (4, 5))):
+        assert windowed.plan(desc) is None, desc.label
+    be = CppBackend()
+    ins = [edges.edge_array((m.numel,), 7 + t, 0.2, 3.0) for t, m in enumerate(reads_r1.inputs)]
+    assert (be(reads_r1, ins).view(np.uint32) == reference.run(reads_r1, ins).view(np.uint32)).all()
