@@ -29,7 +29,7 @@ from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.errors import StrategyError
-from verde_chain.agents.strategies import check_fault, draw_fault, parse_cheat
+from verde_chain.agents.strategies import check_fault, draw_fault, parse_cheat, trainer_plan
 from verde_chain.agents.system import Conductor, deploy_full_system
 from verde_chain.agents.trace import game_trace, interval, plot_bisection, settled
 from verde_chain.agents.trainer import TrainerBot
@@ -42,7 +42,9 @@ from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
 from verde_chain.market.types import JobStatus, SlotStatus
 
-DEFAULT_STEPS = {"digits": 100, "transformer": 8}
+DEFAULT_STEPS = {"digits": 100, "transformer": 8, "resnet18": 2, "mobilenet_v2": 2, "digits_cnn": 20}
+# The vision jobs' drawn cheats sit where the new semantics live: a conv or a batch norm node.
+CHEAT_NODES = {k: ("conv", "batch_norm") for k in ("resnet18", "mobilenet_v2", "digits_cnn")}
 # --cheat-level: where the cheat is caught. 4: a flipped bit, refuted by the one-step proof;
 # 2: a lazy trainer, whose node reveal cannot be justified; 1: a cheater that never answers.
 CHEAT_LEVELS = {1: "silent:0", 2: "lazy", 4: "bitflip"}
@@ -55,6 +57,9 @@ def job_instructions(job: Job) -> int:
 
 
 def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | None) -> str:
+    if cheat and cheat.startswith("micro:"):
+        trainer_plan(cheat, job, seed)  # refuses a site that changes nothing, before any bot runs
+        return cheat
     if cheat:
         f = check_fault(job, parse_cheat(cheat))
         honest, lying = TrainingWorld.from_job(job), TrainingWorld.from_job(job, f)
@@ -65,7 +70,7 @@ def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | 
     elif cheat_level is not None and cheat_level != 4:
         return CHEAT_LEVELS[cheat_level]
     else:
-        f = draw_fault(job, seed)
+        f = draw_fault(job, seed, labels=CHEAT_NODES.get(job.spec.name, ()))
     return f"bitflip:{f.step}:{f.node}:{f.element}:{f.bit}"
 
 

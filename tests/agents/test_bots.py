@@ -61,12 +61,15 @@ def test_strategies_parse_and_refuse_nonsense(job: Job) -> None:
         trainer_plan("sneaky", job)
     with pytest.raises(StrategyError):
         challenger_plan("lazy", job)  # a trainer-only strategy
+    for bad in ("micro:1:2:3", "micro:1:19:0:99999"):  # no micro-step; one past the program
+        with pytest.raises(StrategyError):
+            trainer_plan(bad, job)
 
 
 def test_every_cheat_changes_the_result_and_honest_agree(job: Job) -> None:
     honest = trainer_plan("honest", job).result()
     assert challenger_plan("honest", job).result() == honest
-    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", "bitflip:2:19:1:3"):
+    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", "bitflip:2:19:1:3", "micro:2:19:1:1"):
         assert trainer_plan(s, job, seed=1).result() != honest, s
     # a drawn cheat site is reproducible from the seed
     assert trainer_plan("bitflip", job, seed=5).fault == trainer_plan("bitflip", job, seed=5).fault

@@ -268,15 +268,25 @@ def test_window_reads_fill_outside_and_only_exact_divisions() -> None:
     assert tr[0].access == program.MemAccess(0, None, f32_bits(-7.0))
 
 
-def test_window_encoding_is_the_seven_value_form_and_plain_stays_six() -> None:
+def test_window_encoding_is_the_packed_form_and_plain_stays_abi() -> None:
     plain = library.matmul((2, 3), (3, 4))
     assert int.from_bytes(plain.encode()[:32], "big") == program.HEAD_PLAIN == 0xC0
     d = _pad_desc(fill=5, div=2)
     data = d.encode()
-    assert int.from_bytes(data[:32], "big") == program.HEAD_EXTENDED == 0xE0
+    assert data[0] == program.PACKED_TAG == 0xE0
     assert KernelDesc.decode(data) == d
-    *_, (kdims, exts) = abi_decode([*program.ABI_TYPES, program.EXT_TYPE], data)
-    assert list(kdims) == [] and exts[0][0] == 5 and list(exts[0][1]) == [(0, 1, 0, 0, -1, 2, 3, 1)] and list(exts[1][1]) == []
+    # the documented layout, field by field
+    rank_shape_k = bytes([0xE0, 1]) + (6).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    assert data.startswith(rank_shape_k + bytes([0, 2]))  # no kdims, two inputs
+    x_map = ((3).to_bytes(8, "big") + (0).to_bytes(8, "big", signed=True) + bytes(8 * 3) + (5).to_bytes(4, "big")
+             + bytes([1]) + bytes([0]) + (1).to_bytes(8, "big") + bytes([0]) + bytes(8)
+             + (-1).to_bytes(8, "big", signed=True) + (2).to_bytes(4, "big") + (3).to_bytes(8, "big")
+             + (1).to_bytes(8, "big"))
+    assert data[len(rank_shape_k) + 2:].startswith(x_map)
+    assert data.endswith((3).to_bytes(4, "big") + isa_words(d.prologue) + bytes(8))  # P = 3, then B = E = 0
+    for bad in (data[:-1], data + b"\0", b"\xe1" + data[1:]):
+        with pytest.raises((DescriptorError, ValueError)):
+            KernelDesc.decode(bad)
     # every window field is committed
     w = d.inputs[0].windows[0]
     import dataclasses
@@ -290,8 +300,10 @@ def test_window_encoding_is_the_seven_value_form_and_plain_stays_six() -> None:
     assert len(hashes) == 1 + len(variants)
     # one digit is k itself: kdims=(K,) is the plain descriptor
     assert library.matmul((2, 3), (3, 4)) == dataclasses.replace(plain, kdims=(3,))
-    with pytest.raises(DescriptorError):
-        KernelDesc.decode(b"\x00" * 31 + b"\xa0" + data[32:])
+
+
+def isa_words(prog: tuple[Instr, ...]) -> bytes:
+    return b"".join(i.encode() for i in prog)
 
 
 def test_kdigits_and_conv_descriptor_round_trip() -> None:

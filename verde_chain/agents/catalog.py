@@ -15,7 +15,7 @@ from verde_chain.agents.errors import AgentError
 from verde_chain.job import Job, load_job, save_job
 from verde_chain.market.types import JobTerms
 
-JOB_KINDS = ("digits", "transformer")
+JOB_KINDS = ("digits", "transformer", "resnet18", "mobilenet_v2", "digits_cnn")
 
 
 def build_job(kind: str, steps: int, seed: int = 7) -> Job:
@@ -29,6 +29,12 @@ def build_job(kind: str, steps: int, seed: int = 7) -> Job:
 
         return transformer_job(steps=steps, batch_size=2, context=8, dim=8, heads=2,
                                checkpoint_interval=max(1, steps // 4), seed=seed)
+    if kind in ("resnet18", "mobilenet_v2", "digits_cnn"):
+        from verde_chain.examples.vision import vision_job
+
+        # the CIFAR-shaped nets at batch 2 on 8 random images: a dispute, not a training run
+        return vision_job(kind, steps=steps, batch_size=2 if kind != "digits_cnn" else 32, samples=8,
+                          checkpoint_interval=max(1, steps // 4), seed=seed)
     raise AgentError(f"unknown job kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
 
 

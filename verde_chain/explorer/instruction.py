@@ -59,8 +59,8 @@ def _assembly(ins: Instr, k: int, memory: dict[str, Any] | None) -> str:
         return f"r{ins.dst} = coord axis {ins.imm}"
     if memory is not None:
         where = (f"in{ins.imm}[{memory['address']}]" if memory["address"] is not None
-                 else "nothing (index out of range)" if memory["bits"] == CANONICAL_NAN
-                 else f"nothing (window out of range: fill {memory['bits']:#010x})")
+                 else "nothing (index out of range)" if memory["bits"] == f"0x{CANONICAL_NAN:08x}"
+                 else f"nothing (window out of range: fill {memory['bits']})")
         return f"r{ins.dst} = {op}({regs + ', ' if regs else ''}{where})  k={k}"
     return f"r{ins.dst} = {op}({regs})"
 
@@ -75,7 +75,7 @@ def explain_step(desc: bytes, pre_state: bytes, proof: bytes) -> dict[str, Any]:
     loaded: int | None = None
     if ins.op in (Op.LOAD, Op.LOADIDX):
         slot, addr, bits = vm.memory_read(d, pre, ins, k)  # the twin's own addressing rule, not a copy of it
-        memory = {"input": slot, "address": addr, "bits": bits}
+        memory = {"input": slot, "address": addr, **f32(bits)}  # without a read: the value it yields
         if addr is not None:
             chunk, siblings = abi_decode(LOAD_PROOF_TYPES, proof)[0]
             loaded = ElementOpening(addr, d.inputs[ins.imm].numel, bytes(chunk), tuple(siblings)).bits

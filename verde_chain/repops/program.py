@@ -42,14 +42,18 @@ Canonical encoding (``KernelDesc.encode``) is Solidity's ``abi.encode`` of the s
 
 so a contract reads it with ``abi.decode(data, (uint32[], uint32, InputMap[], bytes, bytes,
 bytes))``; ``KernelDesc.hash()`` is keccak256 of that encoding. A descriptor that uses the window
-extension (kdims, windows or fills) appends a seventh value, ``EXT_TYPE``::
+extension (kdims or windows) has a packed form instead (``PACKED_TAG``, big-endian, no padding:
+its calldata is what a one-step proof pays for, and abi words of small integers are mostly
+zeros)::
 
-    (uint32[] kdims, (uint32 fill, (uint8 axis, int64 outMul, uint8 digit, int64 kMul,
-                                    int64 offset, uint32 div, uint64 size, int64 stride)[] windows)[] inputs)
+    u8 0xE0 | u8 rank, u32 outShape[rank] | u32 K | u8 n, u32 kdims[n] | u8 inputs, per input:
+      u64 numel, i64 strides[rank], i64 kstride, u64 offset, i64 idxStride, u32 fill, u8 windows,
+      per window: u8 axis, i64 outMul, u8 digit, i64 kMul, i64 offset, u32 div, u64 size, i64 stride
+    | u32 P, prologue words | u32 B, body words | u32 E, epilogue words
 
-The first head word of an abi encoding is the offset of ``outShape``, i.e. the head size: 0xC0 for
-six values, 0xE0 for seven. That word tells a decoder which form it reads, and a descriptor
-without the extension encodes (and hashes) exactly as before the extension existed.
+Its first byte (0xE0) tells it from the abi form (whose first word is 0xC0, so its first byte
+0), and a descriptor without the extension encodes (and hashes) exactly as before the extension
+existed.
 
 This module also holds the slow scalar interpreter (``run_spec``, ``trace``): element by
 element, instruction by instruction, exactly the semantics the on-chain VM executes.
@@ -58,6 +62,7 @@ element, instruction by instruction, exactly the semantics the on-chain VM execu
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -81,10 +86,9 @@ ABI_TYPES = (
     "bytes",
     "bytes",
 )
-# The window extension's seventh value (module docstring).
-EXT_TYPE = "(uint32[],(uint32,(uint8,int64,uint8,int64,int64,uint32,uint64,int64)[])[])"
-# The head size of abi.encode: 32 bytes per top-level value (every one here is dynamic but K).
-HEAD_PLAIN, HEAD_EXTENDED = 32 * len(ABI_TYPES), 32 * (len(ABI_TYPES) + 1)
+# The abi form's first word (the offset of outShape: six head words); the packed form's first byte.
+HEAD_PLAIN = 32 * len(ABI_TYPES)
+PACKED_TAG = 0xE0
 MAX_WINDOWS = 8
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -339,54 +343,94 @@ class KernelDesc:
 
     # ----------------------------------------------------------------- encoding
     def encode(self) -> bytes:
-        values: list[object] = [
-            list(self.out_shape),
-            self.K,
-            [(m.numel, list(m.strides), m.kstride, m.offset, m.idx_stride) for m in self.inputs],
-            isa.encode_program(self.prologue),
-            isa.encode_program(self.body),
-            isa.encode_program(self.epilogue),
-        ]
-        if not self.extended:
-            return abi_encode(list(ABI_TYPES), values)
-        ext = (
-            list(self.kdims),
-            [(m.fill, [(w.axis, w.out_mul, w.digit, w.k_mul, w.offset, w.div, w.size, w.stride)
-                       for w in m.windows]) for m in self.inputs],
+        if self.extended:
+            return _pack(self)
+        return abi_encode(
+            list(ABI_TYPES),
+            [
+                list(self.out_shape),
+                self.K,
+                [(m.numel, list(m.strides), m.kstride, m.offset, m.idx_stride) for m in self.inputs],
+                isa.encode_program(self.prologue),
+                isa.encode_program(self.body),
+                isa.encode_program(self.epilogue),
+            ],
         )
-        return abi_encode([*ABI_TYPES, EXT_TYPE], [*values, ext])
 
     @classmethod
     def decode(cls, data: bytes) -> KernelDesc:
-        head = int.from_bytes(data[:32], "big")
-        if head not in (HEAD_PLAIN, HEAD_EXTENDED):
-            raise DescriptorError(f"descriptor head size {head:#x} is neither form's", head=head)
-        if head == HEAD_PLAIN:
-            shape, K, ins, pro, body, epi = abi_decode(list(ABI_TYPES), data)
-            kdims: tuple[int, ...] = ()
-            exts: list[tuple[int, list[tuple[int, ...]]]] = [(0, [])] * len(ins)
-        else:
-            shape, K, ins, pro, body, epi, (kd, exts) = abi_decode([*ABI_TYPES, EXT_TYPE], data)
-            kdims = tuple(kd)
-            if len(exts) != len(ins):
-                raise DescriptorError(f"descriptor extension has {len(exts)} inputs, not {len(ins)}")
+        if data[:1] == bytes([PACKED_TAG]):
+            return _unpack(data)
+        if int.from_bytes(data[:32], "big") != HEAD_PLAIN:
+            raise DescriptorError("a descriptor is the abi form (first word 0xc0) or the packed one (first byte 0xe0)")
+        shape, K, ins, pro, body, epi = abi_decode(list(ABI_TYPES), data)
         return cls(
             out_shape=tuple(shape),
             K=K,
-            inputs=tuple(
-                InputMap(n, tuple(s), ks, off, ids, tuple(Window(*w) for w in wins), fill)
-                for (n, s, ks, off, ids), (fill, wins) in zip(ins, exts)
-            ),
+            inputs=tuple(InputMap(n, tuple(s), ks, off, ids) for n, s, ks, off, ids in ins),
             prologue=tuple(isa.decode_program(pro)),
             body=tuple(isa.decode_program(body)),
             epilogue=tuple(isa.decode_program(epi)),
-            kdims=kdims,
         )
 
     def hash(self) -> bytes:
         h = keccak.new(digest_bits=256)
         h.update(self.encode())
         return h.digest()
+
+
+_WINDOW = struct.Struct(">BqBqqIQq")  # axis, outMul, digit, kMul, offset, div, size, stride
+
+
+def _pack(d: KernelDesc) -> bytes:
+    """The packed form of a descriptor with the window extension (module docstring)."""
+    rank = len(d.out_shape)
+    out = [struct.pack(f">BB{rank}II", PACKED_TAG, rank, *d.out_shape, d.K),
+           struct.pack(f">B{len(d.kdims)}I", len(d.kdims), *d.kdims), struct.pack(">B", len(d.inputs))]
+    for m in d.inputs:
+        out.append(struct.pack(f">Q{rank}qqQqIB", m.numel, *m.strides, m.kstride, m.offset, m.idx_stride, m.fill,
+                               len(m.windows)))
+        out += [_WINDOW.pack(w.axis, w.out_mul, w.digit, w.k_mul, w.offset, w.div, w.size, w.stride) for w in m.windows]
+    for prog in (d.prologue, d.body, d.epilogue):
+        out.append(struct.pack(">I", len(prog)) + isa.encode_program(prog))
+    return b"".join(out)
+
+
+def _unpack(data: bytes) -> KernelDesc:
+    """Inverse of :func:`_pack`; a truncated or overlong encoding is refused."""
+    at = 0
+
+    def take(fmt: str) -> tuple[int, ...]:
+        nonlocal at
+        st = struct.Struct(">" + fmt)
+        if at + st.size > len(data):
+            raise DescriptorError("packed descriptor is truncated")
+        vals = st.unpack_from(data, at)
+        at += st.size
+        return vals
+
+    _, rank = take("BB")
+    shape = take(f"{rank}I")
+    (K,) = take("I")
+    (nd,) = take("B")
+    kdims = take(f"{nd}I")
+    (nin,) = take("B")
+    inputs = []
+    for _ in range(nin):
+        numel, *strides_etc = take(f"Q{rank}qqQqIB")
+        strides, (kstride, offset, idx_stride, fill, nw) = tuple(strides_etc[:rank]), strides_etc[rank:]
+        windows = tuple(Window(*take("BqBqqIQq")) for _ in range(nw))
+        inputs.append(InputMap(numel, strides, kstride, offset, idx_stride, windows, fill))
+    progs = []
+    for _ in range(3):
+        (n,) = take("I")
+        if at + isa.INSTR_BYTES * n > len(data):
+            raise DescriptorError("packed descriptor is truncated")
+        progs.append(isa.decode_program(data[at : at + isa.INSTR_BYTES * n]))
+        at += isa.INSTR_BYTES * n
+    if at != len(data):
+        raise DescriptorError(f"packed descriptor has {len(data) - at} trailing bytes")
+    return KernelDesc(tuple(shape), K, tuple(inputs), tuple(progs[0]), tuple(progs[1]), tuple(progs[2]), kdims=kdims)
 
 
 # Whatever executes one node: (descriptor, flat float32 inputs) -> flat float32 output. The

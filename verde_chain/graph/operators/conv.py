@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from verde_chain.errors import RepOpsError
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import UnsupportedModelError
 from verde_chain.graph.ir import OpNode
@@ -68,7 +69,7 @@ def _checked_geometry(imp: Importer, node: onnx.NodeProto, x: str, attrs: dict[s
     try:
         return ConvGeometry.make(imp.shape(x), attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"],
                                  attrs.get("ceil_mode", False))
-    except Exception as exc:  # RepOpsError: the window does not fit
+    except RepOpsError as exc:  # the window does not fit
         raise UnsupportedModelError(imp.who(node), str(exc)) from exc
 
 
@@ -92,7 +93,7 @@ def _import_conv(imp: Importer, node: onnx.NodeProto) -> None:
     groups = int(a["group"])
     try:
         library.convolution(geo, ws, groups, len(ins) == 3)
-    except Exception as exc:
+    except RepOpsError as exc:
         raise UnsupportedModelError(imp.who(node), str(exc)) from exc
     if len(ins) == 3 and imp.shape(ins[2]) != (ws[0],):
         raise UnsupportedModelError(imp.who(node), f"bias {imp.shape(ins[2])} for {ws[0]} output channels")

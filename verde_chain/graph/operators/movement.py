@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from verde_chain.errors import RepOpsError
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import UnsupportedModelError
 from verde_chain.graph.ir import OpNode
@@ -167,7 +168,7 @@ def _import_concat(imp: Importer, node: onnx.NodeProto) -> None:
     axis = a["axis"] % rank
     try:
         out = library.concat(shapes, axis).out_shape
-    except Exception as exc:  # RepOpsError: shapes or too many inputs
+    except RepOpsError as exc:  # shapes, or too many inputs
         raise UnsupportedModelError(imp.who(node), str(exc)) from exc
     imp.emit(node, "concat", xs, out, axis=axis)
 
@@ -194,7 +195,7 @@ def _import_pad(imp: Importer, node: onnx.NodeProto) -> None:
         pads = full
     try:
         out = library.pad(imp.shape(x), pads, value).out_shape
-    except Exception as exc:
+    except RepOpsError as exc:
         raise UnsupportedModelError(imp.who(node), str(exc)) from exc
     imp.emit(node, "pad", [x], out, pads=tuple(pads), value=value)
 
