@@ -178,6 +178,8 @@ GRAD_CODE: dict[str, tuple[Instr, ...]] = {
     "log_grad": (I(Op.DIV, 0, 1, 0),),
     # from y = sqrt(x): g / (y + y)
     "sqrt_grad_y": (I(Op.ADD, 2, 0, 0), I(Op.DIV, 0, 1, 2)),
+    # from y = 1/x: -(g * (y * y)), torch's order
+    "reciprocal_grad_y": (I(Op.MUL, 2, 0, 0), I(Op.MUL, 0, 1, 2), I(Op.NEG, 0, 0)),
 }
 TRANSCENDENTAL_GRAD = ("gelu_erf_grad", "gelu_tanh_grad", "sin_grad", "cos_grad")
 
