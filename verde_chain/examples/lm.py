@@ -94,7 +94,7 @@ def hf_model(cfg: LMConfig, seed: int = 0) -> Any:
     if cfg.arch == "gpt2":
         model = tf.GPT2LMHeadModel(tf.GPT2Config(
             n_layer=n, n_embd=h, n_head=cfg.heads, vocab_size=cfg.vocab, n_positions=cfg.seq, use_cache=False,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=cfg.vocab - 1, eos_token_id=cfg.vocab - 1))
     elif cfg.arch == "llama":  # grouped-query attention (2 key/value heads), as the real ones have
         model = tf.LlamaForCausalLM(tf.LlamaConfig(
             num_hidden_layers=n, hidden_size=h, intermediate_size=2 * h, num_attention_heads=cfg.heads,
