@@ -42,7 +42,7 @@ from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
 from verde_chain.market.types import JobStatus, SlotStatus
 
-DEFAULT_STEPS = {"digits": 100, "transformer": 8}
+DEFAULT_STEPS = {"digits": 100, "transformer": 8, "llama": 4, "llama-inference": 1}
 # --cheat-level: where the cheat is caught. 4: a flipped bit, refuted by the one-step proof;
 # 2: a lazy trainer, whose node reveal cannot be justified; 1: a cheater that never answers.
 CHEAT_LEVELS = {1: "silent:0", 2: "lazy", 4: "bitflip"}
@@ -64,6 +64,8 @@ def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | 
                                 "pick another site")
     elif cheat_level is not None and cheat_level != 4:
         return CHEAT_LEVELS[cheat_level]
+    elif job.spec.kind == "inference":  # the lie is one logit of the batch of prompts
+        f = draw_fault(job, seed, node=job.program.graph.named["output"])
     else:
         f = draw_fault(job, seed)
     return f"bitflip:{f.step}:{f.node}:{f.element}:{f.bit}"
