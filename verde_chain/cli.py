@@ -111,7 +111,8 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                         "2 node reveal (a lazy trainer), 1 timeout (a cheater that never answers)")
     p.add_argument("--job", choices=JOB_KINDS, default="digits")
     p.add_argument("--steps", type=int, default=None,
-                   help="training steps (default: 100 digits, 8 transformer, 2 resnet18 / mobilenet_v2, 20 digits_cnn)")
+                   help="training steps (default: 100 digits, 8 transformer, 4 llama, 2 resnet18 / mobilenet_v2, "
+                        "20 digits_cnn)")
     p.add_argument("--out", type=Path, default=Path("build") / "demo", help="output directory (bisection.png, state)")
     p.add_argument("--explorer", action="store_true", help="serve the live explorer of this run and print its URL")
     p.add_argument("--explorer-port", type=int, default=8600, help="the explorer's port (default 8600; 0 = any)")

@@ -42,7 +42,8 @@ from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
 from verde_chain.market.types import JobStatus, SlotStatus
 
-DEFAULT_STEPS = {"digits": 100, "transformer": 8, "resnet18": 2, "mobilenet_v2": 2, "digits_cnn": 20}
+DEFAULT_STEPS = {"digits": 100, "transformer": 8, "llama": 4, "llama-inference": 1, "resnet18": 2, "mobilenet_v2": 2,
+                 "digits_cnn": 20}
 # The vision jobs' drawn cheats sit where the new semantics live: a conv or a batch norm node.
 CHEAT_NODES = {k: ("conv", "batch_norm") for k in ("resnet18", "mobilenet_v2", "digits_cnn")}
 # --cheat-level: where the cheat is caught. 4: a flipped bit, refuted by the one-step proof;
@@ -69,6 +70,8 @@ def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | 
                                 "pick another site")
     elif cheat_level is not None and cheat_level != 4:
         return CHEAT_LEVELS[cheat_level]
+    elif job.spec.kind == "inference":  # the lie is one logit of the batch of prompts
+        f = draw_fault(job, seed, node=job.program.graph.named["output"])
     else:
         f = draw_fault(job, seed, labels=CHEAT_NODES.get(job.spec.name, ()))
     return f"bitflip:{f.step}:{f.node}:{f.element}:{f.bit}"

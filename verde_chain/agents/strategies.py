@@ -110,20 +110,24 @@ def check_fault(job: Job, f: OutputFault) -> OutputFault:
     return f
 
 
-def draw_fault(job: Job, seed: int, honest_result: bytes | None = None, labels: tuple[str, ...] = ()) -> OutputFault:
+def draw_fault(job: Job, seed: int, honest_result: bytes | None = None, node: int | None = None,
+               labels: tuple[str, ...] = ()) -> OutputFault:
     """A cheat site drawn from `seed` that changes the final commitment (a flip in a value nothing
     later reads, e.g. the reported loss of the last step, would change C_s but not C_T, and nobody
-    could tell the cheater from an honest trainer at the market's level). ``labels``: only nodes
-    whose label starts with one of these (e.g. ``conv``, ``batch_norm``)."""
+    could tell the cheater from an honest trainer at the market's level); `node` fixes the node
+    (an inference job's logits); `labels` keeps the nodes whose label starts with one of these
+    (e.g. ``conv``, ``batch_norm``)."""
     rng = random.Random(seed)
     nodes = [n for n in job.program.graph.nodes
              if not n.label.startswith("batch:") and (not labels or n.label.startswith(labels))]
+    if node is not None:
+        nodes = [job.program.graph.nodes[node]]
     if not nodes:
         raise StrategyError(f"no node labelled {labels} to cheat at")
     want = honest_result or honest_world(job).step_commitment(job.spec.steps)
     for _ in range(64):
-        node = rng.choice(nodes)
-        f = OutputFault(rng.randint(1, job.spec.steps), node.index, rng.randrange(node.desc.numel), rng.randrange(31))
+        site = rng.choice(nodes)
+        f = OutputFault(rng.randint(1, job.spec.steps), site.index, rng.randrange(site.desc.numel), rng.randrange(31))
         if TrainingWorld.from_job(job, f).step_commitment(job.spec.steps) != want:
             return f
     raise StrategyError(f"no cheat site found from seed {seed} that changes C_T")

@@ -1,7 +1,7 @@
 """Normalisation IR ops: ``softmax`` / ``log_softmax`` (one axis), ``layer_norm`` (scale and
-bias) and ``batch_norm`` (training or inference mode), each lowered to the operator library's
-composition and differentiated by its backward composition; and ``dropout`` (its mask carried in
-the batch)."""
+bias), ``rms_norm`` (scale; made by ``graph/fusion.py`` from the exported pattern) and
+``batch_norm`` (training or inference mode), each lowered to the operator library's composition
+and differentiated by its backward composition; and ``dropout`` (its mask carried in the batch)."""
 
 from __future__ import annotations
 
@@ -70,6 +70,13 @@ def _fw_layer_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     return Saved(y, {"mean": mean, "istd": istd})
 
 
+@lowering("rms_norm")
+def _fw_rms_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    comp = library.rms_norm(ins[0].shape, op.attrs["axis"], op.attrs["eps"], scale=True)
+    y, inv = b.composite(comp, *ins, label="rms_norm")
+    return Saved(y, {"inv": inv})
+
+
 # ----------------------------------------------------------------------- backward
 
 
@@ -91,6 +98,18 @@ def _bw_layer_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref
     return out
 
 
+@vjp("rms_norm")
+def _bw_rms_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    x, scale = ins
+    comp = library.rms_norm_backward(x.shape, op.attrs["axis"])
+    want = [i for i in range(2) if need[i]]
+    res = b.composite(comp, x, scale, s.extra["inv"], g, want=want, label="rms_norm_bwd")
+    out: Grads = [None, None]
+    for i, r in zip(want, res):
+        out[i] = r
+    return out
+
+
 # ----------------------------------------------------------------------- batch norm, dropout
 
 
@@ -106,8 +125,8 @@ def _import_batch_norm(imp: Importer, node: onnx.NodeProto) -> None:
     training = bool(a["training_mode"])
     if any(imp.is_read(extra) for extra in node.output[1:]):
         raise UnsupportedModelError(imp.who(node), "the running statistics outputs are read", "output Y only")
-    imp.frozen.update(node.input[3:5])
-    x, scale, bias, mean, var = (imp.float_input(n, node) for n in node.input)
+    x, scale, bias = (imp.float_input(n, node) for n in node.input[:3])
+    mean, var = (imp.state_value(n, node) for n in node.input[3:5])
     shape = imp.shape(x)
     if len(shape) < 2 or any(imp.shape(v) != (shape[1],) for v in (scale, bias, mean, var)):
         raise UnsupportedModelError(imp.who(node), f"input {shape} with statistics of {imp.shape(scale)}")

@@ -12,14 +12,14 @@ Modules, by unit (primitives return a ``KernelDesc``, compositions a ``Composite
     shapes       strides, broadcasting, axes                          (helpers)
     asm          instruction helpers for hand-written programs        (helpers)
     exact        exact rational constants rounded to binary32 once    (helpers)
-    maps         elementwise: unary / binary / comparison / where / unary gradients
+    maps         elementwise: unary / binary / comparison / logic / where / pow / their gradients
     reductions   sum mean max min prod sumsq l1 l2 meansq, dot reductions
     linalg       matmul, Gemm
-    movement     strided copy, transpose, reshape, expand, slice
-    indexing     gather, gather_elements, scatter_add
+    movement     strided copy, transpose, reshape, expand, slice (+ grad), concat, trilu, pad
+    indexing     gather, gather_elements, scatter_add (their backward)
     composite    Node, Composite, Builder; reductions over any axes (reduce_nodes)
     conv         convolution (+ both gradients), per-channel reductions, pooling (windowed loads)
-    nn           softmax, log_softmax, layer_norm (+ backward)
+    nn           softmax, log_softmax, layer_norm, rms_norm, batch_norm (+ backward)
     losses       NLL, softmax cross-entropy (+ backward)
     optimizers   SGD, Adam/AdamW, ONNX Momentum/Adam
     backward     backward of broadcasting binaries and matmul
@@ -59,7 +59,7 @@ from verde_chain.repops.library.conv import (
     window_sum_backward,
 )
 from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
-from verde_chain.repops.library.indexing import gather, gather_elements, scatter_add
+from verde_chain.repops.library.indexing import gather, gather_elements, gather_elements_grad, gather_grad, scatter_add
 from verde_chain.repops.library.linalg import gemm, matmul
 from verde_chain.repops.library.losses import nll_loss, softmax_cross_entropy, softmax_cross_entropy_backward
 from verde_chain.repops.library.maps import (
@@ -82,22 +82,37 @@ from verde_chain.repops.library.maps import (
     log1p_exp_log,
     map_affine,
     map_unary,
+    minmax_grad,
+    pow_const,
+    pow_const_code,
     sigmoid_times,
     softplus_tail,
     unary_code,
     unary_grad,
     where,
+    where_grad,
 )
-from verde_chain.repops.library.movement import concat, expand, pad, reshape, slice_, strided_copy, transpose
+from verde_chain.repops.library.movement import (
+    concat,
+    expand,
+    pad,
+    reshape,
+    slice_,
+    slice_grad,
+    strided_copy,
+    transpose,
+    trilu,
+)
 from verde_chain.repops.library.nn import (
     batch_norm_backward,
     batch_norm_inference,
     batch_norm_training,
-    inv_std_code,
     layer_norm,
     layer_norm_backward,
     log_softmax,
     log_softmax_backward,
+    rms_norm,
+    rms_norm_backward,
     softmax,
     softmax_backward,
 )
@@ -122,14 +137,16 @@ __all__ = [
     "adam_constants", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
     "batch_norm_training", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes",
     "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_grad",
-    "concat", "const", "conv_grad_input", "conv_grad_weight", "convolution", "coord", "dropout_apply", "elementwise",
-    "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q", "gather", "gather_elements", "gelu", "gemm",
-    "hard_sigmoid", "hard_sigmoid_grad", "hard_swish", "hard_swish_grad", "inv_std_code", "layer_norm",
-    "layer_norm_backward", "leaky_relu", "linear_k_stride", "load", "loadidx", "log1p_exp_log", "log_softmax",
-    "log_softmax_backward", "map_affine", "map_unary", "matmul", "matmul_backward", "max_pool", "max_pool_argmax",
-    "max_pool_backward", "nll_loss", "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "pad", "reduce",
-    "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "scatter_add", "sgd",
-    "sigmoid_times", "single", "slice_", "softmax", "softmax_backward", "softmax_cross_entropy",
-    "softmax_cross_entropy_backward", "softplus_tail", "strided_copy", "sum_to_shape", "transcendental",
-    "transpose", "unary_code", "unary_grad", "where", "window_sum_backward",
+    "concat", "const", "conv_grad_input", "conv_grad_weight", "convolution", "coord", "dropout_apply",
+    "elementwise", "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q", "gather", "gather_elements",
+    "gather_elements_grad", "gather_grad", "gelu", "gemm", "hard_sigmoid", "hard_sigmoid_grad", "hard_swish",
+    "hard_swish_grad", "layer_norm", "layer_norm_backward", "leaky_relu", "linear_k_stride", "load",
+    "loadidx", "log1p_exp_log", "log_softmax", "log_softmax_backward", "map_affine", "map_unary", "matmul",
+    "matmul_backward", "max_pool", "max_pool_argmax", "max_pool_backward", "minmax_grad", "nll_loss",
+    "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "pad", "pow_const", "pow_const_code", "reduce",
+    "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "rms_norm", "rms_norm_backward",
+    "scatter_add", "sgd", "sigmoid_times", "single", "slice_", "slice_grad", "softmax", "softmax_backward",
+    "softmax_cross_entropy", "softmax_cross_entropy_backward", "softplus_tail", "strided_copy", "sum_to_shape",
+    "transcendental", "transpose", "trilu", "unary_code", "unary_grad", "where", "where_grad",
+    "window_sum_backward",
 ]  # fmt: skip
