@@ -68,3 +68,40 @@ def test_what_is_not_a_windowed_gemm_runs_on_the_reference() -> None:
     be = CppBackend()
     ins = [edges.edge_array((m.numel,), 7 + t, 0.2, 3.0) for t, m in enumerate(reads_r1.inputs)]
     assert (be(reads_r1, ins).view(np.uint32) == reference.run(reads_r1, ins).view(np.uint32)).all()
+
+
+def _dewindowed_descs() -> list[KernelDesc]:
+    from verde_chain.repops.library import nn as lnn
+
+    g = ConvGeometry.make((2, 3, 7, 6), (3, 2), (2, 1), (1, 2), (1, 0, 2, 1), True)
+    xs = g.x_shape
+    return [
+        library.max_pool(g), library.max_pool_argmax(g), library.max_pool_backward(g), library.avg_pool(g, True),
+        library.avg_pool(g, False), library.window_sum_backward(g), library.channel_mean(xs),
+        library.channel_centered_meansq(xs), library.channel_dot_xhat(xs), library.channel_sum(xs),
+        library.pad((2, 3, 4), (1, 0, -1, 0, 2, 1), 0.5), lnn.batch_norm_training(xs).nodes[-3].desc,
+    ]
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
+    """Pooling, per-channel statistics and pad: gathered densely and run on the C++ kernels."""
+    be = CppBackend(isa=isa, threads=2)
+    for i, desc in enumerate(_dewindowed_descs()):
+        assert windowed.plan(desc) is None
+        ins = [edges.edge_array((m.numel,), 300 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        flat = [x.view(np.uint32) for x in ins]
+        dense = windowed.dewindow(desc, flat)
+        assert dense is not None and not dense[0].extended, desc.label
+        got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
+        assert (got == want).all(), (isa, desc.label)
+
+
+def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
+    from verde_chain.repops.program import InputMap, Window
+
+    m = InputMap(4, (0,), idx_stride=1, windows=(Window(0, 1, 0, 0, -1, 1, 1, 0),))
+    d = KernelDesc((3,), 1, (m,), (Instr(Op.CONST, 1, imm=0), Instr(Op.LOADIDX, 0, 1, 0, 0)))
+    assert windowed.dewindow(d, [np.arange(4, dtype=np.uint32)]) is None
+    ins = [np.arange(4, dtype=np.float32)]
+    assert (CppBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()

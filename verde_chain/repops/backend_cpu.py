@@ -602,7 +602,7 @@ class CppBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: the C++ interpreter does not read windows yet
-            return windowed.run(desc, inputs, self._gemm)
+            return windowed.run(desc, inputs, self._gemm, self)
         prep = self._prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan

@@ -13,6 +13,13 @@ This is how a backend without window support in its native code runs convolution
 backend's GEMM, ``backend_cpu``); a native implicit-im2col kernel computes the same chain without
 the copy. An epilogue (conv's bias) runs on the reference afterwards with ``r0`` preset, when it
 reads no register but r0 and its loads do not depend on k.
+
+Every other window descriptor (pooling, per-channel statistics, pad) is *dewindowed*
+(:func:`dewindow`): each windowed input is gathered at every (output coordinate it reads, k),
+fill included, into a dense tensor that a plain map reads with the same coordinates and k — the
+same program then reads the same bits from it, on any backend's interpreter. (A LOADIDX of a
+windowed input adds its index to the original address, which the dense copy has lost: such a
+descriptor stays on the reference.)
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 from verde_chain.repops import reference
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.shapes import c_strides
-from verde_chain.repops.program import InputMap, KernelDesc, check_inputs
+from verde_chain.repops.program import InputMap, KernelDesc, Runner, check_inputs
 
 Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (nb, M, K) @ (nb, K, N) -> (nb, M, N)
 
@@ -135,13 +142,42 @@ def gemm_operands(desc: KernelDesc, g: WindowedGemm, flat: Sequence[np.ndarray])
     return np.ascontiguousarray(a).view(np.float32), np.ascontiguousarray(b).view(np.float32)
 
 
-def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: Gemm) -> np.ndarray:
-    """Execute ``desc`` with ``gemm`` if it is a windowed dot chain, else on the reference;
-    float32 of ``out_shape`` either way, the reference's bits."""
+def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, list[np.ndarray]] | None:
+    """The same program over plain maps: each windowed input gathered densely at (the output axes
+    it reads, k); None if a LOADIDX reads a windowed input."""
+    programs = desc.prologue + desc.body + desc.epilogue
+    if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
+        return None
+    rank = len(desc.out_shape)
+    maps: list[InputMap] = []
+    data: list[np.ndarray] = []
+    for t, m in enumerate(desc.inputs):
+        if not m.windows:
+            maps.append(m)
+            data.append(flat[t])
+            continue
+        axes = tuple(d for d in range(rank) if _depends(m, d))
+        dense = _gather(desc, t, flat[t], axes)  # (*dims of axes, K)
+        st = c_strides(dense.shape)
+        strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
+        maps.append(InputMap(dense.size, strides, kstride=1 if desc.K > 1 else 0))
+        data.append(np.ascontiguousarray(dense).reshape(-1))
+    plain = KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue,
+                       label=f"{desc.label}/dewindowed")
+    return plain, data
+
+
+def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: Gemm, plain: Runner | None = None) -> np.ndarray:
+    """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed on ``plain``
+    (a runner of plain descriptors), else on the reference; float32 of ``out_shape``, the
+    reference's bits either way."""
     g = plan(desc)
-    if g is None:
-        return reference.run(desc, inputs)
     flat = check_inputs(desc, inputs)
+    if g is None:
+        dense = dewindow(desc, flat) if plain is not None else None
+        if dense is None or plain is None:
+            return reference.run(desc, inputs)
+        return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
     a, b = gemm_operands(desc, g, flat)
     r0 = np.ascontiguousarray(gemm(a, b), dtype=np.float32).reshape(-1)
     if not desc.epilogue:
