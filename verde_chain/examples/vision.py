@@ -104,3 +104,21 @@ def vision_job(name: str, steps: int = 10, batch_size: int = 8, lr: float = 0.05
         name, onnx_bytes, data, LossSpec("cross_entropy"), OptimizerSpec("sgd", lr=lr, momentum=momentum),
         steps, batch_size, seed, checkpoint_interval,
     )
+
+
+def digits_cnn_accuracy(state: dict[str, np.ndarray]) -> float:
+    """Test accuracy of trained digits-CNN state (the job's parameters and running statistics)
+    on the held-out digits, evaluated by the torch module in eval mode (evaluation is not
+    committed)."""
+    import torch
+
+    module = vision_module("digits_cnn")
+    sd = module.state_dict()
+    missing = [k for k in sd if k not in state and not k.endswith("num_batches_tracked")]
+    if missing:
+        raise KeyError(f"state lacks {missing}")
+    module.load_state_dict({k: torch.tensor(state[k]).reshape(v.shape) if k in state else v for k, v in sd.items()})
+    module.eval()
+    _, (X, y) = digits_images()
+    with torch.no_grad():
+        return float((module(torch.tensor(X)).argmax(1).numpy() == y).mean())
