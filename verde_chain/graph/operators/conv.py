@@ -3,7 +3,8 @@
 GlobalAveragePool is a ``reduce`` mean over the spatial axes.
 
 Forward and backward are the windowed kernels of ``repops/library/conv.py`` (docs/repops-spec.md
-§4, "Convolution" and "Pooling"); ONNX ``auto_pad`` is turned into explicit pads at import.
+§4, "Convolution" and "Pooling"); ONNX ``auto_pad`` is turned into explicit pads at import
+(``ConvGeometry.from_onnx``).
 """
 
 from __future__ import annotations
@@ -24,53 +25,22 @@ if TYPE_CHECKING:
 
     from verde_chain.graph.onnx_import import Importer
 
-AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _window_attrs(imp: Importer, node: onnx.NodeProto, x: str, kernel: Sequence[int], a: dict[str, Any]) -> dict[str, Any]:
-    """strides, dilations and explicit pads of a Conv / pool node (auto_pad resolved)."""
-    spatial = imp.shape(x)[2:]
-    r = len(kernel)
-    if len(spatial) != r or not 1 <= r <= 3:
-        raise UnsupportedModelError(imp.who(node), f"input {imp.shape(x)} with a {r}-D kernel", "1-D to 3-D windows")
-    strides = list(a.get("strides") or [1] * r)
-    dilations = list(a.get("dilations") or [1] * r)
-    auto = _text(a.get("auto_pad", "NOTSET"))
-    if auto not in AUTO_PADS:
-        raise UnsupportedModelError(imp.who(node), f"auto_pad={auto!r}", AUTO_PADS)
-    if auto == "NOTSET":
-        pads = list(a.get("pads") or [0] * 2 * r)
-    elif auto == "VALID":
-        pads = [0] * 2 * r
-    else:  # SAME_*: output = ceil(S / s); the odd pad goes to the end (UPPER) or the begin (LOWER)
-        begins, ends = [], []
-        for S, k, s, d in zip(spatial, kernel, strides, dilations):
-            total = max((-(-S // s) - 1) * s + (k - 1) * d + 1 - S, 0)
-            small = total // 2
-            begins.append(small if auto == "SAME_UPPER" else total - small)
-            ends.append(total - begins[-1])
-        pads = begins + ends
-    if len(strides) != r or len(dilations) != r or len(pads) != 2 * r:
-        raise UnsupportedModelError(imp.who(node), f"strides {strides} / dilations {dilations} / pads {pads} for {r}-D")
-    return {"kernel": tuple(int(k) for k in kernel), "strides": tuple(strides), "dilations": tuple(dilations),
-            "pads": tuple(pads)}
-
 
 def _geometry(op: OpNode, x_shape: Sequence[int]) -> ConvGeometry:
     a = op.attrs
     return ConvGeometry.make(x_shape, a["kernel"], a["strides"], a["dilations"], a["pads"], a.get("ceil_mode", False))
 
 
-def _checked_geometry(imp: Importer, node: onnx.NodeProto, x: str, attrs: dict[str, Any]) -> ConvGeometry:
+def _window_attrs(imp: Importer, node: onnx.NodeProto, x: str, kernel: Sequence[int],
+                  a: dict[str, Any]) -> tuple[ConvGeometry, dict[str, Any]]:
+    """The node's geometry (auto_pad resolved) and the IR op's window attributes."""
     try:
-        return ConvGeometry.make(imp.shape(x), attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"],
-                                 attrs.get("ceil_mode", False))
-    except RepOpsError as exc:  # the window does not fit
+        geo = ConvGeometry.from_onnx(imp.shape(x), kernel, a)
+    except RepOpsError as exc:  # a window that does not fit, a bad attribute
         raise UnsupportedModelError(imp.who(node), str(exc)) from exc
+    attrs = {"kernel": geo.kernel, "strides": geo.strides, "dilations": geo.dilations, "pads": geo.pads,
+             "ceil_mode": geo.ceil_mode}
+    return geo, attrs
 
 
 # ----------------------------------------------------------------------- ONNX
@@ -88,8 +58,8 @@ def _import_conv(imp: Importer, node: onnx.NodeProto) -> None:
     ws = imp.shape(w)
     if a["kernel_shape"] is not None and tuple(a["kernel_shape"]) != ws[2:]:
         raise UnsupportedModelError(imp.who(node), f"kernel_shape {a['kernel_shape']} vs weight {ws}")
-    attrs = _window_attrs(imp, node, x, ws[2:], a)
-    geo = _checked_geometry(imp, node, x, attrs)
+    geo, attrs = _window_attrs(imp, node, x, ws[2:], a)
+    del attrs["ceil_mode"]
     groups = int(a["group"])
     try:
         library.convolution(geo, ws, groups, len(ins) == 3)
@@ -113,9 +83,7 @@ def _import_pool(imp: Importer, node: onnx.NodeProto) -> None:
     if any(imp.is_read(extra) for extra in node.output[1:]):
         raise UnsupportedModelError(imp.who(node), "the Indices output is read", "MaxPool's values only")
     x = imp.float_input(node.input[0], node)
-    attrs = _window_attrs(imp, node, x, a["kernel_shape"], a)
-    attrs["ceil_mode"] = bool(a["ceil_mode"])
-    geo = _checked_geometry(imp, node, x, attrs)
+    geo, attrs = _window_attrs(imp, node, x, a["kernel_shape"], a)
     out = imp.shape(x)[:2] + geo.out_spatial
     if node.op_type == "MaxPool":
         imp.emit(node, "max_pool", [x], out, **attrs)

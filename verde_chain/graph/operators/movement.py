@@ -369,13 +369,9 @@ def _import_pad(imp: Importer, node: onnx.NodeProto) -> None:
         if not imp.is_static(node.input[2]):
             raise UnsupportedModelError(imp.who(node), "a constant_value that is not a constant")
         value = float(np.asarray(imp.static[node.input[2]], dtype=np.float32).reshape(()))
-    if len(node.input) > 3 and node.input[3]:  # opset 18: pads of these axes only
-        axes = [ax % rank for ax in imp.ints(node.input[3], node, "axes")]
-        full = [0] * (2 * rank)
-        for i, ax in enumerate(axes):
-            full[ax], full[rank + ax] = pads[i], pads[len(axes) + i]
-        pads = full
+    axes = imp.ints(node.input[3], node, "axes") if len(node.input) > 3 and node.input[3] else None
     try:
+        pads = list(library.onnx_pads(rank, pads, axes))  # opset 18: pads of these axes only
         out = library.pad(imp.shape(x), pads, value).out_shape
     except RepOpsError as exc:
         raise UnsupportedModelError(imp.who(node), str(exc)) from exc

@@ -95,6 +95,7 @@ from verde_chain.repops.library.maps import (
 from verde_chain.repops.library.movement import (
     concat,
     expand,
+    onnx_pads,
     pad,
     reshape,
     slice_,
@@ -143,7 +144,7 @@ __all__ = [
     "hard_swish_grad", "layer_norm", "layer_norm_backward", "leaky_relu", "linear_k_stride", "load",
     "loadidx", "log1p_exp_log", "log_softmax", "log_softmax_backward", "map_affine", "map_unary", "matmul",
     "matmul_backward", "max_pool", "max_pool_argmax", "max_pool_backward", "minmax_grad", "nll_loss",
-    "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "pad", "pow_const", "pow_const_code", "reduce",
+    "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "onnx_pads", "pad", "pow_const", "pow_const_code", "reduce",
     "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "rms_norm", "rms_norm_backward",
     "scatter_add", "sgd", "sigmoid_times", "single", "slice_", "slice_grad", "softmax", "softmax_backward",
     "softmax_cross_entropy", "softmax_cross_entropy_backward", "softplus_tail", "strided_copy", "sum_to_shape",

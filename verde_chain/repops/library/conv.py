@@ -24,12 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops.isa import CANONICAL_NAN, Op
 from verde_chain.repops.library.asm import I, const, coord, load
 from verde_chain.repops.library.shapes import Shape, as_shape, c_strides, numel
 from verde_chain.repops.program import InputMap, KernelDesc, Window
+
+AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
 DOT_PROLOGUE = (load(1, 0), load(2, 1), I(Op.MUL, 0, 1, 2))  # r0 = a_0 * b_0
 DOT_BODY = (load(1, 0), load(2, 1), I(Op.FMA, 0, 1, 2, 0))  # r0 = FMA(a_k, b_k, r0)
@@ -81,6 +84,33 @@ class ConvGeometry:
         if min(g.out_spatial) < 1:
             raise RepOpsError(f"conv: window {ks} (dilations {g.dilations}) does not fit the padded input {x}")
         return g
+
+    @classmethod
+    def from_onnx(cls, x_shape: Sequence[int], kernel: Sequence[int], attrs: dict[str, Any]) -> ConvGeometry:
+        """The geometry of an ONNX Conv / MaxPool / AveragePool node's attributes (``strides``,
+        ``dilations``, ``pads``, ``auto_pad``, ``ceil_mode``; missing ones at their defaults).
+        ``auto_pad`` SAME_UPPER / SAME_LOWER pads to ``ceil(S / s)`` outputs, the odd pad at the
+        end / the beginning; VALID pads nothing."""
+        r = len(kernel)
+        spatial = tuple(x_shape[2:])
+        strides = tuple(attrs.get("strides") or (1,) * r)
+        dilations = tuple(attrs.get("dilations") or (1,) * r)
+        auto = attrs.get("auto_pad", "NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+        if auto not in AUTO_PADS:
+            raise RepOpsError(f"auto_pad={auto!r}; supported: {AUTO_PADS}")
+        if auto == "NOTSET":
+            pads = tuple(attrs.get("pads") or (0,) * (2 * r))
+        elif auto == "VALID":
+            pads = (0,) * (2 * r)
+        else:
+            begins, ends = [], []
+            for S, k, st, d in zip(spatial, kernel, strides, dilations):
+                total = max((-(-S // st) - 1) * st + (k - 1) * d + 1 - S, 0)
+                begins.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
+                ends.append(total - begins[-1])
+            pads = tuple(begins + ends)
+        return cls.make(x_shape, kernel, strides, dilations, pads, bool(attrs.get("ceil_mode", 0)))
 
     @property
     def rank(self) -> int:

@@ -170,6 +170,19 @@ def trilu(shape: Sequence[int], k: int = 0, upper: bool = True) -> KernelDesc:
     return KernelDesc(shp, 1, (full,), code, label="triu" if upper else "tril")
 
 
+def onnx_pads(rank: int, pads: Sequence[int], axes: Sequence[int] | None = None) -> tuple[int, ...]:
+    """ONNX Pad's ``pads`` for every axis (begins, then ends) from pads of ``axes`` only (opset 18;
+    negative axes count from the end)."""
+    if axes is None:
+        return tuple(int(p) for p in pads)
+    if len(pads) != 2 * len(axes):
+        raise RepOpsError(f"pad: {len(pads)} pads for {len(axes)} axes")
+    full = [0] * (2 * rank)
+    for i, ax in enumerate(axes):
+        full[ax % rank], full[rank + ax % rank] = int(pads[i]), int(pads[len(axes) + i])
+    return tuple(full)
+
+
 def pad(shape: Sequence[int], pads: Sequence[int], value: float = 0.0) -> KernelDesc:
     """ONNX Pad, constant mode (pads: all begins, then all ends; negative ones crop): one LOAD
     whose windows read ``fl32(value)`` outside the input — raw bits inside. Its backward is
