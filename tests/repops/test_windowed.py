@@ -105,3 +105,23 @@ def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     assert windowed.dewindow(d, [np.arange(4, dtype=np.uint32)]) is None
     ins = [np.arange(4, dtype=np.float32)]
     assert (CppBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()
+
+
+def test_cuda_backend_runs_window_descriptors_through_its_gemm_and_interpreter(  # type: ignore[no-untyped-def]
+    host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA backend (here its CPU stand-in: the C++ GEMM and the host build of the device
+    interpreter) gathers windowed operands on the host and runs the GEMM and the plain programs
+    as its own; same bits as the reference, and no whole-step kernel for a graph with windows."""
+    from tests.support.cuda_host import StandInExtension
+    from verde_chain.repops import backend_cuda
+    from verde_chain.repops.backend_cuda import CudaBackend
+
+    monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
+    ext = StandInExtension(host)
+    be = CudaBackend(device="cpu", ext=ext)
+    for i, desc in enumerate(_descs()[:3] + _dewindowed_descs()):
+        ins = [edges.edge_array((m.numel,), 500 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        assert (be(desc, ins).view(np.uint32) == reference.run(desc, ins).view(np.uint32)).all(), desc.label
+    assert ext.calls["matmul3"] >= 3 and ext.calls["run_program"] >= len(_dewindowed_descs())
+    assert be.compile_step(_descs()[:1], [[(0, 0), (0, 0)]], [0], 1) is None
