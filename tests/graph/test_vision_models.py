@@ -91,7 +91,7 @@ def test_commitments_identical_across_isas_and_threads() -> None:
 
 @pytest.mark.slow
 def test_digits_cnn_reaches_97_percent() -> None:
-    job = vision.vision_job("digits_cnn", steps=150, batch_size=32, lr=0.05, momentum=0.9)
+    job = vision.digits_cnn_job()
     run = job.make_run()
     run.run()
     state = {sl.name: run.state.tensors[sl.producer] for sl in job.program.graph.states}

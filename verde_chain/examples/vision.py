@@ -106,6 +106,13 @@ def vision_job(name: str, steps: int = 10, batch_size: int = 8, lr: float = 0.05
     )
 
 
+def digits_cnn_job(steps: int = 150, batch_size: int = 32, lr: float = 0.05, momentum: float = 0.9,
+                   checkpoint_interval: int = 0, seed: int = 7) -> Job:
+    """The digits CNN (two conv + batch norm + ReLU + max pool stages, a linear head), SGD with
+    momentum: 150 steps of batch 32 reach >= 97% test accuracy."""
+    return vision_job("digits_cnn", steps, batch_size, lr, momentum, seed, checkpoint_interval)
+
+
 def digits_cnn_accuracy(state: dict[str, np.ndarray]) -> float:
     """Test accuracy of trained digits-CNN state (the job's parameters and running statistics)
     on the held-out digits, evaluated by the torch module in eval mode (evaluation is not
