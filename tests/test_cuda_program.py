@@ -1,8 +1,8 @@
 """The CUDA program interpreter (``kernels/repops_program.cuh``) proven without a GPU.
 
 The header is ``__host__ __device__`` code: the very source nvcc compiles into the CUDA kernel
-is compiled here by g++ (-O2 -ffp-contract=off) into a small shared library with a C entry
-point and loaded with ctypes. It then runs the SAME descriptors as ``scripts/gpu_check.py``
+is compiled here by g++ (-O2 -ffp-contract=off -DRP_AS_DEVICE: the device's spelling of every
+exact primitive) into a small shared library with a C entry point and loaded with ctypes. It then runs the SAME descriptors as ``scripts/gpu_check.py``
 (``family_cases``: every instruction on all edge pairs, every op family) and random programs,
 and its bits are compared with ``reference.run`` / ``program.run_spec``. The CUDA backend's
 Python side (GEMM planning, operand views, the epilogue with r0 preset) is run on the CPU with
@@ -28,8 +28,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import backend_cuda, ops, program, reference, spec
-from verde_chain.repops.backend_cuda import CudaBackend, CudaUnavailable, encode_maps, encode_program
+from verde_chain.repops import ops, program, reference, spec
+from verde_chain.repops.backends.cuda import backend as cuda_backend
+from verde_chain.repops.backends.cuda import extension as cuda_ext
+from verde_chain.repops.backends.cuda.backend import KINDS, CudaBackend
+from verde_chain.repops.backends.cuda.extension import CudaUnavailable
+from verde_chain.repops.backends.native import encode_maps, encode_program
+from verde_chain.repops.backends.plan import classify
 from verde_chain.repops.edges import EDGE_BITS
 from verde_chain.repops.isa import IMM_OPS, THREE_REG_OPS, Instr, Op
 
@@ -141,8 +146,10 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> HostInterpreter:
     d = tmp_path_factory.mktemp("rp_host")
     src, so = d / "rp_host.cpp", d / "librp_host.so"
     src.write_text(HOST_ENTRY)
-    cmd = [GXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Werror",
-           "-fPIC", "-shared", f"-I{REPO / 'kernels'}", str(src), "-o", str(so)]  # fmt: skip
+    # RP_AS_DEVICE: the exact primitives take the device's integer spellings (repops_fp32.h), so
+    # only the correctly rounded IEEE operations differ from the source nvcc compiles.
+    cmd = [GXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math", "-DRP_AS_DEVICE", "-Wall", "-Wextra",
+           "-Werror", "-fPIC", "-shared", f"-I{REPO / 'kernels'}", str(src), "-o", str(so)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
     return HostInterpreter(so)
@@ -285,7 +292,7 @@ def test_bad_descriptors_are_refused_before_any_read(host: HostInterpreter) -> N
             2,
             [load, load, none],
         ),  # k runs past
-        "unknown opcode": ([x], ok_maps, (4,), 1, [np.array([[23, 0, 0, 0, 0]], np.int64), none, none]),
+        "unknown opcode": ([x], ok_maps, (4,), 1, [np.array([[len(Op), 0, 0, 0, 0]], np.int64), none, none]),
         "register": ([x], ok_maps, (4,), 1, [np.array([[int(Op.ADD), 16, 0, 0, 0]], np.int64), none, none]),
         "c register": ([x], ok_maps, (4,), 1, [np.array([[int(Op.FMA), 0, 0, 0, 16]], np.int64), none, none]),
         "missing input": ([x], ok_maps, (4,), 1, [np.array([[int(Op.LOADIDX), 0, 0, 0, 1]], np.int64), none, none]),
@@ -309,7 +316,7 @@ def test_backend_raises_clearly_without_cuda() -> None:
     with pytest.raises(CudaUnavailable, match="CUDA is not available"):
         CudaBackend()
     with pytest.raises(CudaUnavailable, match="CUDA is not available") as info:
-        backend_cuda.backend(desc, [x])
+        cuda_backend.backend(desc, [x])
     assert isinstance(info.value, RepOpsError)
     with pytest.raises(CudaUnavailable, match="CUDA is not available"):
         ops.BACKENDS["cuda"](desc, [x])
@@ -320,20 +327,24 @@ def test_backend_raises_clearly_without_cuda() -> None:
         run(desc, [x])
 
 
+def classify_cuda(desc: program.KernelDesc):  # type: ignore[no-untyped-def]
+    return classify(desc, KINDS)
+
+
 def test_plan_sends_dot_nodes_to_the_gemm() -> None:
-    assert backend_cuda.plan(spec.matmul((6, 9), (9, 5))).kind == "dot"
-    assert backend_cuda.plan(spec.gemm((6, 9), (5, 9), (5,), 0.5, 1.0, False, True)).kind == "dot"
-    assert backend_cuda.plan(spec.matmul((3, 1, 4, 7), (2, 7, 5))).kind == "dot"
-    assert backend_cuda.plan(spec.matmul((7,), (7, 4))).kind == "program"  # GEMV
-    assert backend_cuda.plan(spec.reduce_dot((5, 7), (1,))).kind == "program"
-    assert backend_cuda.plan(spec.softmax((4, 6)).nodes[0].desc).kind == "program"
+    assert classify_cuda(spec.matmul((6, 9), (9, 5))).kind == "dot"
+    assert classify_cuda(spec.gemm((6, 9), (5, 9), (5,), 0.5, 1.0, False, True)).kind == "dot"
+    assert classify_cuda(spec.matmul((3, 1, 4, 7), (2, 7, 5))).kind == "dot"
+    assert classify_cuda(spec.matmul((7,), (7, 4))).kind == "program"  # GEMV
+    assert classify_cuda(spec.reduce_dot((5, 7), (1,))).kind == "program"
+    assert classify_cuda(spec.softmax((4, 6)).nodes[0].desc).kind == "program"
     mm = spec.matmul((4, 6), (6, 3))
     odd = program.KernelDesc(mm.out_shape, mm.K, mm.inputs, mm.prologue, mm.body, (Instr(Op.ADD, 0, 0, 1),))
-    assert backend_cuda.plan(odd).kind == "program"  # the epilogue reads r1: not modelled by the GEMM
+    assert classify_cuda(odd).kind == "program"  # the epilogue reads r1: not modelled by the GEMM
     neg = program.KernelDesc(
         mm.out_shape, mm.K, (mm.inputs[0], program.InputMap(18, (0, -1), 3, 2)), mm.prologue, mm.body
     )
-    assert backend_cuda.plan(neg).kind == "program"
+    assert classify_cuda(neg).kind == "program"
 
 
 class StandInExtension:
@@ -352,15 +363,15 @@ class StandInExtension:
         self.storages.update(t.untyped_storage().data_ptr() for t in ts if t is not None)
 
     def matmul3(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        from verde_chain.repops import cpu_kernels
+        from verde_chain.repops.backends.cpu import extension as cpu_ext
 
         self.calls["matmul3"] += 1
         self._seen(a, b, out)
-        c = cpu_kernels.matmul(a, b)
+        c = cpu_ext.matmul(a, b)
         if out is None:
             return c
         # the binding's out= contract, then the result lands in the caller's tensor
-        backend_cuda.check_out(out, torch.float32, c.numel(), (a, b))
+        cuda_ext.check_out(out, torch.float32, c.numel(), (a, b))
         self.calls["out"] += 1
         out.copy_(c.reshape(out.shape))
         return out
@@ -379,7 +390,7 @@ class StandInExtension:
         assert rc == 0, err
         if out is None:
             return torch.from_numpy(res.view(np.int32).copy())
-        backend_cuda.check_out(out, torch.int32, res.size, (*inputs, *(() if r0_init is None else (r0_init,))))
+        cuda_ext.check_out(out, torch.int32, res.size, (*inputs, *(() if r0_init is None else (r0_init,))))
         self.calls["out"] += 1
         out.copy_(torch.from_numpy(res.view(np.int32)))
         return out
@@ -392,7 +403,7 @@ class StandInExtension:
         the real buffers, out's placement), the buffers fixed; launch_program only runs."""
         self.calls["prepare_program"] += 1
         numel = int(np.prod(out_shape)) if out_shape else 1
-        backend_cuda.check_out(out, torch.int32, numel, (*inputs, *(() if r0_init is None else (r0_init,))))
+        cuda_ext.check_out(out, torch.int32, numel, (*inputs, *(() if r0_init is None else (r0_init,))))
         progs = [p.numpy() for p in (pro, body, epi)]
         r0 = None if r0_init is None else r0_init.numpy()
         rc, _, err = self.host.raw([x.numpy() for x in inputs], maps.numpy(), out_shape, K, progs, r0)
@@ -417,7 +428,7 @@ def test_backend_python_side_on_the_cpu(
 ) -> None:
     """CudaBackend's planning, operand views, GEMM + epilogue and result handling, with a
     CPU stand-in for the extension: bit-identical to the reference on every family."""
-    monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
     ext = StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
     rows = gpu_check.check_families(be, reference.run, gpu_check.family_cases(2))
@@ -432,10 +443,10 @@ def test_training_through_make_runner_cuda_on_the_cpu(
     """gpu_check's training comparison, with the stand-in extension behind make_runner("cuda"):
     the runner runs whole steps on the device arena (CudaStepKernel: prepared nodes launched,
     GEMMs in place) and agrees with the C++ backend on every commitment C_0..C_T."""
-    monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
     ext = StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
-    monkeypatch.setattr(backend_cuda, "default_backend", lambda: be)
+    monkeypatch.setattr(cuda_backend, "default_backend", lambda: be)
     out = gpu_check.training(2)
     assert out["identical"], out
     assert out["cuda_whole_step"], "make_runner('cuda') must offer the CUDA step kernel"
@@ -448,7 +459,7 @@ def test_gpu_check_families_step_on_the_cpu(
     """The GPU script's "families" step as it will run on a GPU (two seeds plus the large
     shapes, against the C++ CPU backend), with the stand-in extension: it reports no failure,
     so a failure on the GPU can only come from the device's kernels."""
-    monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
     out = gpu_check.families(CudaBackend(device="cpu", ext=StandInExtension(host)), quick=False)
-    assert out["against"] == "cpp" and not out["failed"], out["failed"][:5]
+    assert out["against"] == "cpu" and not out["failed"], out["failed"][:5]
     assert out["cases"] >= 2 * 150 and out["elements"] >= 4_000_000, out

@@ -3,16 +3,16 @@
 Submodules: ``isa`` (instruction set), ``program`` (KernelDesc, scalar interpreter, traces),
 ``spec`` (operator library and compositions), ``reference`` (vectorised numpy execution),
 ``fp32``/``transcendental`` (instruction semantics, transcendental programs), ``rng``
-(counter-based RNG), ``ops`` (torch-facing API).
+(counter-based RNG), ``ops`` (torch-facing API), ``backends`` (the registry and the C++/CUDA
+backends).
 
 The torch-facing functions are re-exported lazily (``verde_chain.repops.matmul(a, b)``,
 ``softmax``, ``layer_norm``, ...), so importing ``verde_chain.repops.isa`` does not import torch.
-``verde_chain.repops.backends.register(device_type, fn)`` installs a kernel backend (see ops.py).
+``verde_chain.repops.backends.register(name, fn)`` installs a kernel backend (backends/registry.py).
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 _ALIASES = {"sum": "sum_", "abs": "abs_"}
@@ -24,12 +24,10 @@ _OPS = frozenset(
 
 
 def __getattr__(name: str) -> Any:
-    if name == "backends":
-        from verde_chain.repops import ops
+    if name == "backends":  # a subpackage: importable as an attribute too, like before
+        import importlib
 
-        ns = types.SimpleNamespace(register=ops.register_backend, BACKENDS=ops.BACKENDS)
-        globals()["backends"] = ns
-        return ns
+        return importlib.import_module("verde_chain.repops.backends")
     if name in _OPS:
         import importlib
 

@@ -64,6 +64,20 @@ class Op(enum.IntEnum):
 THREE_REG_OPS = frozenset({Op.FMA, Op.SELECT})
 IMM_OPS = frozenset({Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX})
 
+# The register-use table: the fields each opcode reads as registers ("a", "b", "c"; LOADIDX reads
+# its index from a, CONST/LOAD/COORD read none). Executors use it for liveness (which registers
+# a phase reads before writing them); scripts/codegen.py writes it into the C/C++/CUDA header.
+REG_READS: dict[Op, tuple[str, ...]] = {
+    **{op: ("a", "b") for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN, Op.LT, Op.EQ, Op.LDEXP)},
+    **{op: ("a", "b", "c") for op in (Op.FMA, Op.SELECT)},
+    **{op: ("a",) for op in (Op.SQRT, Op.RINT, Op.FLOOR, Op.GETEXP, Op.GETMANT, Op.NEG, Op.ABS, Op.MOV, Op.LOADIDX)},
+    **{op: () for op in (Op.CONST, Op.LOAD, Op.COORD)},
+}
+# SAFETY: an opcode appended without a row here would be executed with unknown liveness (the C++
+# interpreter zeroes only live registers): refuse to import instead.
+if set(REG_READS) != set(Op) or any(("c" in r) != (op in THREE_REG_OPS) for op, r in REG_READS.items()):
+    raise AssertionError("isa.REG_READS must have one row per Op, reading c exactly for THREE_REG_OPS")
+
 
 @dataclass(frozen=True, slots=True)
 class Instr:

@@ -1,16 +1,10 @@
 """Torch-facing RepOps API: ``verde_chain.repops.matmul(a, b)``, ``softmax(x)``, ...
 
 Each function builds the operator's canonical composition (``spec.py``) and runs its primitive
-nodes on a backend chosen by ``tensor.device.type``:
-
-    BACKENDS["cpu"]  = backend_cpu.backend     (C++ kernels; None -> the numpy reference)
-    BACKENDS["cuda"] = backend_cuda.backend    (CUDA kernels; raises CudaUnavailable without CUDA;
-                                                offers compile_step: whole steps on the device)
-    BACKENDS[...]    = register_backend(...)
-
-A backend is ``fn(desc, inputs: list[np.ndarray float32 flat]) -> np.ndarray | None``; returning
-``None`` means "not handled" and the node falls back to the numpy reference, so a backend may
-implement only the kernels it accelerates (GEMM, reductions). Backends must be bit-identical to
+nodes on the backend registered under the tensor's ``device.type`` (``backends/registry.py``:
+"cpu" the C++ kernels, "cuda" the CUDA kernels, or one installed with
+``verde_chain.repops.backends.register(name, fn)``). A backend may return ``None`` for a node it
+does not handle; the numpy reference runs it then. Backends are bit-identical to
 ``reference.run`` for every descriptor they accept.
 
 Only float32 tensors are supported; anything else raises :class:`RepOpsError` naming the op.
@@ -18,63 +12,19 @@ Only float32 tensors are supported; anything else raises :class:`RepOpsError` na
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import reference, spec
+from verde_chain.repops import spec
+from verde_chain.repops.backends.registry import BACKENDS, BackendRunner, register
 from verde_chain.repops.program import KernelDesc
 
-Backend = Callable[[KernelDesc, list[np.ndarray]], "np.ndarray | None"]
-class _Lazy:
-    """The ``backend`` of a module imported on first use (importing ops compiles nothing). Other
-    attributes the backend offers (``compile_step``: whole training steps in one call) are
-    forwarded, so whoever holds the registry entry sees them."""
-
-    def __init__(self, module: str) -> None:
-        self._module = module
-
-    def _target(self) -> Backend:
-        return importlib.import_module(self._module).backend  # type: ignore[no-any-return]
-
-    def __call__(self, desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray | None:
-        return self._target()(desc, inputs)
-
-    def __getattr__(self, name: str) -> object:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._target(), name)
-
-
-# "cpu": the C++ kernels (None -> the reference); "cuda": raises CudaUnavailable without CUDA
-BACKENDS: dict[str, Backend] = {
-    "cpu": _Lazy("verde_chain.repops.backend_cpu"),
-    "cuda": _Lazy("verde_chain.repops.backend_cuda"),
-}
-
-
-def register_backend(device_type: str, fn: Backend) -> None:
-    """Install ``fn`` for tensors on ``device_type`` ("cpu", "cuda", ...)."""
-    BACKENDS[device_type] = fn
-
-
-class BackendRunner:
-    """A registered backend as a node runner: a descriptor it does not handle (``None``) runs on
-    the reference, and its ``compile_step``, if it has one, is offered to the training executor
-    (which then runs whole steps in one call)."""
-
-    def __init__(self, fn: Backend) -> None:
-        self.fn = fn
-        step = getattr(fn, "compile_step", None)
-        if step is not None:
-            self.compile_step = step
-
-    def __call__(self, desc: KernelDesc, ins: list[np.ndarray]) -> np.ndarray:
-        out = self.fn(desc, ins)
-        return reference.run(desc, ins) if out is None else np.asarray(out, dtype=np.float32)
+# The registry, as this module has always offered it.
+register_backend = register
+__all__ = ["BACKENDS", "register_backend"]
 
 
 def _runner(device: torch.device) -> BackendRunner:
