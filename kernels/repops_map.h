@@ -8,7 +8,9 @@
 //
 //     #define W 16
 //     #include "repops_map.h"
-//     RP_MAP_BODY(vu x0, vu x1) { vu r0 = rp_splat<vu>(0), ...; r3 = rp_fma_value(r1, r2, r0); ...; return rp_canon(r0); }
+//     RP_MAP_BODY(vu x0, vu x1) {
+//         vu r0 = rp_splat<vu>(0u), ...; r3 = rp_fma_value(r1, r2, r0); ...; return rp_canon(r0);
+//     }
 //     extern "C" void repops_map(const void* const* in, uint32_t* out, int64_t e0, int64_t e1) { ... }
 //
 // Registers are GCC vectors of W bit patterns (vu) and every instruction is the template of

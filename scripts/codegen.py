@@ -28,6 +28,7 @@ import enum
 import re
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -62,7 +63,10 @@ def _op_comments() -> dict[str, str]:
     return found
 
 
-def _dense(e: type[enum.IntEnum]) -> list[enum.IntEnum]:
+E = TypeVar("E", bound=enum.IntEnum)
+
+
+def _dense(e: type[E]) -> list[E]:
     """Members in number order; numbers must be 0 .. n-1 (C enums and Solidity enums are)."""
     members = sorted(e, key=int)
     if [int(m) for m in members] != list(range(len(members))):

@@ -171,8 +171,9 @@ class StepPlan {
                         "times must be a contiguous float64 tensor with one entry per node");
             node_s = times->data_ptr<double>();
         }
-        torch::Tensor arena = torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
-        float* base[3] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
+        torch::Tensor arena =
+            torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
+        float* base[RP_SOURCE_BATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                           const_cast<float*>(batch.data_ptr<float>())};
         LanesCache cache;
         std::vector<const uint32_t*> data;
@@ -217,7 +218,7 @@ class StepPlan {
     }
 
   private:
-    int64_t size_[3];
+    int64_t size_[RP_SOURCE_BATCH + 1];  // element count per source kind
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
 
@@ -254,8 +255,9 @@ class StepPlan {
     }
 
     void set_out(PlanNode& nd, int64_t out_offset, int64_t numel) const {
-        TORCH_CHECK(out_offset >= 0 && numel >= 1 && out_offset + numel <= size_[RP_SOURCE_NODE_OUTPUT], "output [", out_offset,
-                    ", +", numel, ") leaves the arena of ", size_[RP_SOURCE_NODE_OUTPUT]);
+        const int64_t arena = size_[RP_SOURCE_NODE_OUTPUT];
+        TORCH_CHECK(out_offset >= 0 && numel >= 1 && out_offset + numel <= arena, "output [", out_offset, ", +", numel,
+                    ") leaves the arena of ", arena);
         nd.out_offset = out_offset;
         nd.out_numel = numel;
     }

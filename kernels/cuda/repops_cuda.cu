@@ -12,9 +12,9 @@
 //   acc = __fmul_rn(a[0], b[0])                 one rounded multiply
 //   acc = __fmaf_rn(a[k], b[k], acc)            k = 1 .. K-1, ascending, one rounding each
 // then NaN -> 0x7FC00000 (rp_canon, kernels/repops_fp32.h). The _rn intrinsics pin
-// round-to-nearest-even and stop the compiler from fusing or reassociating. K is never split across threads or blocks: each thread owns
-// whole output elements and walks the full K range in order; shared-memory tiling only stages
-// operands.
+// round-to-nearest-even and stop the compiler from fusing or reassociating. K is never split
+// across threads or blocks: each thread owns whole output elements and walks the full K range in
+// order; shared-memory tiling only stages operands.
 //
 // Tiling: a block of 256 threads computes a BM x BN = 128 x 128 output tile; each thread owns
 // TM x TN = 8 x 8 elements at rows ty + 16*m and columns tx + 16*n (strided ownership:

@@ -34,7 +34,9 @@ HEADERS = (
 )
 # nvcc flags the semantics depend on (tests/test_cuda_compile.py checks the PTX they produce).
 CUDA_SEMANTIC_FLAGS = ["--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
-CUDA_FLAGS = ["-O3", *CUDA_SEMANTIC_FLAGS]
+# -Werror=switch on the host pass: an opcode without a case in the interpreter's switch
+# (kernels/repops_program.cuh, __host__ __device__) fails the build.
+CUDA_FLAGS = ["-O3", *CUDA_SEMANTIC_FLAGS, "-Xcompiler", "-Werror=switch"]
 
 
 class CudaUnavailable(BackendUnavailable):
