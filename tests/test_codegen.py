@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -33,12 +33,8 @@ MEMORY_OPS = {Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX}  # executed by the interp
 
 
 @pytest.fixture(scope="module")
-def codegen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("codegen", REPO / "scripts" / "codegen.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def codegen(script: Callable[[str], ModuleType]) -> ModuleType:
+    return script("codegen")
 
 
 def test_generated_files_are_current(codegen: ModuleType, tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ import re
 import shutil
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -200,20 +202,15 @@ def test_binding_parses_against_torch_headers(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def test_gpu_check_wrapper_shapes_on_cpu() -> None:
+def test_gpu_check_wrapper_shapes_on_cpu(script: Callable[[str], ModuleType]) -> None:
     """scripts/gpu_check.py's batching/transposing wrapper, driven by the CPU kernel's matmul3,
     reproduces the CPU extension's matmul on every comparison case (the GPU run then differs only in
     the kernel itself)."""
-    import importlib.util
-
     import numpy as np
 
     from verde_chain.repops.backends.cpu import extension as cpu_ext
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = script("gpu_check")
 
     class CpuAsGpu:
         def matmul3(self, a: object, b: object) -> object:

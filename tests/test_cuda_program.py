@@ -13,10 +13,9 @@ arithmetic itself: scripts/gpu_check.py does that when a GPU is lent.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -156,12 +155,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> HostInterpreter:
 
 
 @pytest.fixture(scope="module")
-def gpu_check() -> ModuleType:
-    sp = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    assert sp is not None and sp.loader is not None
-    mod = importlib.util.module_from_spec(sp)
-    sp.loader.exec_module(mod)
-    return mod
+def gpu_check(script: Callable[[str], ModuleType]) -> ModuleType:
+    return script("gpu_check")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -248,18 +249,12 @@ def test_make_runner_cuda_runs_whole_steps(
     assert c_t == run_steps(jobs["digits"], make_runner("cpu"))[1]
 
 
-def test_gpu_check_step_timing_on_the_cpu(cuda: tuple[CudaBackend, StandInExtension, Transfers]) -> None:
+def test_gpu_check_step_timing_on_the_cpu(
+    cuda: tuple[CudaBackend, StandInExtension, Transfers], script: Callable[[str], ModuleType]
+) -> None:
     """scripts/gpu_check.py's step_timing as it runs on a GPU (with the stand-in): the whole-step
     kernel runs and both models' committed steps agree with the C++ backend."""
-    import importlib.util
-    from pathlib import Path
-
-    sp = importlib.util.spec_from_file_location(
-        "gpu_check", Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
-    )
-    assert sp is not None and sp.loader is not None
-    gpu_check = importlib.util.module_from_spec(sp)
-    sp.loader.exec_module(gpu_check)
+    gpu_check = script("gpu_check")
     out = gpu_check.step_timing(CudaRunner(), reps=1)
     assert set(out) == {"digits_wide", "transformer"}
     for row in out.values():

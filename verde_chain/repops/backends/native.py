@@ -10,7 +10,8 @@ Encodings::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from verde_chain.repops.program import InputMap, KernelDesc
 
 # Node outputs start on 64-byte boundaries in the arena (whole cache lines per node).
 _ALIGN = 16
+T = TypeVar("T")
 
 
 def encode_program(program: Sequence[Instr]) -> np.ndarray:
@@ -33,10 +35,38 @@ def encode_maps(maps: Sequence[InputMap], rank: int) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(len(rows), rank + 4)
 
 
+def encode_desc(desc: KernelDesc) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """The prologue, body and epilogue rows and the map rows of ``desc``."""
+    programs = (encode_program(desc.prologue), encode_program(desc.body), encode_program(desc.epilogue))
+    return programs, encode_maps(desc.inputs, len(desc.out_shape))
+
+
 def writable(a: np.ndarray) -> np.ndarray:
     """``a``, or a copy if it is read-only (torch cannot wrap read-only numpy arrays; a copy
     changes no bit and is cheap next to the kernel or transfer it feeds)."""
     return a if a.flags.writeable else a.copy()
+
+
+class PerDesc(Generic[T]):
+    """What a backend prepares once per descriptor (``make(desc)``), keyed by identity: graph
+    nodes are long-lived, and hashing a KernelDesc (a transcendental program has ~100
+    instructions) on every call would cost more than running a small node. The desc itself is
+    kept so its id cannot be reused; at ``limit`` entries the cache starts over."""
+
+    def __init__(self, make: Callable[[KernelDesc], T], limit: int = 16384) -> None:
+        self._make = make
+        self._limit = limit
+        self._entries: dict[int, tuple[KernelDesc, T]] = {}
+
+    def __call__(self, desc: KernelDesc) -> T:
+        hit = self._entries.get(id(desc))
+        if hit is not None and hit[0] is desc:
+            return hit[1]
+        if len(self._entries) >= self._limit:
+            self._entries.clear()
+        value = self._make(desc)
+        self._entries[id(desc)] = (desc, value)
+        return value
 
 
 class ArenaLayout:

@@ -38,10 +38,9 @@ from verde_chain.errors import RepOpsError
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 from verde_chain.repops.backends.cpu.jit import JIT_LANES, JIT_MIN_INSTRS, JIT_MIN_NUMEL, jit_compile, jit_source
-from verde_chain.repops.backends.native import encode_maps, encode_program, writable
+from verde_chain.repops.backends.native import PerDesc, encode_desc, writable
 from verde_chain.repops.backends.plan import Plan, classify
 from verde_chain.repops.backends.registry import BackendUnavailable
-from verde_chain.repops.isa import Instr
 from verde_chain.repops.program import KernelDesc, check_inputs
 
 if TYPE_CHECKING:
@@ -55,13 +54,6 @@ class Prepared:
     maps: torch.Tensor
     out_shape: list[int]
     jit: Callable[..., None] | None = None  # compiled map (backends/cpu/jit.py), else the interpreter
-
-
-_MAX_PREPARED = 16384
-
-
-def _program_tensor(program: tuple[Instr, ...]) -> torch.Tensor:
-    return torch.from_numpy(encode_program(program))
 
 
 class CpuBackend:
@@ -83,10 +75,8 @@ class CpuBackend:
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (workers, pool) for compiled maps
-        # Per-desc preparation, keyed by identity: graph nodes are long-lived, and hashing a
-        # KernelDesc (a transcendental program has ~100 instructions) on every call would cost
-        # more than running a small node. The desc itself is kept so its id cannot be reused.
-        self._prepared: dict[int, tuple[KernelDesc, Prepared]] = {}
+        self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
+        """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
                      producers: Sequence[int], batch_numel: int) -> StepKernel:
@@ -103,23 +93,16 @@ class CpuBackend:
         prep = self.prepare(desc)
         return "jit" if prep.jit is not None else prep.plan.kind
 
-    def prepare(self, desc: KernelDesc) -> Prepared:
-        """The plan, encodings and compiled map of ``desc``, made once per descriptor."""
-        hit = self._prepared.get(id(desc))
-        if hit is not None and hit[0] is desc:
-            return hit[1]
-        if len(self._prepared) >= _MAX_PREPARED:
-            self._prepared.clear()
+    def _prepare(self, desc: KernelDesc) -> Prepared:
         plan = classify(desc)
-        prep = Prepared(
+        (pro, body, epi), maps = encode_desc(desc)
+        return Prepared(
             plan,
-            (_program_tensor(desc.prologue), _program_tensor(desc.body), _program_tensor(desc.epilogue)),
-            torch.from_numpy(encode_maps(desc.inputs, len(desc.out_shape))),
+            (torch.from_numpy(pro), torch.from_numpy(body), torch.from_numpy(epi)),
+            torch.from_numpy(maps),
             list(desc.out_shape),
             self._compile(desc) if plan.kind == "program" else None,
         )
-        self._prepared[id(desc)] = (desc, prep)
-        return prep
 
     def _compile(self, desc: KernelDesc) -> Callable[..., None] | None:
         # Big maps are worth a one-time compile whatever their length.

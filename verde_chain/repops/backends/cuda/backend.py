@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from verde_chain.repops.backends.cuda.extension import CudaUnavailable, cuda_status, load_extension
-from verde_chain.repops.backends.native import encode_maps, encode_program, writable
+from verde_chain.repops.backends.native import PerDesc, encode_desc, writable
 from verde_chain.repops.backends.plan import Plan, classify
 from verde_chain.repops.program import KernelDesc, check_inputs
 
@@ -65,19 +65,14 @@ class CudaBackend:
         else:
             self.build_mode, self.build_warning = "given", None
         self.extension = ext  # the built kernels: the torch extension or CtypesCuda
-        self._prepared: dict[int, tuple[KernelDesc, Prepared]] = {}
+        self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
+        """The plan and encodings of a descriptor, made once per descriptor."""
 
-    def prepare(self, desc: KernelDesc) -> Prepared:
-        """The plan and encodings of ``desc``, made once per descriptor."""
-        hit = self._prepared.get(id(desc))
-        if hit is not None and hit[0] is desc:
-            return hit[1]
-        if len(self._prepared) >= 16384:
-            self._prepared.clear()
-        progs = tuple(torch.from_numpy(encode_program(p)) for p in (desc.prologue, desc.body, desc.epilogue))
-        prep = Prepared(classify(desc, KINDS), progs, torch.from_numpy(encode_maps(desc.inputs, len(desc.out_shape))))  # type: ignore[arg-type]
-        self._prepared[id(desc)] = (desc, prep)
-        return prep
+    @staticmethod
+    def _prepare(desc: KernelDesc) -> Prepared:
+        (pro, body, epi), maps = encode_desc(desc)
+        programs = (torch.from_numpy(pro), torch.from_numpy(body), torch.from_numpy(epi))
+        return Prepared(classify(desc, KINDS), programs, torch.from_numpy(maps))
 
     def compile_step(
         self,
