@@ -24,13 +24,14 @@
 //
 //   primitives   the IEEE operations (add, sub, mul, div, fma, sqrt, roundToIntegral, the binary64
 //                product and narrowing of LDEXP), bit casts and a few exact integer facts (leading
-//                one, LDEXP's clamped exponent). Each is ONE correctly rounded or exact operation,
-//                spelled per target: the device as explicit _rn intrinsics (never contracted,
-//                whatever --fmad says) and integer bit operations; the host as C operators and
-//                libm calls that compile to single instructions (built with -ffp-contract=off,
-//                never fast-math); W lanes as vector instructions (repops_map.h). A host build with
-//                -DRP_AS_DEVICE takes the device's integer spellings (tests/test_cuda_program.py
-//                runs the CUDA interpreter's source that way).
+//                one, a small integer as binary32, LDEXP's clamped exponent). Each is ONE correctly
+//                rounded or exact operation, spelled per target: the device as explicit _rn
+//                intrinsics (never contracted, whatever --fmad says) and integer bit operations;
+//                the host as C operators, conversions and libm builtins that compile to single
+//                instructions (built with -ffp-contract=off, never fast-math); W lanes as vector
+//                instructions (repops_map.h). A host build with -DRP_AS_DEVICE takes the device's
+//                integer spellings (tests/test_cuda_program.py runs the CUDA interpreter's source
+//                that way).
 //   instructions rp_add .. rp_floor: the RepOps rules on top of the primitives, the same code on
 //                every target. rp_<op>_value is an instruction's result before the canonical-NaN
 //                rule (rp_<op> = rp_canon(rp_<op>_value)); see repops_map.h for why a straight-line
@@ -99,6 +100,21 @@ RP_HD int32_t rp_msb(uint32_t m) {
     return 31 - __builtin_clz(m | 1u);
 #else
     return (int32_t)(rp_u((float)(int32_t)(m & 0xFFFFFFu)) >> 23) - 127;
+#endif
+}
+
+// The exact binary32 of an integer |v| < 2^24 (COORD, GETEXP). Device: built on the bits (the
+// leading one gives the exponent, the bits below it the fraction); host: one int -> float
+// conversion, exact below 2^24.
+RP_HD uint32_t rp_int_bits(int32_t v) {
+#if defined(__CUDA_ARCH__) || defined(RP_AS_DEVICE)
+    const uint32_t sign = v < 0 ? RP_SIGN_BIT : 0u;
+    const uint32_t m = (uint32_t)(v < 0 ? -v : v);
+    const int32_t top = rp_msb(m | 1u);  // the leading one (m = 0 is handled below)
+    const uint32_t bits = sign | ((uint32_t)(top + 127) << 23) | ((m << ((uint32_t)(23 - top) & 31u)) & 0x7FFFFFu);
+    return m == 0u ? 0u : bits;
+#else
+    return rp_u((float)v);
 #endif
 }
 
@@ -218,16 +234,6 @@ RP_HD auto rp_is_zero(U u) {
 template <class U>
 RP_HD U rp_canon(U u) {
     return rp_isnan(u) ? rp_splat<U>(RP_CANONICAL_NAN) : u;
-}
-
-// The exact binary32 of an integer |v| < 2^24 (COORD, GETEXP); v has rp_msb's integer type.
-template <class U, class I>
-RP_HD U rp_small_int_bits(I v) {
-    const U sign = v < 0 ? rp_splat<U>(RP_SIGN_BIT) : rp_splat<U>(0u);
-    const U m = (U)(v < 0 ? -v : v);
-    const I top = rp_msb(m | 1u);  // the leading one (m = 0 is handled below)
-    const U bits = sign | ((U)(top + 127) << 23) | ((m << ((U)(23 - top) & 31u)) & 0x7FFFFFu);
-    return m == 0u ? rp_splat<U>(0u) : bits;
 }
 
 // floor(log2|a|) of a finite non-zero a (subnormals included), as rp_msb's integer type.
@@ -392,7 +398,7 @@ RP_HD U rp_ldexp(U a, U b) {
 template <class U>
 RP_HD U rp_getexp(U a) {
     const U mag = a & RP_ABS_MASK;
-    U r = rp_small_int_bits<U>(rp_ilogb(mag));
+    U r = rp_int_bits(rp_ilogb(mag));
     r = mag == 0u ? rp_splat<U>(0xFF800000u) : r;
     r = mag == RP_INF_BITS ? rp_splat<U>(RP_INF_BITS) : r;
     return rp_isnan(a) ? rp_splat<U>(RP_CANONICAL_NAN) : r;
@@ -411,7 +417,7 @@ RP_HD U rp_getmant(U a) {
 // ---------------------------------------------------------------------------- memory and coordinates
 
 // COORD: an output coordinate (< 2^24, KernelDesc.validate) as its exact binary32.
-RP_HD uint32_t rp_coord_bits(int64_t c) { return rp_small_int_bits<uint32_t>((int32_t)c); }
+RP_HD uint32_t rp_coord_bits(int64_t c) { return rp_int_bits((int32_t)c); }
 
 // LOADIDX's index rule (program.index_of): the register's value if it is finite, integral and in
 // [-2^31, 2^31); *ok = 0 otherwise (the instruction then yields the canonical NaN and reads

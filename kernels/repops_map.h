@@ -16,8 +16,8 @@
 // Registers are GCC vectors of W bit patterns (vu) and every instruction is the template of
 // kernels/repops_fp32.h instantiated for vu: the ONE definition, run on W lanes as vector
 // instructions. This header only supplies the vector spellings of the primitives (bit casts,
-// the IEEE operations, the leading one, LDEXP's exponent and product), which must be declared
-// before repops_fp32.h so that its templates find them. Lanes hold different output elements,
+// the IEEE operations, the leading one, small integers, LDEXP's exponent and product), which
+// must be declared before repops_fp32.h so that its templates find them. Lanes hold different output elements,
 // never parts of one, so W cannot change a bit.
 //
 // Canonical NaN once, at the end. A map uses the instructions' *values* (rp_<op>_value, no
@@ -84,6 +84,8 @@ inline vi rp_msb(vu m) {
     const vf f = __builtin_convertvector((vi)(m & 0xFFFFFFu), vf);
     return (vi)((vu)f >> 23) - 127;
 }
+// A small integer (|v| < 2^24) as its exact binary32.
+inline vu rp_int_bits(vi v) { return (vu)__builtin_convertvector(v, vf); }
 // LDEXP's exponent: b clamped to [-400, 400] (NaN -> 0), converted exactly.
 inline vi rp_clamped_int(vu b) {
     const vf y = (vf)b, hi = vf{} + 400.0f, lo = vf{} - 400.0f;

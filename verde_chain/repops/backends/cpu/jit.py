@@ -10,7 +10,8 @@ once. NaN results are canonicalised once, at the end (``kernels/repops_map.h`` s
 gives the spec's bits). Eligible: K = 1, every input read through a linear map (contiguous or
 scalar broadcast), no COORD/LOADIDX, at least JIT_MIN_INSTRS instructions or JIT_MIN_NUMEL
 elements (small short programs are not worth a compile). One shared object per (program, linear
-maps, ISA), cached on disk (~0.3 s per compile) under a key that covers the headers too.
+maps, ISA), cached on disk (well under a second per compile) under a key that covers the headers
+too.
 """
 
 from __future__ import annotations
