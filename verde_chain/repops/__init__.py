@@ -13,6 +13,7 @@ The torch-facing functions are re-exported lazily (``verde_chain.repops.matmul(a
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 _ALIASES = {"sum": "sum_", "abs": "abs_"}
@@ -25,12 +26,8 @@ _OPS = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name == "backends":  # a subpackage: importable as an attribute too, like before
-        import importlib
-
         return importlib.import_module("verde_chain.repops.backends")
     if name in _OPS:
-        import importlib
-
         ops = importlib.import_module("verde_chain.repops.ops")
         return getattr(ops, _ALIASES.get(name, name))
     raise AttributeError(f"module 'verde_chain.repops' has no attribute {name!r}")
