@@ -472,6 +472,19 @@ def test_make_runner_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch, 
     assert "falling back to the numpy reference" in capsys.readouterr().err
 
 
+def test_one_name_per_backend_and_the_old_name_is_refused_naming_the_new() -> None:
+    """The C++ backend is "cpu" for the executor and the torch API alike; "cpp" (its former name
+    in make_runner) is a one-line error that names "cpu"."""
+    from verde_chain.graph import kernels
+    from verde_chain.repops.backends import BACKENDS, UnknownBackend
+
+    assert {"reference", "cpu", "cuda"} <= set(BACKENDS) and "cpp" not in BACKENDS
+    assert BACKENDS is ops.BACKENDS
+    with pytest.raises(UnknownBackend, match="'cpp' \\(it is now called 'cpu'\\)") as info:
+        kernels.make_runner("cpp")
+    assert "\n" not in str(info.value)
+
+
 # ======================================================================= whole steps
 
 
