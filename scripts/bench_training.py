@@ -18,8 +18,8 @@
    roots, node hashes, step commitments and checkpoint writes over that run. Goal <= 5%. A
    second table gives the same for ``--share-intervals`` (default 20 and 50).
 3. Dispute-time table: steps a trainer re-executes to answer every request of a full L1
-   (step-level) bisection over T steps with k-ary rounds (``verde_chain/game/rules.py``, the
-   twin of ``contracts/lib/Bisection.sol``), and the storage it keeps, for checkpoint intervals
+   (step-level) bisection over T steps with k-ary rounds (``verde_chain/dispute/bisection.py``, the
+   twin of ``contracts/dispute/Bisection.sol``), and the storage it keeps, for checkpoint intervals
    N = 1, 5, 10, 20, 50, 100. Policy: a round's claims C_{p_1} .. C_{p_{n-1}} are computed in one
    ascending sweep, each from the closest of (the stored checkpoint <= p, the previous point
    of the sweep, the agreed state lo, which the trainer computed in an earlier round and keeps);
@@ -44,10 +44,10 @@ import numpy as np
 import torch
 
 import verde_chain.graph.executor as ex
+from verde_chain.dispute import bisection
 from verde_chain.examples import EXAMPLES
-from verde_chain.game import rules
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.checkpoint import CheckpointStore
-from verde_chain.graph.kernels import make_runner
 from verde_chain.job import Job
 
 CHECKPOINT_INTERVALS = (1, 5, 10, 20, 50, 100)
@@ -236,7 +236,7 @@ def share_table(per_example: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def round_cost(lo: int, hi: int, k: int, N: int) -> int:
     """Steps re-executed to post the claims of one bisection round of [lo, hi] (see docstring)."""
-    pts = rules.split_points(lo, hi, k)[1:-1]
+    pts = bisection.split_points(lo, hi, k)[1:-1]
     cost, prev = 0, lo
     for p in pts:
         start = max(p // N * N, prev)
@@ -250,7 +250,7 @@ def dispute_cost(T: int, k: int, N: int, diverge: int) -> tuple[int, int]:
     lo, hi, cost, rounds = 0, T, 0, 0
     while hi - lo > 1:
         cost += round_cost(lo, hi, k, N)
-        p = rules.split_points(lo, hi, k)
+        p = bisection.split_points(lo, hi, k)
         i = next(j for j in range(len(p) - 1) if p[j] < diverge <= p[j + 1])
         lo, hi = p[i], p[i + 1]
         rounds += 1

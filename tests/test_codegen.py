@@ -25,7 +25,7 @@ from verde_chain.repops import fp32, isa, program
 from verde_chain.repops.backends.cpu import jit
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 from verde_chain.repops.isa import Op
-from verde_chain.scalarvm import softfloat
+from verde_chain.vm import softfloat
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "kernels"
@@ -79,7 +79,7 @@ def test_generated_numbers_are_the_python_ones() -> None:
 
 def test_no_opcode_number_is_copied_by_hand() -> None:
     """The hand-copied tables are gone: the interpreters and ScalarVM read the generated ones."""
-    for path in (KERNELS / "repops_program.cuh", KERNELS / "cpu" / "interpreter.cpp", REPO / "contracts" / "ScalarVM.sol"):
+    for path in (KERNELS / "repops_program.cuh", KERNELS / "cpu" / "interpreter.cpp", REPO / "contracts" / "vm" / "ScalarVM.sol"):
         text = path.read_text()
         assert not re.search(r"\b(?:RP_|OP_)?FLOOR\s*=\s*22\b", text), path
         assert not re.search(r"constant\s+\w+\s*=\s*18\s*;", text), path
@@ -94,7 +94,7 @@ def test_every_op_has_a_row_in_every_table() -> None:
     for path in (KERNELS / "repops_program.cuh", KERNELS / "cpu" / "interpreter.cpp"):
         cases = set(re.findall(r"case RP_([A-Z]+):", path.read_text()))
         assert cases >= {op.name for op in Op}, (path, {op.name for op in Op} - cases)
-    scalar_vm = (REPO / "contracts" / "ScalarVM.sol").read_text()
+    scalar_vm = (REPO / "contracts" / "vm" / "ScalarVM.sol").read_text()
     for op in Op:
         assert f"op == Instructions.{op.name})" in scalar_vm or f"op == Instructions.{op.name} " in scalar_vm, op
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from verde_chain.agents.catalog import JOB_KINDS
 from verde_chain.agents.system import HELPER_CONTRACTS, deploy_full_system
 from verde_chain.agents.system import SYSTEM_CONTRACTS as MARKET_SYSTEM
 from verde_chain.chain.anvil import Anvil, install_signal_cleanup
@@ -107,9 +108,13 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cheat-level", type=int, choices=(1, 2, 4), default=None,
                    help="where the cheat is caught: 4 one-step proof (a flipped bit, default), "
                         "2 node reveal (a lazy trainer), 1 timeout (a cheater that never answers)")
-    p.add_argument("--job", choices=("digits", "transformer"), default="digits")
+    p.add_argument("--job", choices=JOB_KINDS, default="digits")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: 100 digits, 8 transformer)")
     p.add_argument("--out", type=Path, default=Path("build") / "demo", help="output directory (bisection.png, state)")
+    p.add_argument("--explorer", action="store_true", help="serve the live explorer of this run and print its URL")
+    p.add_argument("--explorer-port", type=int, default=8600, help="the explorer's port (default 8600; 0 = any)")
+    p.add_argument("--explorer-hold", action="store_true",
+                   help="with --explorer: keep serving after the run ends, until Ctrl-C")
 
 
 @command("demo", "run the end-to-end story on an embedded Anvil", _demo_args)
@@ -117,7 +122,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from verde_chain.demo import run_demo
 
     return run_demo(json_out=args.json, seed=args.seed, cheat=args.cheat, cheat_level=args.cheat_level,
-                    job_kind=args.job, steps=args.steps, out=args.out)
+                    job_kind=args.job, steps=args.steps, out=args.out,
+                    explorer_port=args.explorer_port if args.explorer or args.explorer_hold else None,
+                    explorer_hold=args.explorer_hold)
 
 
 def _register_agents() -> None:
@@ -139,13 +146,23 @@ _register_agents()
 
 
 def _register_train() -> None:
-    from verde_chain.graph import train_cli
+    from verde_chain import train_cli
 
     COMMANDS.append(("train", "run a training job locally (no chain) with step commitments", train_cli.configure,
                      train_cli.run))
 
 
 _register_train()
+
+
+def _register_explorer() -> None:
+    from verde_chain.explorer import cli as explorer_cli
+
+    COMMANDS.append(("explorer", "serve a live explorer of a market's jobs and disputes in the browser",
+                     explorer_cli.configure, explorer_cli.run))
+
+
+_register_explorer()
 
 
 def build_parser() -> argparse.ArgumentParser:

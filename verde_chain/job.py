@@ -30,10 +30,10 @@ from eth_abi import encode as abi_encode
 
 from verde_chain.commit import tensor_root
 from verde_chain.commit.merkle import keccak256
+from verde_chain.graph.backend import Runner
 from verde_chain.graph.data import Dataset, batch_indices, batch_root_list
 from verde_chain.graph.errors import JobSpecError
 from verde_chain.graph.executor import TrainingRun
-from verde_chain.graph.kernels import Runner
 from verde_chain.graph.onnx_import import import_onnx
 from verde_chain.graph.training import (
     LossSpec,
@@ -86,7 +86,7 @@ class JobSpec:
                f32_bits(o.beta1), f32_bits(o.beta2), f32_bits(o.eps))
         return abi_encode(SPEC_TYPES, [
             self.name, self.kind, self.model_hash, self.graph_root, self.num_nodes, self.initial_commitment,
-            self.dataset_root, self.batch_root, self.seed, self.batch_size, self.loss.kind, self.loss.output,
+            self.dataset_root, self.batch_root, self.seed, self.batch_size, self.loss.name, self.loss.output,
             opt, self.steps, self.checkpoint_interval, list(self.frozen),
         ])
 

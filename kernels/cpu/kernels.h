@@ -5,7 +5,7 @@
 // (bindings.cpp) and the whole-step plan (step_plan.cpp) call. Pointers are raw float32 bit
 // storage; every address range was checked by the caller. No torch types here.
 //
-// Canonical orders (the spec, verde_chain/repops/spec.py; every kernel below keeps them):
+// Canonical orders (the spec, verde_chain/repops/library/; every kernel below keeps them):
 //   dot product   acc = a[0]*b[0]                (one rounded multiply)
 //                 acc = fma(a[k], b[k], acc)     k = 1 .. K-1 ascending; K == 0 gives +0
 //   sum           acc = x[0]; acc = acc + x[k]   k = 1 .. K-1 ascending

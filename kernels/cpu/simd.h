@@ -14,7 +14,7 @@
 // One lane's semantics are kernels/repops_fp32.h (rp_canon, rp_max, rp_min, ...). The Vec
 // operations below are their W-lane spellings for the hand-vectorised kernels (GEMM, folds,
 // binaries, scatter): vcanon = rp_canon, vmax_spec/vmin_spec = rp_max/rp_min on every lane;
-// tests/test_cpu_kernels.py checks them lane by lane against the reference on the edge grid.
+// tests/repops/test_cpu_kernels.py checks them lane by lane against the reference on the edge grid.
 #pragma once
 
 #include <algorithm>

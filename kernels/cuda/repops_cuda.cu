@@ -8,7 +8,7 @@
 //   -ftz=false        keep subnormals
 //   -prec-div=true -prec-sqrt=true, and never --use_fast_math
 //
-// Order per output element (identical to kernels/cpu/gemm.cpp and verde_chain/repops/spec.py):
+// Order per output element (identical to kernels/cpu/gemm.cpp and verde_chain/repops/library/linalg.py):
 //   acc = __fmul_rn(a[0], b[0])                 one rounded multiply
 //   acc = __fmaf_rn(a[k], b[k], acc)            k = 1 .. K-1, ascending, one rounding each
 // then NaN -> 0x7FC00000 (rp_canon, kernels/repops_fp32.h). The _rn intrinsics pin

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from verde_chain.agents.errors import AgentError
-from verde_chain.chain.market import JobSpec as ChainJobSpec
 from verde_chain.job import Job, load_job, save_job
+from verde_chain.market.types import JobTerms
 
-JOB_KINDS = ("digits", "transformer")
+JOB_KINDS = ("digits", "transformer", "llama", "llama-inference")
 
 
 def build_job(kind: str, steps: int, seed: int = 7) -> Job:
@@ -29,6 +29,14 @@ def build_job(kind: str, steps: int, seed: int = 7) -> Job:
 
         return transformer_job(steps=steps, batch_size=2, context=8, dim=8, heads=2,
                                checkpoint_interval=max(1, steps // 4), seed=seed)
+    if kind in ("llama", "llama-inference"):
+        from verde_chain.examples.lm import LMConfig, lm_job
+
+        # the issue's tiny Llama (2 layers, hidden 64, vocabulary 128, sequence 16), batch 2;
+        # an inference job is one batch of prompts per job (its C_T commits to its last batch)
+        inference = kind == "llama-inference"
+        return lm_job(LMConfig("llama"), "inference" if inference else "train", steps=1 if inference else steps,
+                      checkpoint_interval=max(1, steps // 4), seed=seed)
     raise AgentError(f"unknown job kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
 
 
@@ -57,14 +65,14 @@ class Bundles:
         return self._cache[spec_hash]
 
 
-def check_against_chain(job: Job, chain_spec: ChainJobSpec) -> str | None:
+def check_against_chain(job: Job, terms: JobTerms) -> str | None:
     """The first on-chain field that disagrees with the bundle, or None when they all match."""
     checks = [
-        ("specHash", chain_spec.spec_hash, job.spec.hash()),
-        ("graphRoot", chain_spec.graph_root, job.spec.graph_root),
-        ("initialCommitment", chain_spec.initial_commitment, job.spec.initial_commitment),
-        ("batchRoot", chain_spec.batch_root, job.spec.batch_root),
-        ("numSteps", chain_spec.num_steps, job.spec.steps),
-        ("numNodes", chain_spec.num_nodes, job.spec.num_nodes),
+        ("specHash", terms.spec_hash, job.spec.hash()),
+        ("graphRoot", terms.graph_root, job.spec.graph_root),
+        ("initialCommitment", terms.initial_commitment, job.spec.initial_commitment),
+        ("batchRoot", terms.batch_root, job.spec.batch_root),
+        ("numSteps", terms.num_steps, job.spec.steps),
+        ("numNodes", terms.num_nodes, job.spec.num_nodes),
     ]
     return next((name for name, a, b in checks if a != b), None)

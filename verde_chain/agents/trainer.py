@@ -13,8 +13,8 @@ from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.strategies import Plan, train, trainer_plan
 from verde_chain.agents.wallet import retry
-from verde_chain.chain.market import JobStatus, MarketError, SlotStatus
 from verde_chain.errors import ContractRevert
+from verde_chain.market.types import JobStatus, SlotStatus
 
 
 class TrainerBot(Bot):
@@ -29,8 +29,8 @@ class TrainerBot(Bot):
 
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
-            spec = retry(lambda: self.market.job(job_id)).spec
-            job = self.bundles.fetch(spec.spec_hash)
+            terms = retry(lambda: self.market.job(job_id)).terms
+            job = self.bundles.fetch(terms.spec_hash)
             self.plans[job_id] = trainer_plan(self.cfg.strategy, job, self.cfg.seed)
         return self.plans[job_id]
 
@@ -59,12 +59,12 @@ class TrainerBot(Bot):
             return
         job = retry(lambda: self.market.job(job_id))
         try:
-            bundle = self.bundles.fetch(job.spec.spec_hash)
+            bundle = self.bundles.fetch(job.terms.spec_hash)
         except AgentError as exc:
             self.store.update_job(job_id, state="skipped", reason=str(exc))
             self.log(f"job {job_id}: skipped ({exc})")
             return
-        bad = check_against_chain(bundle, job.spec)
+        bad = check_against_chain(bundle, job.terms)
         if bad:
             self.store.update_job(job_id, state="skipped", reason=f"bundle disagrees with chain on {bad}")
             self.log(f"job {job_id}: skipped, bundle disagrees with the posted {bad}")
@@ -74,8 +74,8 @@ class TrainerBot(Bot):
     def _slot(self, job_id: int) -> int | None:
         try:
             return retry(lambda: self.market.slot_of(job_id, self.address))
-        except MarketError as exc:
-            if exc.error == "NotATrainer":
+        except ContractRevert as exc:
+            if exc.name == "NotATrainer":
                 return None
             raise
 
@@ -83,29 +83,29 @@ class TrainerBot(Bot):
         job = retry(lambda: self.market.job(job_id))
         slot = self._slot(job_id)
         if slot is None:
-            if job.status != JobStatus.OPEN or self.now() > job.spec.submission_deadline \
-                    or job.slots_taken >= job.spec.slots:
+            if job.status != JobStatus.OPEN or self.now() > job.terms.submission_deadline \
+                    or job.slots_taken >= job.terms.slots:
                 self.store.update_job(job_id, state="skipped", reason="could not join")
                 return False
             try:
-                self.pay(self.market.contract.functions.join(job_id), "join", job.spec.token, job.spec.trainer_stake)
+                self.pay(self.market.contract.functions.join(job_id), "join", job.terms.token, job.terms.trainer_stake)
             except InsufficientFunds:
                 return False  # logged once by pay; retried each poll until funded or the deadline passes
             except ContractRevert as exc:
-                self.store.update_job(job_id, state="skipped", reason=exc.error)
-                self.log(f"job {job_id}: join refused: {exc.error}")
+                self.store.update_job(job_id, state="skipped", reason=exc.name)
+                self.log(f"job {job_id}: join refused: {exc.name}")
                 return False
             slot = self._slot(job_id)
-            self.log(f"job {job_id}: joined slot {slot}, staked {self.units(job.spec.token, job.spec.trainer_stake)} "
+            self.log(f"job {job_id}: joined slot {slot}, staked {self.units(job.terms.token, job.terms.trainer_stake)} "
                      f"({self.cfg.strategy})")
             self.store.update_job(job_id, state="joined", slot=slot)
             return True
         s = retry(lambda: self.market.slot(job_id, slot))
         if s.status == SlotStatus.JOINED:
-            if self.now() > job.spec.submission_deadline:
+            if self.now() > job.terms.submission_deadline:
                 return False
             plan = self.plan(job_id)
-            every = max(1, job.spec.num_steps // 10)  # ~10 progress lines per job, however long
+            every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
             result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
                            if i % every == 0 or i == n else None)
             self.sender.send(self.market.contract.functions.submit(job_id, result, b"\x00" * 32), "submit")
@@ -115,10 +115,10 @@ class TrainerBot(Bot):
         if rec.get("state") != "submitted":
             self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + s.result.hex())
         if self.dispute_rivals and job.status == JobStatus.OPEN and s.status == SlotStatus.SUBMITTED \
-                and self.now() <= job.spec.challenge_deadline and self._dispute_rivals(job_id, slot):
+                and self.now() <= job.terms.challenge_deadline and self._dispute_rivals(job_id, slot):
             return True
         if job.status == JobStatus.FINALIZED:
-            self._withdraw(job.spec.token)
+            self._withdraw(job.terms.token)
             self.store.update_job(job_id, state="done", slot_status=s.status.name)
             self.log(f"job {job_id}: finalized; my slot ended {s.status.name}")
             return True
@@ -132,7 +132,7 @@ class TrainerBot(Bot):
             try:
                 self.sender.send(self.market.contract.functions.disputeRival(job_id, rival, own_slot), "disputeRival")
             except ContractRevert as exc:
-                self.log(f"job {job_id}: disputeRival against slot {rival} refused: {exc.error}")
+                self.log(f"job {job_id}: disputeRival against slot {rival} refused: {exc.name}")
                 continue
             self.log(f"job {job_id}: slot {rival}'s result differs from mine; disputed it with my stake")
             return True  # the DisputeOpened event (next tick) records the game

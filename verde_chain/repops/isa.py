@@ -2,8 +2,8 @@
 operator's per-element program is written in.
 
 This module is the single source of the opcode numbers and the instruction encoding. The
-spec interpreter (``program.py``), the on-chain ScalarVM (``contracts/ScalarVM.sol``) and its
-Python twin (``verde_chain/scalarvm``) all decode the same 8-byte words defined here.
+spec interpreter (``program.py``), the on-chain ScalarVM (``contracts/vm/ScalarVM.sol``) and its
+Python twin (``verde_chain/vm/scalarvm.py``) all decode the same 8-byte words defined here.
 
 Instruction word (8 bytes, big-endian, so Solidity reads it with one ``uint64`` cast)::
 

@@ -9,28 +9,23 @@ measured accuracy are documented in ``docs/repops-transcendentals.md``.
 Register conventions: the input ``x`` is in r0 (the upstream gradient in r1 for the ``*_grad``
 programs), the result ends in r0, and programs use r0..r15 only. Programs never LOAD.
 
-The programs are written with a tiny builder that uses virtual registers and a linear-scan
-register allocator, so each algorithm reads like the maths it implements.
+The programs are written with the builder of ``ssa.py`` (virtual registers, linear-scan register
+allocation), so each algorithm reads like the maths it implements.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import fp32
-from verde_chain.repops.isa import NUM_REGS, Instr, Op, bits_f32, f32_bits
+from verde_chain.repops.isa import NUM_REGS, Instr, Op
+from verde_chain.repops.ssa import ProgramBuilder, V
 
 U32 = npt.NDArray[np.uint32]
-
-
-class ProgramBuildError(RepOpsError):
-    """A transcendental program could not be built (register pressure, inexact constant)."""
 
 
 class UnknownFunction(RepOpsError):
@@ -39,143 +34,6 @@ class UnknownFunction(RepOpsError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"no transcendental program named {name!r}; have {sorted(PROGRAMS)}")
-
-
-# ----------------------------------------------------------------------------- builder
-
-@dataclass(frozen=True)
-class V:
-    """A virtual register (SSA value)."""
-
-    id: int
-
-
-@dataclass
-class _Builder:
-    n_inputs: int
-    code: list[tuple[Op, int, tuple[int, ...], int]] = field(default_factory=list)  # op, dst, srcs, imm
-    next_id: int = 0
-
-    def __post_init__(self) -> None:
-        self.inputs = [self._new() for _ in range(self.n_inputs)]
-
-    def _new(self) -> V:
-        v = V(self.next_id)
-        self.next_id += 1
-        return v
-
-    def emit(self, op: Op, *srcs: V, imm: int = 0) -> V:
-        dst = self._new()
-        self.code.append((op, dst.id, tuple(s.id for s in srcs), imm))
-        return dst
-
-    # constants must be exact binary32 values: the program is the spec, no silent rounding
-    def k(self, value: float) -> V:
-        bits = f32_bits(value)
-        if not (math.isnan(value) or bits_f32(bits) == value):
-            raise ProgramBuildError(f"constant {value!r} is not exactly representable in binary32")
-        return self.emit(Op.CONST, imm=bits)
-
-    def kbits(self, bits: int) -> V:
-        return self.emit(Op.CONST, imm=bits)
-
-    def add(self, a: V, b: V) -> V:
-        return self.emit(Op.ADD, a, b)
-
-    def sub(self, a: V, b: V) -> V:
-        return self.emit(Op.SUB, a, b)
-
-    def mul(self, a: V, b: V) -> V:
-        return self.emit(Op.MUL, a, b)
-
-    def div(self, a: V, b: V) -> V:
-        return self.emit(Op.DIV, a, b)
-
-    def fma(self, a: V, b: V, c: V) -> V:
-        return self.emit(Op.FMA, a, b, c)
-
-    def min(self, a: V, b: V) -> V:
-        return self.emit(Op.MIN, a, b)
-
-    def max(self, a: V, b: V) -> V:
-        return self.emit(Op.MAX, a, b)
-
-    def lt(self, a: V, b: V) -> V:
-        return self.emit(Op.LT, a, b)
-
-    def select(self, cond: V, a: V, b: V) -> V:
-        return self.emit(Op.SELECT, cond, a, b)
-
-    def unary(self, op: Op, a: V) -> V:
-        return self.emit(op, a)
-
-    def horner(self, t: V, coeffs: list[float]) -> V:
-        """c0 + t*(c1 + t*(c2 + ...)) with one FMA per step (coefficients low order first)."""
-        acc = self.k(coeffs[-1])
-        for c in reversed(coeffs[:-1]):
-            acc = self.fma(acc, t, self.k(c))
-        return acc
-
-    def two_sum(self, a: V, b: V) -> tuple[V, V]:
-        """s = fl(a+b) and the exact error e = (a+b) - s (Knuth, no ordering needed)."""
-        s = self.add(a, b)
-        bb = self.sub(s, a)
-        e = self.add(self.sub(a, self.sub(s, bb)), self.sub(b, bb))
-        return s, e
-
-    def finish(self, result: V) -> list[Instr]:
-        return _allocate(self, result)
-
-
-_THREE = {Op.FMA, Op.SELECT}
-
-
-def _allocate(b: _Builder, result: V) -> list[Instr]:
-    """Linear-scan register allocation of straight-line SSA code; result ends in r0."""
-    # dead-code elimination (helpers may compute values a caller does not need)
-    live = {result.id}
-    code = []
-    for op, dst, srcs, imm in reversed(b.code):
-        if dst in live:
-            code.append((op, dst, srcs, imm))
-            live.update(srcs)
-    code.reverse()
-    last_use: dict[int, int] = {}
-    for i, (_, _, srcs, _) in enumerate(code):
-        for s in srcs:
-            last_use[s] = i
-    last_use[result.id] = len(code)
-    phys: dict[int, int] = {}
-    free = list(range(NUM_REGS))
-    for idx, v in enumerate(b.inputs):
-        phys[v.id] = idx
-        free.remove(idx)
-    # inputs that are never used are free from the start
-    for v in b.inputs:
-        if v.id not in last_use:
-            free.append(phys[v.id])
-    out: list[Instr] = []
-    for i, (op, dst, srcs, imm) in enumerate(code):
-        regs = [phys[s] for s in srcs]
-        # operands whose last use is here can hand their register to the destination
-        for s in set(srcs):
-            if last_use.get(s) == i:
-                free.append(phys[s])
-        if dst not in last_use:
-            raise ProgramBuildError(f"dead value v{dst} ({op.name}); remove it")
-        if not free:
-            raise ProgramBuildError(f"more than {NUM_REGS} live values at instruction {i}")
-        free.sort()
-        phys[dst] = free.pop(0)
-        a = regs[0] if regs else 0
-        bb = regs[1] if len(regs) > 1 else 0
-        if op in _THREE:
-            out.append(Instr(op, phys[dst], a, bb, regs[2]))
-        else:
-            out.append(Instr(op, phys[dst], a, bb, imm))
-    if phys[result.id] != 0:
-        out.append(Instr(Op.MOV, 0, phys[result.id], 0, 0))
-    return out
 
 
 # ----------------------------------------------------------------------------- constants
@@ -201,6 +59,24 @@ SQRT2 = 1.41421353816986083984375  # binary32 nearest to sqrt(2)
 LOG_POLY = [0.3333331346511841, -0.25000011920928955, 0.20002073049545288, -0.1666785478591919,
             0.14220233261585236, -0.12408196926116943, 0.11886204034090042,
             -0.11660660803318024, 0.06733010709285736]  # c3..c11
+
+# sin / cos: x = k pi/2 + r with k = rint(x 2/pi) and r kept as a pair (rh, rl):
+# pi/2 = PIO2_1 + PIO2_2 + PIO2_3 (+ 1.06e-23), each the binary32 nearest to what is left.
+# x - k PIO2_1 is exact in one FMA (both are multiples of 2^-23 or finer, and |x - k PIO2_1| < 2),
+# k PIO2_2 is split exactly by FMA, k PIO2_3 is a correction: the pair's absolute error is about
+# |k| 2^-73, so the result keeps ~1 ulp for |x| <= TRIG_DOMAIN (beyond it the programs stay
+# deterministic but lose accuracy; docs/repops-transcendentals.md).
+TWO_OVER_PI = 0.6366197466850281
+PIO2_1 = 1.5707963705062866
+PIO2_2 = -4.371138828673793e-08
+PIO2_3 = -1.7151245100058819e-15
+TRIG_DOMAIN = 2.0**17
+# |r| <= pi/4: sin r = r + r^3 S(r^2), cos r = 1 - r^2/2 + r^4 C(r^2); Taylor coefficients
+# rounded to binary32 (truncation below 2^-37 relative on |r| <= pi/4)
+SIN_POLY = [-0.1666666716337204, 0.008333333767950535, -0.00019841270113829523,
+            2.7557318844628753e-06, -2.5052107943679403e-08]
+COS_POLY = [0.0416666679084301, -0.0013888889225199819, 2.4801587642286904e-05,
+            -2.755731998149713e-07, 2.0876755879584152e-09]
 
 # tanh(x) ~ x + x^3 * sum c_k x^(2k-2), |x| <= 0.625 (rel. error 2^-32.4)
 TANH_SMALL = 0.625
@@ -253,16 +129,16 @@ LOG_INV_SQRT_2PI = (-0.9189385175704956, -1.563417661998301e-08)  # log(1/sqrt(2
 
 # ----------------------------------------------------------------------------- shared pieces
 
-def _neg(b: _Builder, a: V) -> V:
+def _neg(b: ProgramBuilder, a: V) -> V:
     return b.unary(Op.NEG, a)
 
 
-def _keep_zero(b: _Builder, x: V, res: V) -> V:
+def _keep_zero(b: ProgramBuilder, x: V, res: V) -> V:
     """f(+-0) = +-0 for functions with f(x) ~ c x near 0 (compensated sums lose the sign of 0)."""
     return b.select(b.emit(Op.EQ, x, b.k(0.0)), x, res)
 
 
-def _exp_parts(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
+def _exp_parts(b: ProgramBuilder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     """(h, l, n) with exp(y + y_lo) = (h + l) * 2**n to about 2^-30 relative error.
 
     n = rint(y/ln2); r = y - n ln2 is kept as an exact pair (rh, rl) (Cody-Waite with an exact
@@ -283,7 +159,7 @@ def _exp_parts(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     return h, b.add(t, lo), n
 
 
-def _exp_norm(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
+def _exp_norm(b: ProgramBuilder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     """(hi, lo, n): exp(y + y_lo) = (hi + lo) 2**n with hi = fl(hi + lo) (not yet scaled, so a
     caller can multiply first and scale once, keeping full precision into the subnormal range)."""
     h, l, n = _exp_parts(b, y, y_lo)
@@ -292,19 +168,19 @@ def _exp_norm(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     return hi, lo, n
 
 
-def _exp_pair(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V]:
+def _exp_pair(b: ProgramBuilder, y: V, y_lo: V | None = None) -> tuple[V, V]:
     """exp(y + y_lo) as an unevaluated scaled sum hi + lo."""
     hi, lo, n = _exp_norm(b, y, y_lo)
     return b.emit(Op.LDEXP, hi, n), b.emit(Op.LDEXP, lo, n)
 
 
-def _exp(b: _Builder, y: V, y_lo: V | None = None) -> V:
+def _exp(b: ProgramBuilder, y: V, y_lo: V | None = None) -> V:
     """exp(y + y_lo), one final rounding (LDEXP also gives overflow and gradual underflow)."""
     h, l, n = _exp_parts(b, y, y_lo)
     return b.emit(Op.LDEXP, b.add(h, l), n)
 
 
-def _recip_1p(b: _Builder, e: V, e_lo: V | None = None) -> tuple[V, V]:
+def _recip_1p(b: ProgramBuilder, e: V, e_lo: V | None = None) -> tuple[V, V]:
     """1/(1 + e + e_lo) for 0 <= e <= 1 as r (1 + rho): r = fl(1/fl(1+e)) and
     rho = 1 - r (1 + e + e_lo), computed from the exact e (1 - r is exact for r in [1/2, 1])."""
     one = b.k(1.0)
@@ -316,7 +192,7 @@ def _recip_1p(b: _Builder, e: V, e_lo: V | None = None) -> tuple[V, V]:
     return r, rho
 
 
-def _times_recip(b: _Builder, e: V, e_lo: V | None, r: V, rho: V) -> V:
+def _times_recip(b: ProgramBuilder, e: V, e_lo: V | None, r: V, rho: V) -> V:
     """(e + e_lo) r (1 + rho) with a single rounding at the end (e*r split exactly)."""
     er = b.mul(e, r)
     small = b.fma(er, rho, b.fma(e, r, _neg(b, er)))
@@ -325,7 +201,7 @@ def _times_recip(b: _Builder, e: V, e_lo: V | None, r: V, rho: V) -> V:
     return b.add(er, small)
 
 
-def _times_pair(b: _Builder, x: V, e: V, e_lo: V | None) -> tuple[V, V]:
+def _times_pair(b: ProgramBuilder, x: V, e: V, e_lo: V | None) -> tuple[V, V]:
     """x (e + e_lo) as a pair (exact product split by FMA)."""
     p = b.mul(x, e)
     lo = b.fma(x, e, _neg(b, p))
@@ -334,7 +210,7 @@ def _times_pair(b: _Builder, x: V, e: V, e_lo: V | None) -> tuple[V, V]:
     return p, lo
 
 
-def _horner_pair(b: _Builder, t: V, coeffs: list[float]) -> tuple[V, V]:
+def _horner_pair(b: ProgramBuilder, t: V, coeffs: list[float]) -> tuple[V, V]:
     """c0 + t (c1 + t Q(t)) as a pair: Q in plain Horner, the last two steps compensated (their
     rounding errors, of the order of the result's ulp, would otherwise dominate)."""
     acc = b.horner(t, coeffs[2:])
@@ -345,7 +221,7 @@ def _horner_pair(b: _Builder, t: V, coeffs: list[float]) -> tuple[V, V]:
     return q, b.add(q_lo, b.k(coeffs[0]))  # c0 is tiny by construction: it joins the low part
 
 
-def _sigmoid_parts(b: _Builder, a_neg: V, a_neg_lo: V | None = None) -> tuple[V, V, V, V, V]:
+def _sigmoid_parts(b: ProgramBuilder, a_neg: V, a_neg_lo: V | None = None) -> tuple[V, V, V, V, V]:
     """For a_neg = -|u| (+ a_neg_lo): E = exp(-|u|) = (hi + lo) 2**n, and r, rho with
     1/(1+E) = r (1 + rho). Returns (hi, lo, n, r, rho)."""
     hi, lo, n = _exp_norm(b, a_neg, a_neg_lo)
@@ -355,8 +231,9 @@ def _sigmoid_parts(b: _Builder, a_neg: V, a_neg_lo: V | None = None) -> tuple[V,
 
 # ----------------------------------------------------------------------------- functions
 
-def _log(b: _Builder, x: V) -> V:
-    """log(x) = e ln2 + log1p(f), x = (1+f) 2**e with 1+f in [sqrt(1/2), sqrt(2)]."""
+def _log_parts(b: ProgramBuilder, x: V) -> tuple[V, V, V]:
+    """log(x) = h + (t + s) (unevaluated): e ln2 + log1p(f), x = (1+f) 2**e with 1+f in
+    [sqrt(1/2), sqrt(2)]; h + t = e LN2_HI + f exactly, s the small part."""
     e = b.unary(Op.GETEXP, x)
     m = b.unary(Op.GETMANT, x)
     big = b.lt(b.k(SQRT2), m)  # 1.0 when m > sqrt 2: use m/2 and e+1 instead
@@ -367,6 +244,12 @@ def _log(b: _Builder, x: V) -> V:
     s = b.fma(b.mul(f, z), b.horner(f, LOG_POLY), b.mul(e, b.k(LN2_LO)))
     s = b.fma(z, b.k(-0.5), s)  # small part: -f^2/2 + f^3 P(f) + e LN2_LO
     h, t = b.two_sum(b.mul(e, b.k(LN2_HI)), f)  # e LN2_HI exact (|e| <= 150, 15-bit LN2_HI)
+    return h, t, s
+
+
+def _log(b: ProgramBuilder, x: V) -> V:
+    """log(x) from its parts, one final rounding; the edges (0, inf, x < 0) explicitly."""
+    h, t, s = _log_parts(b, x)
     res = b.add(h, b.add(t, s))
     # x = 0 or inf: e = -+inf makes h = -+inf, which is the answer (TwoSum's error term is NaN)
     finite = b.lt(b.unary(Op.ABS, h), b.kbits(INF_BITS))
@@ -374,7 +257,7 @@ def _log(b: _Builder, x: V) -> V:
     return b.select(b.lt(x, b.k(0.0)), b.kbits(NAN_BITS), res)  # log(x<0) = NaN, log(-0) = -inf
 
 
-def _tanh(b: _Builder, x: V) -> V:
+def _tanh(b: ProgramBuilder, x: V) -> V:
     """|x| < 0.625: odd polynomial. Else tanh|x| = 2/(1+E) - 1, E = exp(-2|x|) as a pair: with
     1/(1+E) = r (1 + rho), 2r - 1 is exact (r in [1/2, 1]) and 2 r rho joins in one FMA.
     Saturates to exactly +-1 as E underflows."""
@@ -388,7 +271,7 @@ def _tanh(b: _Builder, x: V) -> V:
     return _keep_zero(b, x, b.select(b.lt(a, b.k(TANH_SMALL)), small, big))
 
 
-def _sigmoid(b: _Builder, x: V) -> V:
+def _sigmoid(b: ProgramBuilder, x: V) -> V:
     """sigma(|x|) = 1/(1+E), sigma(-|x|) = E/(1+E), E = exp(-|x|) (never overflows; the product
     for x < 0 is formed before the 2**n scaling so the subnormal tail is rounded once)."""
     hi, lo, n, r, rho = _sigmoid_parts(b, _neg(b, b.unary(Op.ABS, x)))
@@ -397,7 +280,7 @@ def _sigmoid(b: _Builder, x: V) -> V:
     return b.select(b.lt(x, b.k(0.0)), neg, pos)
 
 
-def _erf(b: _Builder, x: V) -> V:
+def _erf(b: ProgramBuilder, x: V) -> V:
     """|x| < 1: odd polynomial x + x Q(x^2). Else erf|x| = 1 - exp(K + R(|x| - 1)), with the
     exponent carried as an exact pair into exp; |x| is clamped to 4 (saturation, inf)."""
     small = b.fma(x, b.horner(b.mul(x, x), ERF_SMALL_POLY), x)
@@ -409,7 +292,7 @@ def _erf(b: _Builder, x: V) -> V:
     return b.select(b.lt(a, b.k(1.0)), small, big)
 
 
-def _gelu_tanh_u(b: _Builder, xc: V) -> tuple[V, V, V]:
+def _gelu_tanh_u(b: ProgramBuilder, xc: V) -> tuple[V, V, V]:
     """u = xc (C1 + C2 xc^2) as a pair (uh, ul) with ~2^-40 relative error (sigmoid(u) for u
     near -100 needs u to an absolute 2^-24, i.e. about 31 bits); also returns fl(xc^2)."""
     x2h = b.mul(xc, xc)
@@ -422,7 +305,7 @@ def _gelu_tanh_u(b: _Builder, xc: V) -> tuple[V, V, V]:
     return uh, ul, x2h
 
 
-def _gelu_tanh_core(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V, V]:
+def _gelu_tanh_core(b: ProgramBuilder, x: V) -> tuple[V, V, V, V, V, V, V, V]:
     """xc = clamp(x), the pair u = uh + ul, and the sigmoid pieces (hi, lo, n, r, rho) of u."""
     xc = b.min(b.max(x, b.k(-GT_CLAMP)), b.k(GT_CLAMP))
     uh, ul, _ = _gelu_tanh_u(b, xc)
@@ -432,7 +315,7 @@ def _gelu_tanh_core(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V, V]:
     return xc, uh, ul, hi, lo, n, r, rho
 
 
-def _gelu_tanh(b: _Builder, x: V) -> V:
+def _gelu_tanh(b: ProgramBuilder, x: V) -> V:
     """x sigmoid(u) ((1 + tanh z)/2 = sigmoid(2z)); for x < 0 it is x E/(1 + E), E = exp(u),
     formed before the 2**n scaling, so the far negative tail keeps full relative accuracy."""
     xc, _, _, hi, lo, n, r, rho = _gelu_tanh_core(b, x)
@@ -444,7 +327,7 @@ def _gelu_tanh(b: _Builder, x: V) -> V:
     return _keep_zero(b, x, res)
 
 
-def _gelu_tanh_grad(b: _Builder, x: V, g: V) -> V:
+def _gelu_tanh_grad(b: ProgramBuilder, x: V, g: V) -> V:
     """g d/dx[x s(u)] = g (s + m s (1 - s)), m = x u' = 3u - 2 C1 x (from the pair u, itself kept
     as a pair), s (1 - s) = E/(1+E)^2. For u < 0 (where the terms cancel near the root) the
     products are carried as pairs; each branch ends as a pair (h, l), so the product with g is
@@ -477,7 +360,7 @@ def _gelu_tanh_grad(b: _Builder, x: V, g: V) -> V:
     return b.fma(g, dh, b.mul(g, dl))
 
 
-def _gelu_erf_phi(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V]:
+def _gelu_erf_phi(b: ProgramBuilder, x: V) -> tuple[V, V, V, V, V, V, V]:
     """Phi(-w) for w = min(|x|, 16), as (hi + lo) 2**n times a factor that depends on the piece:
     w < 4: Phi(-w) = exp(-w^2/2 + M(w)); w >= 4: w Phi(-w) = exp(-w^2/2 + L(1/w)).
     Returns (w, w^2 pair hi, lo, hi, lo, n, is_first_piece)."""
@@ -499,7 +382,7 @@ def _gelu_erf_phi(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V]:
     return w, w2h, w2l, hi, lo, n, first
 
 
-def _gelu_erf(b: _Builder, x: V) -> V:
+def _gelu_erf(b: ProgramBuilder, x: V) -> V:
     """|x| > 1/2: x Phi(x) = x - V(x) for x >= 0 and -V(|x|) for x < 0, with V(w) = w Phi(-w)
     computed to full relative accuracy (no 1 + erf cancellation in the negative tail)."""
     w, w2h, w2l, hi, lo, n, first = _gelu_erf_phi(b, x)
@@ -513,7 +396,7 @@ def _gelu_erf(b: _Builder, x: V) -> V:
     return _keep_zero(b, x, b.select(b.lt(w, b.k(GE_SMALL)), small, big))
 
 
-def _gelu_erf_grad(b: _Builder, x: V, g: V) -> V:
+def _gelu_erf_grad(b: ProgramBuilder, x: V, g: V) -> V:
     """g (Phi(x) + x phi(x)): |x| < 1/2: 1/2 + x J(x^2); else x < 0: Phi(-w) - w phi(w),
     x >= 0: 1 - Phi(-w) + w phi(w)."""
     w, w2h, w2l, hi, lo, n, first = _gelu_erf_phi(b, x)
@@ -539,23 +422,107 @@ def _gelu_erf_grad(b: _Builder, x: V, g: V) -> V:
     return b.fma(g, dh, b.mul(g, dl))  # one rounding for the product with the upstream grad
 
 
-def _rsqrt(b: _Builder, x: V) -> V:
+def _trig_parts(b: ProgramBuilder, x: V) -> tuple[V, V, V, V]:
+    """(s, c, q, x): sin and cos of the reduced argument r = x - k pi/2 and the quadrant
+    q = k mod 4 (0..3, an exact binary32 integer; NaN for x = +-inf or NaN)."""
+    k = b.unary(Op.RINT, b.mul(x, b.k(TWO_OVER_PI)))
+    nk = _neg(b, k)
+    r1 = b.fma(nk, b.k(PIO2_1), x)  # exact (see PIO2_1)
+    th = b.mul(k, b.k(PIO2_2))
+    tl = b.fma(k, b.k(PIO2_2), _neg(b, th))  # k PIO2_2 = th + tl exactly
+    rh, re = b.two_sum(r1, _neg(b, th))
+    rl = b.fma(nk, b.k(PIO2_3), b.sub(re, tl))
+    z = b.mul(rh, rh)
+    zl = b.fma(rh, rh, _neg(b, z))  # rh^2 = z + zl exactly
+    # sin(rh + rl) = rh + rh z S(z) + rl (1 - z/2)
+    small = b.fma(b.mul(rh, z), b.horner(z, SIN_POLY), rl)
+    s = b.add(rh, b.fma(b.mul(rl, z), b.k(-0.5), small))
+    # cos(rh + rl) = (1 - z/2) + (z^2 C(z) - zl/2 - rh rl), with 1 - z/2 = w + its exact error
+    hz = b.mul(z, b.k(0.5))
+    w = b.sub(b.k(1.0), hz)
+    err = b.sub(b.sub(b.k(1.0), w), hz)  # exact: w >= 0.69 (Sterbenz), and the rest cancels
+    tail = b.fma(b.mul(z, z), b.horner(z, COS_POLY), b.fma(_neg(b, rh), rl, b.mul(zl, b.k(-0.5))))
+    c = b.add(w, b.add(err, tail))
+    q = b.sub(k, b.mul(b.unary(Op.FLOOR, b.mul(k, b.k(0.25))), b.k(4.0)))
+    return s, c, q, x
+
+
+def _by_quadrant(b: ProgramBuilder, q: V, v0: V, v1: V, v2: V, v3: V) -> V:
+    eq = [b.emit(Op.EQ, q, b.k(float(i))) for i in range(3)]
+    return b.select(eq[0], v0, b.select(eq[1], v1, b.select(eq[2], v2, v3)))
+
+
+def _sin(b: ProgramBuilder, x: V) -> V:
+    """sin x by quadrant: s, c, -s, -c; sin(-0) = -0."""
+    s, c, q, _ = _trig_parts(b, x)
+    return _keep_zero(b, x, _by_quadrant(b, q, s, c, _neg(b, s), _neg(b, c)))
+
+
+def _cos(b: ProgramBuilder, x: V) -> V:
+    """cos x by quadrant: c, -s, -c, s."""
+    s, c, q, _ = _trig_parts(b, x)
+    return _by_quadrant(b, q, c, _neg(b, s), _neg(b, c), s)
+
+
+def _sin_grad(b: ProgramBuilder, x: V, g: V) -> V:
+    return b.mul(g, _cos(b, x))
+
+
+def _cos_grad(b: ProgramBuilder, x: V, g: V) -> V:
+    return _neg(b, b.mul(g, _sin(b, x)))
+
+
+def _pow(b: ProgramBuilder, x: V, y: V) -> V:
+    """x**y (C99 pow) = exp(y log|x|) with log|x| as a pair and y log|x| split exactly, then the
+    sign and the special cases: y = +-0 -> 1 (even for NaN x); x = 1 -> 1 (even for NaN y);
+    |x| = 1 and y = +-inf -> 1; finite x < 0 with non-integral y -> NaN; x < 0 (or -0, -inf) with an odd
+    integral y -> the magnitude negated. Everything else (zeros, infinities, overflow, gradual
+    underflow) falls out of exp and log (log|0| = -inf, exp(-inf) = 0, ...)."""
+    one = b.k(1.0)
+    zero = b.k(0.0)
+    inf = b.kbits(INF_BITS)
+    a = b.unary(Op.ABS, x)
+    h, t, s = _log_parts(b, a)
+    lo = b.add(t, s)
+    hi = b.add(h, lo)
+    lo = b.add(b.sub(h, hi), lo)  # Fast2Sum: log|x| = hi + lo
+    finite = b.lt(b.unary(Op.ABS, h), inf)
+    hi = b.select(finite, hi, h)  # |x| = 0 or inf: log is -+inf exactly, no low part
+    lo = b.select(finite, lo, zero)
+    ph = b.mul(y, hi)
+    pl = b.fma(y, lo, b.fma(y, hi, _neg(b, ph)))  # y log|x| = ph + pl
+    pl = b.select(b.lt(b.unary(Op.ABS, ph), inf), pl, zero)
+    mag = _exp(b, ph, pl)
+    unit_inf = b.min(b.emit(Op.EQ, a, one), b.emit(Op.EQ, b.unary(Op.ABS, y), inf))
+    mag = b.select(unit_inf, one, mag)
+    y_int = b.emit(Op.EQ, b.unary(Op.FLOOR, y), y)
+    half = b.mul(y, b.k(0.5))
+    y_odd = b.min(y_int, b.sub(one, b.emit(Op.EQ, b.unary(Op.FLOOR, half), half)))
+    negative = b.max(b.lt(x, zero), b.lt(b.div(one, x), zero))  # x < 0, -0 or -inf
+    res = b.select(b.min(negative, y_odd), _neg(b, mag), mag)
+    finite_neg = b.min(b.lt(x, zero), b.lt(b.kbits(INF_BITS | 0x80000000), x))  # -inf < x < 0
+    res = b.select(b.min(finite_neg, b.sub(one, y_int)), b.kbits(NAN_BITS), res)
+    res = b.select(b.emit(Op.EQ, x, one), one, res)
+    return b.select(b.emit(Op.EQ, y, zero), one, res)
+
+
+def _rsqrt(b: ProgramBuilder, x: V) -> V:
     """1/sqrt(x) = 1 / fl(sqrt(x)): two correct roundings (< 1.5 ulp); rsqrt(+-0) = +inf (IEEE
     rSqrt; the ABS turns sqrt(-0) = -0 into +0), rsqrt(x<0) = NaN, rsqrt(inf) = 0."""
     return b.div(b.k(1.0), b.unary(Op.ABS, b.unary(Op.SQRT, x)))
 
 
-def _one(fn: Callable[[_Builder, V], V]) -> Callable[[], list[Instr]]:
+def _one(fn: Callable[[ProgramBuilder, V], V]) -> Callable[[], list[Instr]]:
     def build() -> list[Instr]:
-        b = _Builder(1)
+        b = ProgramBuilder(1)
         return b.finish(fn(b, b.inputs[0]))
 
     return build
 
 
-def _two(fn: Callable[[_Builder, V, V], V]) -> Callable[[], list[Instr]]:
+def _two(fn: Callable[[ProgramBuilder, V, V], V]) -> Callable[[], list[Instr]]:
     def build() -> list[Instr]:
-        b = _Builder(2)
+        b = ProgramBuilder(2)
         return b.finish(fn(b, b.inputs[0], b.inputs[1]))
 
     return build
@@ -574,10 +541,16 @@ PROGRAM_BUILDERS: dict[str, Callable[[], list[Instr]]] = {
     "gelu_erf_grad": _two(_gelu_erf_grad),
     "gelu_tanh_grad": _two(_gelu_tanh_grad),
     "rsqrt": _one(_rsqrt),
+    "sin": _one(_sin),
+    "cos": _one(_cos),
+    "sin_grad": _two(_sin_grad),
+    "cos_grad": _two(_cos_grad),
+    "pow": _two(_pow),
 }
 
 PROGRAMS: dict[str, list[Instr]] = {name: build() for name, build in PROGRAM_BUILDERS.items()}
-N_INPUTS = {name: (2 if name.endswith("_grad") else 1) for name in PROGRAMS}
+BINARY_PROGRAMS = ("pow",)  # two operands (x in r0, y in r1) that are not a gradient
+N_INPUTS = {name: (2 if name.endswith("_grad") or name in BINARY_PROGRAMS else 1) for name in PROGRAMS}
 
 
 def run_program(program: list[Instr], *inputs: npt.ArrayLike) -> U32:

@@ -9,15 +9,15 @@ CPU and CUDA backends plan with this one module, each taking the kinds it has ke
                                                                     epilogue (mean's /K)
     binary LOAD r0<-A; LOAD r1<-B; ADD|SUB|MUL|DIV|MAX|MIN       -> a vector binary kernel
            (K = 1, both inputs laid out exactly like the output)
-    scatter exactly spec.scatter_add's program and maps           -> bucketed scatter-add, O(P*R +
+    scatter exactly library.scatter_add's program and maps        -> bucketed scatter-add, O(P*R +
            (embedding backward; at most 2^24 rows)                  V*R) instead of O(P*V*R)
     program anything else                                        -> the interpreter (the CPU
                                                                     backend compiles long maps,
                                                                     backends/cpu/jit.py)
 
 Why match the program rather than the label or the shapes: the label is not part of the hash,
-so a node could carry any label; and regenerating ``spec.matmul``/``spec.gemm`` descs for guessed
-shapes would miss squeezed vectors, broadcast batches and gemm epilogues. The program plus the
+so a node could carry any label; and regenerating ``library.matmul``/``library.gemm`` descs for
+guessed shapes would miss squeezed vectors, broadcast batches and gemm epilogues. The program plus the
 input maps ARE the semantics: a dot program with affine maps computes
 ``out[c] = chain_k A[offA + c.sA + k*kA] * B[offB + c.sB + k*kB]`` whatever produced it, and
 the strided views below are built from those very maps, so the fast kernel reads exactly the
@@ -117,13 +117,14 @@ def _dot_plan(desc: KernelDesc, sa: int, sb: int) -> Plan | None:
 
 
 def _is_scatter_add(desc: KernelDesc) -> bool:
-    """The node is ``spec.scatter_add`` (embedding backward) exactly: the program and maps the
-    spec builds for its shape, so the scatter kernel computes the very same chain."""
+    """The node is ``library.scatter_add`` with no leading block (embedding backward) exactly:
+    the program and maps the library builds for its shape, so the scatter kernel computes the
+    very same chain (a leading block, Gather's backward on a later axis, runs as a program)."""
     if len(desc.out_shape) < 1 or len(desc.inputs) != 2 or not 1 <= desc.out_shape[0] <= MAX_SCATTER_ROWS:
         return False
-    from verde_chain.repops import spec
+    from verde_chain.repops import library
 
-    ref = spec.scatter_add(desc.K, desc.out_shape[1:], desc.out_shape[0])
+    ref = library.scatter_add(desc.K, desc.out_shape[1:], desc.out_shape[0])
     return (ref.out_shape, ref.K, ref.inputs, ref.prologue, ref.body, ref.epilogue) == (
         desc.out_shape, desc.K, desc.inputs, desc.prologue, desc.body, desc.epilogue
     )

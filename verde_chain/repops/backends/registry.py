@@ -25,10 +25,9 @@ import numpy as np
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import reference
-from verde_chain.repops.program import KernelDesc
+from verde_chain.repops.program import KernelDesc, Runner
 
 Backend = Callable[[KernelDesc, list[np.ndarray]], "np.ndarray | None"]
-Runner = Callable[[KernelDesc, list[np.ndarray]], np.ndarray]
 
 DEFAULT_BACKEND = "cpu"
 # Former names of a backend: refused with a one-line error naming the current one.

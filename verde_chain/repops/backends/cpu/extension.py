@@ -12,7 +12,7 @@ every source and header)::
 
 plus ``-Werror=switch`` (an opcode without a case in the interpreter fails the build) and hidden
 visibility (the three extensions live in one process). All three give the same bits as the spec
-(``verde_chain/repops/spec.py``):
+(the operator library, ``verde_chain/repops/library/``):
 
 * matmul: ``acc = a[0]*b[0]`` then ``acc = fma(a[k], b[k], acc)`` for k ascending;
 * reduce_sum / reduce_mean / reduce_max / reduce_min: ``acc = x[0]`` then one op per k,

@@ -1,0 +1,755 @@
+"""JobMarket: lifecycle, disputes, pairwise rival disputes, deadlines and solvency, in ETH and ERC-20.
+
+Every scenario ends with the solvency check: the market's ETH and token balances equal what it
+owes, computed two ways (its own ``totalOwed`` and the sum of rewards + stakes + active bonds +
+withdrawable balances read back from the views).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from eth_utils import keccak
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from web3 import Web3
+
+from tests.support.toy import Fault, ToyJob, ToyWorld, default_graph
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
+from verde_chain.chain.tx import transact
+from verde_chain.dispute import players as pl
+from verde_chain.dispute import runner
+from verde_chain.dispute.types import Resolution
+from verde_chain.errors import ContractRevert, CustomError
+from verde_chain.market.types import ETH, MAX_SLOTS, ZERO32, JobStatus, JobTerms, SlotStatus, reward_share, validate
+
+pytestmark = pytest.mark.chain
+
+REWARD = 1_000_003  # not divisible by 2 or 3: the remainder must go somewhere, not stay as dust
+STAKE = 50_000
+BOND = 20_000
+SUBMIT_WINDOW = 3_600
+CHALLENGE_WINDOW = 7_200
+C_0 = keccak(b"C_0")
+TRUE_RESULT = keccak(b"honest C_T")
+
+
+def wrong_result(tag: str = "") -> bytes:
+    return keccak(b"wrong C_T " + tag.encode())
+
+
+@dataclass
+class Env:
+    w3: Web3
+    artifacts: Any
+    chain: Any
+    market: Market
+    game: Any
+    token: str  # ETH or the TestToken address
+    token_contract: Any
+    client: str
+    trainers: list[str]
+    challenger: str
+    outsider: str
+    mock: bool = False  # GameMock (test decides winners) instead of DisputeGame + ToyStepper
+    game_ids: list[int] = field(default_factory=list)
+
+    @property
+    def accounts(self) -> list[str]:
+        """Every account that may be owed something: the node's accounts plus a contract client."""
+        return list(dict.fromkeys([*self.w3.eth.accounts, self.client]))
+
+    def terms(self, **over: Any) -> JobTerms:
+        now = self.chain.timestamp()
+        fields: dict[str, Any] = {
+            "token": self.token,
+            "spec_hash": keccak(b"job spec"),
+            "graph_root": keccak(b"graph"),
+            "initial_commitment": C_0,
+            "batch_root": keccak(b"batches"),
+            "num_steps": 1000,
+            "checkpoint_interval": 100,
+            "reward": REWARD,
+            "trainer_stake": STAKE,
+            "min_challenge_bond": BOND,
+            "slots": 3,
+            "submission_deadline": now + SUBMIT_WINDOW,
+            "challenge_window": CHALLENGE_WINDOW,
+            "arity": 8,
+            "clock_seconds": 600,
+            "num_nodes": 4,
+        }
+        fields.update(over)
+        return JobTerms(**fields)
+
+    def post(self, **over: Any) -> int:
+        job_id, _ = self.market.post_job(self.terms(**over), sender=self.client)
+        return job_id
+
+    def game_state(self, game_id: int) -> dict[str, Any]:
+        """The real DisputeGame's Game struct as a dict keyed by field name."""
+        fn = self.game.functions.getGame(game_id)
+        names = [c["name"] for c in fn.abi["outputs"][0]["components"]]
+        return dict(zip(names, fn.call()))
+
+    def _answer(self, game_id: int, job_id: int, defender_slot: int) -> None:
+        """An honest defender (result == TRUE_RESULT) answers at once with its first L1 claims;
+        a cheater never answers. Either way the other side then runs out of clock."""
+        if self.mock or self.market.slot(job_id, defender_slot).result != TRUE_RESULT:
+            return
+        g = self.game_state(game_id)
+        n = min(g["arity"], g["hi"] - g["lo"])
+        claims = [keccak(b"step claim %d" % i) for i in range(1, n)]
+        transact(self.w3, self.game.functions.postClaims(game_id, claims), self.artifacts, sender=g["defender"])
+
+    def resolve(self, game_id: int, defender_wins: bool) -> None:
+        """End a game with the given winner: the mock is told; the real game is timed out on the
+        party to move (the defender if it never answered, else the challenger)."""
+        if self.mock:
+            transact(self.w3, self.game.functions.resolve(game_id, defender_wins), self.artifacts)
+            return
+        g = self.game_state(game_id)
+        assert (self.game.functions.turn(game_id).call() == g["challenger"]) == defender_wins
+        try:
+            transact(self.w3, self.game.functions.claimTimeout(game_id), self.artifacts, sender=self.outsider)
+        except ContractRevert as exc:
+            assert exc.name == "ClockNotExpired", exc
+            self.chain.increase_time(self.market.job(self.market.dispute(game_id).job_id).terms.clock_seconds + 1)
+            transact(self.w3, self.game.functions.claimTimeout(game_id), self.artifacts, sender=self.outsider)
+        g = self.game_state(game_id)
+        assert g["winner"] == (g["defender"] if defender_wins else g["challenger"])
+
+    def dispute(self, job_id: int, slot: int, sender: str | None = None, bond: int = BOND) -> int:
+        gid, _ = self.market.open_dispute(job_id, slot, bond, sender=sender or self.challenger)
+        self.game_ids.append(gid)
+        self._answer(gid, job_id, slot)
+        return gid
+
+    def rival(self, job_id: int, defender_slot: int, own_slot: int) -> int:
+        sender = self.market.slot(job_id, own_slot).trainer
+        gid, _ = self.market.dispute_rival(job_id, defender_slot, own_slot, sender=sender)
+        self.game_ids.append(gid)
+        self._answer(gid, job_id, defender_slot)
+        return gid
+
+    def past_submission(self, job_id: int) -> None:
+        self.chain.increase_time(self.market.job(job_id).terms.submission_deadline - self.chain.timestamp() + 1)
+
+    def past_challenge(self, job_id: int) -> None:
+        self.chain.increase_time(self.market.challenge_deadline(job_id) - self.chain.timestamp() + 1)
+
+    def assert_solvent(self) -> None:
+        for tok in {ETH, self.token}:
+            held = self.market.held(tok, self.accounts, self.game_ids)
+            assert self.market.token_balance(tok) == self.market.total_owed(tok) == held, tok
+
+    def withdraw_all(self) -> dict[str, int]:
+        """Every account withdraws everything it is owed; returns the amounts."""
+        out = {}
+        for a in self.accounts:
+            if self.market.balance_of(a, self.token):
+                out[a] = self.market.withdraw(self.token, sender=a)
+        return out
+
+
+def make_env(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any, token_kind: str, mock: bool) -> Env:
+    if mock:
+        game = deploy("GameMock")
+    else:
+        game = deploy("DisputeGame", deploy("ToyStepper").address)
+    market = Market.deploy(w3, artifacts, game.address)
+    acc = w3.eth.accounts
+    token_contract = None
+    token = ETH
+    if token_kind == "token":
+        token_contract = deploy("TestToken")
+        token = token_contract.address
+        for a in acc:
+            transact(w3, token_contract.functions.mint(a, 10**12), artifacts)
+    return Env(w3, artifacts, chain, market, game, token, token_contract, acc[1], [acc[2], acc[3], acc[4]], acc[5],
+               acc[6], mock)
+
+
+@pytest.fixture(params=["eth", "token"])
+def env(request: pytest.FixtureRequest, w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> Env:
+    """Market wired to the real DisputeGame (toy stepper), paying in ETH or in the TestToken."""
+    return make_env(w3, artifacts, deploy, chain, request.param, mock=False)
+
+
+@pytest.fixture
+def mock_env(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> Env:
+    """Market wired to GameMock, which can report outcomes the real game never would."""
+    return make_env(w3, artifacts, deploy, chain, "eth", mock=True)
+
+
+def join_and_submit(env: Env, job_id: int, results: list[bytes]) -> list[int]:
+    slots = []
+    for trainer, result in zip(env.trainers, results):
+        slot, _ = env.market.join(job_id, sender=trainer)
+        env.market.submit(job_id, result, keccak(b"ckpt" + result), sender=trainer)
+        slots.append(slot)
+    return slots
+
+
+def expect(error: str, fn: Callable[[], Any], **fields: Any) -> ContractRevert:
+    with pytest.raises(ContractRevert) as ei:
+        fn()
+    assert ei.value.name == error, ei.value
+    for k, v in fields.items():
+        assert ei.value.fields[k] == v, (k, ei.value.fields)
+    return ei.value
+
+
+# -- pure rules ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 10**30), st.integers(1, MAX_SLOTS))
+def test_reward_shares_sum_to_reward(reward: int, n: int) -> None:
+    shares = [reward_share(reward, n, r) for r in range(n)]
+    assert sum(shares) == reward and max(shares) - min(shares) < n
+
+
+# -- lifecycle ----------------------------------------------------------------------------------
+
+
+def test_honest_lifecycle(env: Env) -> None:
+    assert env.market.game_address() == env.game.address and env.market.max_slots() == 32
+    job_id = env.post()
+    assert env.market.job(job_id).status is JobStatus.OPEN
+    env.assert_solvent()
+    join_and_submit(env, job_id, [TRUE_RESULT] * 3)
+    env.assert_solvent()
+    env.past_challenge(job_id)
+    receipt = env.market.finalize(job_id)
+    (fin,) = env.market.events(receipt, "JobFinalized")
+    assert fin.args["acceptedResult"] == TRUE_RESULT and fin.args["accepted"] == 3
+    job = env.market.job(job_id)
+    assert job.status is JobStatus.FINALIZED and job.accepted_result == TRUE_RESULT and job.reward_held == 0
+    expected = [STAKE + reward_share(REWARD, 3, r) for r in range(3)]
+    assert expected[0] == STAKE + REWARD // 3 + 1 and sum(expected) == 3 * STAKE + REWARD  # no dust
+    assert [env.market.balance_of(t, env.token) for t in env.trainers] == expected
+    assert all(s.status is SlotStatus.SETTLED and s.stake_held == 0 for s in env.market.slots(job_id))
+    env.assert_solvent()
+    # a bot following the chain sees every submission in the logs
+    subs = env.market.logs("ResultSubmitted", from_block=0)
+    assert [(e.args["slot"], e.args["result"]) for e in subs] == [(i, TRUE_RESULT) for i in range(3)]
+    paid = env.withdraw_all()
+    assert paid == dict(zip(env.trainers, expected))
+    assert env.market.token_balance(env.token) == 0 == env.market.total_owed(env.token)
+    env.assert_solvent()
+
+
+def test_erc20_balances_move_on_withdraw(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> None:
+    env = make_env(w3, artifacts, deploy, chain, "token", mock=False)
+    tok = env.token_contract
+    before = {a: tok.functions.balanceOf(a).call() for a in env.accounts}
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [TRUE_RESULT])
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    env.withdraw_all()
+    after = {a: tok.functions.balanceOf(a).call() for a in env.accounts}
+    assert after[env.client] == before[env.client] - REWARD
+    assert after[env.trainers[0]] == before[env.trainers[0]] + REWARD
+
+
+def test_eth_withdraw_pays_out(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> None:
+    env = make_env(w3, artifacts, deploy, chain, "eth", mock=False)
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [TRUE_RESULT])
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    t = env.trainers[0]
+    before = env.w3.eth.get_balance(t)
+    receipt = env.market.contract.functions.withdraw(ETH).transact({"from": t})
+    r = env.w3.eth.wait_for_transaction_receipt(receipt)
+    gas_cost = r["gasUsed"] * r["effectiveGasPrice"]
+    assert env.w3.eth.get_balance(t) == before + STAKE + REWARD - gas_cost
+    assert env.w3.eth.get_balance(env.market.address) == 0
+
+
+# -- disputes -----------------------------------------------------------------------------------
+
+
+def test_cheating_trainer_loses_stake_to_challenger(env: Env) -> None:
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [wrong_result()])
+    gid = env.dispute(job_id, 0)
+    g = env.game_state(gid)
+    # the game is bound to the job: C_0, the defender's C_T, T, graph, batches, arity, nodes;
+    # the market is its resolver
+    assert (g["defender"], g["challenger"], g["resolver"]) == (env.trainers[0], env.challenger, env.market.address)
+    assert (g["initialCommitment"], g["finalCommitment"], g["graphRoot"], g["batchRoot"]) == (
+        C_0, wrong_result(), keccak(b"graph"), keccak(b"batches"))
+    assert (g["numSteps"], g["arity"], g["numNodes"]) == (1000, 8, 4)
+    assert env.game.functions.turn(gid).call() == env.trainers[0]
+    assert env.market.job(job_id).active_disputes == 1
+    env.assert_solvent()
+    env.resolve(gid, defender_wins=False)
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE
+    assert env.market.slot(job_id, 0).status is SlotStatus.REJECTED
+    env.assert_solvent()
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    # nobody survived: the reward goes back to the client, the cheater gets nothing
+    assert env.market.balance_of(env.client, env.token) == REWARD
+    assert env.market.balance_of(env.trainers[0], env.token) == 0
+    assert env.market.job(job_id).accepted_result == ZERO32
+    env.assert_solvent()
+    env.withdraw_all()
+    env.assert_solvent()
+
+
+def test_lying_challenger_loses_bond(env: Env) -> None:
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [TRUE_RESULT])
+    gid = env.dispute(job_id, 0, bond=BOND + 7)  # bonds above the minimum are allowed and at risk
+    env.resolve(gid, defender_wins=True)
+    assert env.market.balance_of(env.trainers[0], env.token) == BOND + 7
+    assert env.market.balance_of(env.challenger, env.token) == 0
+    assert env.market.slot(job_id, 0).status is SlotStatus.SUBMITTED
+    env.assert_solvent()
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.trainers[0], env.token) == BOND + 7 + STAKE + REWARD
+    env.assert_solvent()
+
+
+def test_concurrent_challengers_against_a_cheater(env: Env) -> None:
+    """Two honest challengers: the first to win takes the stake, the second gets its bond back;
+    neither loses money, and a lying challenger cannot block them."""
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [wrong_result()])
+    g1 = env.dispute(job_id, 0, sender=env.challenger)
+    g2 = env.dispute(job_id, 0, sender=env.outsider)
+    env.resolve(g2, defender_wins=False)
+    # the result is now rejected: a third dispute would be pointless and is refused
+    expect("NotDisputable", lambda: env.dispute(job_id, 0, sender=env.client), slot=0,
+           status=int(SlotStatus.REJECTED))
+    env.resolve(g1, defender_wins=False)
+    assert env.market.balance_of(env.outsider, env.token) == BOND + STAKE
+    assert env.market.balance_of(env.challenger, env.token) == BOND
+    env.assert_solvent()
+
+
+def test_pairwise_rivals_k3(env: Env) -> None:
+    """Trainers 0 and 1 are honest, 2 cheats. 2 disputes 0 and loses; 1 and 0 agree; the cheater's
+    stake pays the honest defender and the honest pair shares the reward."""
+    job_id = env.post()
+    join_and_submit(env, job_id, [TRUE_RESULT, TRUE_RESULT, wrong_result()])
+    assert env.market.rivals(job_id, 0) == [2] and env.market.rivals(job_id, 2) == [0, 1]
+    expect("SameResult", lambda: env.rival(job_id, 0, 1), result=TRUE_RESULT)
+    g = env.rival(job_id, 0, 2)  # the cheater attacks an honest result
+    assert env.market.dispute(g).challenger == env.trainers[2]
+    env.resolve(g, defender_wins=True)
+    assert env.market.slot(job_id, 2).status is SlotStatus.REJECTED
+    assert env.market.balance_of(env.trainers[0], env.token) == STAKE
+    # the rejected result can no longer be disputed nor used to dispute
+    expect("NotDisputable", lambda: env.rival(job_id, 2, 1), slot=2)
+    expect("NotDisputable", lambda: env.rival(job_id, 1, 2), slot=2)
+    env.assert_solvent()
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.trainers[0], env.token) == STAKE + STAKE + reward_share(REWARD, 2, 0)
+    assert env.market.balance_of(env.trainers[1], env.token) == STAKE + reward_share(REWARD, 2, 1)
+    assert env.market.balance_of(env.trainers[2], env.token) == 0
+    assert env.market.job(job_id).accepted_result == TRUE_RESULT
+    env.assert_solvent()
+
+
+def test_pairwise_honest_attacks_cheater(env: Env) -> None:
+    job_id = env.post()
+    join_and_submit(env, job_id, [wrong_result("a"), TRUE_RESULT, wrong_result("b")])
+    g0 = env.rival(job_id, 0, 1)  # honest trainer 1 attacks cheater 0
+    g2 = env.rival(job_id, 2, 1)  # ... and cheater 2, concurrently
+    env.past_challenge(job_id)
+    expect("DisputesPending", lambda: env.market.finalize(job_id), active=2)
+    env.resolve(g0, defender_wins=False)
+    env.resolve(g2, defender_wins=False)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.trainers[1], env.token) == 3 * STAKE + REWARD
+    assert [s.status for s in env.market.slots(job_id)] == [SlotStatus.REJECTED, SlotStatus.SETTLED,
+                                                            SlotStatus.REJECTED]
+    env.assert_solvent()
+
+
+def test_disagreeing_survivors_refund_client(env: Env) -> None:
+    """Nobody disputed two different results: no result is accepted, the client gets the reward
+    back and both trainers their stakes (an honest trainer avoids this by disputing its rival)."""
+    job_id = env.post(slots=2)
+    join_and_submit(env, job_id, [TRUE_RESULT, wrong_result()])
+    env.past_challenge(job_id)
+    (fin,) = env.market.events(env.market.finalize(job_id), "JobFinalized")
+    assert fin.args["acceptedResult"] == ZERO32 and fin.args["accepted"] == 0
+    assert env.market.balance_of(env.client, env.token) == REWARD
+    assert [env.market.balance_of(t, env.token) for t in env.trainers[:2]] == [STAKE, STAKE]
+    env.assert_solvent()
+
+
+def test_no_show_trainer_stake_goes_to_client(env: Env) -> None:
+    job_id = env.post(slots=2)
+    env.market.join(job_id, sender=env.trainers[0])
+    env.market.join(job_id, sender=env.trainers[1])
+    env.market.submit(job_id, TRUE_RESULT, sender=env.trainers[0])
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.client, env.token) == STAKE
+    assert env.market.balance_of(env.trainers[0], env.token) == STAKE + REWARD
+    env.assert_solvent()
+
+
+def test_no_trainers_refunds_client(env: Env) -> None:
+    job_id = env.post()
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.client, env.token) == REWARD
+    env.assert_solvent()
+
+
+# -- named reverts --------------------------------------------------------------------------------
+
+
+def test_posting_rejects_bad_specs(env: Env) -> None:
+    now = env.chain.timestamp()
+    for over, fld in [
+        ({"num_steps": 0}, "numSteps"),
+        ({"checkpoint_interval": 0}, "checkpointInterval"),
+        ({"checkpoint_interval": 1001}, "checkpointInterval"),
+        ({"slots": 0}, "slots"),
+        ({"slots": 33}, "slots"),
+        ({"trainer_stake": 0}, "trainerStake"),
+        ({"min_challenge_bond": 0}, "minChallengeBond"),
+        ({"submission_deadline": now - 1}, "submissionDeadline"),
+        ({"challenge_window": 0}, "challengeWindow"),
+        ({"arity": 1}, "arity"),
+        ({"arity": 12}, "arity"),
+        ({"arity": 512}, "arity"),
+        ({"num_nodes": 0}, "numNodes"),
+        ({"clock_seconds": 0}, "clockSeconds"),
+        ({"initial_commitment": ZERO32}, "initialCommitment"),
+        ({"graph_root": ZERO32}, "graphRoot"),
+        ({"reward": 0}, "reward"),
+    ]:
+        with pytest.raises(CustomError) as twin:  # the Python twin raises what the market reverts with
+            validate(env.terms(**over), env.chain.timestamp() + 1)
+        sol = expect("InvalidJobTerms", lambda over=over: env.post(**over), field=fld)
+        assert twin.value.decoded == sol.decoded
+    validate(env.terms(), env.chain.timestamp() + 1)
+    env.assert_solvent()
+
+
+def test_payment_must_match(env: Env) -> None:
+    terms = env.terms()
+    m = env.market
+    if env.token == ETH:
+        fn = m.contract.functions.postJob(terms.as_tuple())
+        expect("WrongPayment", lambda: m._tx(fn, env.client, REWARD - 1), sent=REWARD - 1, expected=REWARD)
+        job_id = env.post()
+        expect("WrongPayment", lambda: m._tx(m.contract.functions.join(job_id), env.trainers[0], STAKE + 1))
+        m.join(job_id, sender=env.trainers[0])
+        m.submit(job_id, TRUE_RESULT, sender=env.trainers[0])
+        fn2 = m.contract.functions.openDispute(job_id, 0, BOND)
+        expect("WrongPayment", lambda: m._tx(fn2, env.challenger, 0), sent=0, expected=BOND)
+    else:
+        # ETH sent along with a token payment would be stranded: refused
+        m._pay(env.token, REWARD, env.client)
+        fn = m.contract.functions.postJob(terms.as_tuple())
+        expect("WrongPayment", lambda: m._tx(fn, env.client, 1), sent=1, expected=0)
+        # without an allowance the token itself refuses (OpenZeppelin's named error)
+        spender = env.outsider
+        with pytest.raises(ContractRevert) as ei:
+            m._tx(m.contract.functions.postJob(terms.as_tuple()), spender)
+        assert ei.value.name == "ERC20InsufficientAllowance"
+    env.assert_solvent()
+
+
+def test_trainer_rules(env: Env) -> None:
+    m = env.market
+    expect("UnknownJob", lambda: m.join(99, sender=env.trainers[0]), jobId=99)
+    job_id = env.post(slots=2)
+    t0, t1, t2 = env.trainers
+    m.join(job_id, sender=t0)
+    expect("AlreadyJoined", lambda: m.join(job_id, sender=t0), trainer=t0, slot=0)
+    m.join(job_id, sender=t1)
+    expect("JobFull", lambda: m.join(job_id, sender=t2), slots=2)
+    expect("NotATrainer", lambda: m.submit(job_id, TRUE_RESULT, sender=t2), caller=t2)
+    expect("EmptyResult", lambda: m.submit(job_id, ZERO32, sender=t0))
+    m.submit(job_id, TRUE_RESULT, sender=t0)
+    expect("AlreadySubmitted", lambda: m.submit(job_id, wrong_result(), sender=t0), slot=0)
+    env.past_submission(job_id)
+    expect("SubmissionClosed", lambda: m.submit(job_id, TRUE_RESULT, sender=t1))
+    env.assert_solvent()
+
+
+def test_late_join_refused(env: Env) -> None:
+    job_id = env.post()
+    deadline = env.market.job(job_id).terms.submission_deadline
+    env.past_submission(job_id)
+    err = expect("SubmissionClosed", lambda: env.market.join(job_id, sender=env.trainers[0]), deadline=deadline)
+    assert err.fields["nowTs"] > deadline
+
+
+def test_dispute_rules(env: Env) -> None:
+    m = env.market
+    job_id = env.post()
+    t0, t1, t2 = env.trainers
+    m.join(job_id, sender=t0)
+    m.join(job_id, sender=t1)
+    m.submit(job_id, TRUE_RESULT, sender=t0)
+    expect("UnknownSlot", lambda: env.dispute(job_id, 2), slot=2, slotsTaken=2)
+    expect("NotDisputable", lambda: env.dispute(job_id, 1), slot=1, status=int(SlotStatus.JOINED))
+    expect("SelfDispute", lambda: env.dispute(job_id, 0, sender=t0), slot=0)
+    expect("BondTooSmall", lambda: env.dispute(job_id, 0, bond=BOND - 1), bond=BOND - 1, minimum=BOND)
+    # rival disputes: caller must own the slot it names, and that slot must have submitted
+    expect("NotATrainer", lambda: m.dispute_rival(job_id, 0, 1, sender=t2), caller=t2)
+    expect("NotATrainer", lambda: m.dispute_rival(job_id, 0, 0, sender=t1))
+    expect("NotDisputable", lambda: m.dispute_rival(job_id, 0, 1, sender=t1), slot=1)
+    m.submit(job_id, wrong_result(), sender=t1)
+    expect("SelfDispute", lambda: m.dispute_rival(job_id, 1, 1, sender=t1))
+    env.past_challenge(job_id)
+    expect("ChallengeClosed", lambda: env.dispute(job_id, 0))
+    expect("ChallengeClosed", lambda: env.rival(job_id, 0, 1))
+    env.assert_solvent()
+
+
+def test_resolution_rules(mock_env: Env) -> None:
+    env = mock_env
+    m = env.market
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [TRUE_RESULT])
+    gid = env.dispute(job_id, 0)
+    # only the game may report outcomes
+    fn = m.contract.functions.onDisputeResolved(gid, env.challenger, env.trainers[0])
+    expect("NotDisputeGame", lambda: m._tx(fn, env.challenger), caller=env.challenger, game=env.game.address)
+    # the game must name the dispute's two parties
+    with pytest.raises(ContractRevert) as ei:
+        transact(env.w3, env.game.functions.resolveRaw(m.address, gid, env.outsider, env.trainers[0]), env.artifacts)
+    assert ei.value.name == "WrongParties" and str(ei.value.fields["winner"]).lower() == env.outsider.lower()
+    with pytest.raises(ContractRevert) as ei:
+        transact(env.w3, env.game.functions.resolveRaw(m.address, 99, env.challenger, env.trainers[0]), env.artifacts)
+    assert ei.value.name == "UnknownDispute"
+    # a game handing out an id twice cannot overwrite the live dispute's escrow
+    transact(env.w3, env.game.functions.rewind(gid), env.artifacts)
+    expect("GameIdReused", lambda: env.dispute(job_id, 0, sender=env.outsider), gameId=gid)
+    env.resolve(gid, defender_wins=True)
+    # replayed resolution
+    with pytest.raises(ContractRevert) as ei:
+        env.resolve(gid, defender_wins=False)
+    assert ei.value.name == "UnknownDispute" and ei.value.fields["gameId"] == gid
+    assert m.balance_of(env.trainers[0], env.token) == BOND
+    env.assert_solvent()
+
+
+def test_game_resolves_once_and_pays_once(env: Env) -> None:
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [wrong_result()])
+    gid = env.dispute(job_id, 0)
+    env.resolve(gid, defender_wins=False)
+    with pytest.raises(ContractRevert) as ei:
+        transact(env.w3, env.game.functions.claimTimeout(gid), env.artifacts, sender=env.outsider)
+    assert ei.value.name == "GameAlreadyResolved"
+    # a move after resolution is refused too, and the market paid exactly once
+    with pytest.raises(ContractRevert) as ei:
+        transact(env.w3, env.game.functions.postClaims(gid, [keccak(b"x")] * 7), env.artifacts,
+                 sender=env.trainers[0])
+    assert ei.value.name == "GameAlreadyResolved"
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE
+    assert not env.market.dispute(gid).active
+    env.assert_solvent()
+
+
+def test_finalize_rules(env: Env) -> None:
+    m = env.market
+    expect("UnknownJob", lambda: m.finalize(42), jobId=42)
+    job_id = env.post(slots=1)
+    join_and_submit(env, job_id, [TRUE_RESULT])
+    deadline = m.challenge_deadline(job_id)
+    expect("ChallengeWindowOpen", lambda: m.finalize(job_id), deadline=deadline)
+    env.past_challenge(job_id)
+    m.finalize(job_id)
+    expect("JobAlreadyFinalized", lambda: m.finalize(job_id), jobId=job_id)
+    expect("JobAlreadyFinalized", lambda: m.join(job_id, sender=env.trainers[1]))
+    env.withdraw_all()
+    expect("NothingToWithdraw", lambda: m.withdraw(env.token, sender=env.trainers[0]), account=env.trainers[0])
+    env.assert_solvent()
+
+
+# -- randomised scenarios -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_scenarios_honest_never_lose(env: Env, seed: int) -> None:
+    """Random mixes of honest and cheating trainers, outside challengers (honest or lying) and rival
+    disputes; games are decided as the protocol guarantees (the correct side wins). Afterwards the
+    honest parties end with at least what they put in, and the books balance after every step."""
+    rng = random.Random(seed * 7919 + (0 if env.token == ETH else 1))
+    n = rng.randint(1, 3)
+    job_id = env.post(slots=n)
+    honest = [rng.random() < 0.6 for _ in range(n)]
+    results = [TRUE_RESULT if h else wrong_result(str(i)) for i, h in enumerate(honest)]
+    join_and_submit(env, job_id, results)
+    env.assert_solvent()
+    games: list[tuple[int, bool]] = []  # (gameId, defender is right)
+    for _ in range(rng.randint(0, 4)):
+        slot = rng.randrange(n)
+        s = env.market.slot(job_id, slot)
+        if s.status is not SlotStatus.SUBMITTED:
+            continue
+        if rng.random() < 0.5 and n > 1:
+            own = rng.choice([i for i in range(n) if i != slot])
+            o = env.market.slot(job_id, own)
+            if o.status is not SlotStatus.SUBMITTED or o.result == s.result:
+                continue
+            games.append((env.rival(job_id, slot, own), honest[slot]))
+        else:
+            sender = rng.choice([env.challenger, env.outsider])
+            games.append((env.dispute(job_id, slot, sender=sender), honest[slot]))
+        env.assert_solvent()
+        if rng.random() < 0.5:  # resolve some games while others are still being opened
+            gid, right = games.pop(0)
+            env.resolve(gid, defender_wins=right)
+            env.assert_solvent()
+    for gid, right in games:
+        env.resolve(gid, defender_wins=right)
+        env.assert_solvent()
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    env.assert_solvent()
+    # honest trainers never lose: stake back (plus reward share when the result is accepted)
+    accepted = env.market.job(job_id).accepted_result
+    for i, h in enumerate(honest):
+        if h:
+            assert env.market.slot(job_id, i).status is SlotStatus.SETTLED
+            assert env.market.balance_of(env.trainers[i], env.token) >= STAKE
+        else:
+            assert env.market.slot(job_id, i).status in (SlotStatus.REJECTED, SlotStatus.SETTLED)
+    if any(honest):  # a wrong result can never be accepted next to a standing honest one
+        assert accepted in (TRUE_RESULT, ZERO32)
+    # outside challengers only ever disputed; they win exactly when the defender cheated
+    for who in (env.challenger, env.outsider):
+        disputes = [env.market.dispute(g) for g in env.game_ids]
+        mine = [d for d in disputes if d.challenger == who and d.kind.name == "OUTSIDE"]
+        won = [d for d in mine if not honest[d.defender_slot]]
+        assert env.market.balance_of(who, env.token) >= BOND * len(won)
+    env.withdraw_all()
+    env.assert_solvent()
+    assert env.market.total_owed(env.token) == 0
+
+
+# -- hostile payees and tokens ------------------------------------------------------------------
+
+
+def test_reentrant_withdraw_is_refused(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> None:
+    game = deploy("DisputeGame", deploy("ToyStepper").address)
+    market = Market.deploy(w3, artifacts, game.address)
+    attacker = deploy("ReentrantClient", market.address)
+    env = Env(w3, artifacts, chain, market, game, ETH, None, attacker.address, [], w3.eth.accounts[5],
+              w3.eth.accounts[6])
+    transact(w3, attacker.functions.post(env.terms().as_tuple()), artifacts, value=REWARD)
+    env.past_challenge(1)
+    market.finalize(1)  # no trainers: the reward is credited back to the (contract) client
+    assert market.balance_of(attacker.address) == REWARD
+    transact(w3, attacker.functions.setReenter(True), artifacts)
+    with pytest.raises(ContractRevert) as ei:
+        transact(w3, attacker.functions.pull(), artifacts)
+    # the nested withdraw hits the guard, so the ETH transfer fails and the whole withdraw reverts
+    assert ei.value.name == "EthTransferFailed"
+    assert market.balance_of(attacker.address) == REWARD
+    env.assert_solvent()
+    transact(w3, attacker.functions.setReenter(False), artifacts)
+    transact(w3, attacker.functions.pull(), artifacts)
+    assert w3.eth.get_balance(attacker.address) == REWARD
+    assert w3.eth.get_balance(market.address) == 0 == market.total_owed(ETH)
+
+
+def test_fee_on_transfer_token_refused(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> None:
+    game = deploy("DisputeGame", deploy("ToyStepper").address)
+    market = Market.deploy(w3, artifacts, game.address)
+    fee = deploy("FeeOnTransferToken")
+    client = w3.eth.accounts[1]
+    transact(w3, fee.functions.mint(client, 10**9), artifacts)
+    env = Env(w3, artifacts, chain, market, game, fee.address, fee, client, [], w3.eth.accounts[5], w3.eth.accounts[6])
+    err = expect("TokenTransferShort", lambda: env.post())
+    assert err.fields["received"] == REWARD - REWARD // 100 and err.fields["expected"] == REWARD
+    env.assert_solvent()
+
+
+# -- whole games played through the market (DisputeGame + ToyStepper + D1's players) ------------
+
+
+def test_full_games_settle_through_market(env: Env) -> None:
+    """k = 3 trainers on a toy job; trainer 1 runs a faulty execution. Honest trainer 0 disputes
+    it (rival) and wins the played-out game down to the one-step proof; an outside challenger
+    with a faulty world disputes honest trainer 2 and loses its bond. The honest pair shares the
+    reward; the books balance after every game."""
+
+    job = ToyJob(num_steps=12, nodes=default_graph(3, numels=[130], micro=[5]))
+    honest = ToyWorld(job)
+    faulty = ToyWorld(job, Fault("micro", step=7, node=1, element=129, micro=3))
+    t_true, t_bad = honest.step_commitment(job.num_steps), faulty.step_commitment(job.num_steps)
+    assert t_true != t_bad
+    job_id = env.post(
+        initial_commitment=honest.step_commitment(0), graph_root=job.graph_root, batch_root=job.batch_root,
+        num_steps=job.num_steps, checkpoint_interval=4, num_nodes=job.num_nodes, arity=4, clock_seconds=600,
+    )
+    join_and_submit(env, job_id, [t_true, t_bad, t_true])
+    client = DisputeGameClient(env.w3, env.game, env.artifacts)
+
+    gid, _ = env.market.dispute_rival(job_id, 1, 0, sender=env.trainers[0])
+    out = runner.play(client, gid, pl.Defender(faulty), pl.Challenger(honest), env.chain.increase_time)
+    assert out.winner == env.trainers[0] and out.resolution == Resolution.STEP
+    assert env.market.slot(job_id, 1).status is SlotStatus.REJECTED
+    assert env.market.balance_of(env.trainers[0], env.token) == STAKE
+    env.game_ids.append(gid)
+    env.assert_solvent()
+
+    gid2 = env.market.open_dispute(job_id, 2, BOND, sender=env.challenger)[0]
+    out2 = runner.play(client, gid2, pl.Defender(honest), pl.Challenger(faulty), env.chain.increase_time)
+    assert out2.winner == env.trainers[2]
+    assert env.market.balance_of(env.trainers[2], env.token) == BOND
+    env.game_ids.append(gid2)
+    env.assert_solvent()
+
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.trainers[0], env.token) == 2 * STAKE + reward_share(REWARD, 2, 0)
+    assert env.market.balance_of(env.trainers[2], env.token) == BOND + STAKE + reward_share(REWARD, 2, 1)
+    assert env.market.balance_of(env.trainers[1], env.token) == 0
+    assert env.market.balance_of(env.challenger, env.token) == 0
+    assert env.market.job(job_id).accepted_result == t_true
+    env.withdraw_all()
+    env.assert_solvent()
+    assert env.market.total_owed(env.token) == 0
+
+
+@pytest.mark.parametrize("fault", [("input", 3, 2), ("desc", 1, 0), ("micro", 5, 1)])
+def test_played_game_cheater_loses_stake_to_challenger(env: Env, fault: tuple[str, int, int]) -> None:
+    """An outside challenger with the honest execution beats a faulty trainer in a game played
+    to the end; it receives its bond back plus the trainer's stake, and the client its reward."""
+
+    job = ToyJob(num_steps=6, nodes=default_graph(4, numels=[3, 200], micro=[4, 2]))
+    honest = ToyWorld(job)
+    kind, step, node = fault
+    faulty = ToyWorld(job, Fault(kind, step=step, node=node, element=1, micro=2))
+    job_id = env.post(
+        slots=1, initial_commitment=honest.step_commitment(0), graph_root=job.graph_root, batch_root=job.batch_root,
+        num_steps=job.num_steps, checkpoint_interval=2, num_nodes=job.num_nodes, arity=2,
+    )
+    join_and_submit(env, job_id, [faulty.step_commitment(job.num_steps)])
+    gid = env.dispute(job_id, 0)
+    client = DisputeGameClient(env.w3, env.game, env.artifacts)
+    out = runner.play(client, gid, pl.Defender(faulty), pl.Challenger(honest), env.chain.increase_time)
+    assert out.winner == env.challenger
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE
+    env.assert_solvent()
+    env.past_challenge(job_id)
+    env.market.finalize(job_id)
+    assert env.market.balance_of(env.client, env.token) == REWARD
+    assert env.market.balance_of(env.trainers[0], env.token) == 0
+    env.assert_solvent()
