@@ -48,7 +48,6 @@ BatchFn = Callable[[int], np.ndarray]
 DEFAULT_CHECKPOINT_INTERVAL = 100
 
 
-
 @dataclass
 class PlainState:
     """The state after a step: producer node index -> flat float32 tensor, and the roots known so
