@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
+import {Instructions} from "./Instructions.sol";
 import {UnknownDescriptorForm} from "./VMErrors.sol";
 
 /// @title DescView — a kernel descriptor read where it lies in calldata, in either of its forms
@@ -100,7 +101,7 @@ library DescView {
 
     /// @notice The 8-byte word of instruction `at` of phase `phase` (0 prologue, 1 body, 2 epilogue).
     function word(bytes calldata desc, Meta memory m, uint256 phase, uint256 at) internal pure returns (uint256) {
-        return _u(desc, m.codeAt[phase] + at * 8, 8);
+        return _u(desc, m.codeAt[phase] + at * Instructions.INSTR_BYTES, Instructions.INSTR_BYTES);
     }
 
     function input(bytes calldata desc, Meta memory m, uint256 t) internal pure returns (Input memory p) {
@@ -306,6 +307,7 @@ library DescView {
         m.inputsAt = at;
         uint256[3] memory codeAt;
         uint256[3] memory codeLen;
+        uint256 instrBytes = Instructions.INSTR_BYTES;
         assembly ("memory-safe") {
             let base := desc.offset
             for { let t := 0 } lt(t, nIn) { t := add(t, 1) } {
@@ -318,7 +320,7 @@ library DescView {
                 if gt(n, end) { n := end } // a bogus count: the length check below fails
                 mstore(add(codeLen, mul(32, ph)), n)
                 mstore(add(codeAt, mul(32, ph)), add(at, 4))
-                at := add(at, add(4, mul(8, n)))
+                at := add(at, add(4, mul(instrBytes, n)))
             }
         }
         (m.codeAt, m.codeLen) = (codeAt, codeLen);
@@ -353,7 +355,7 @@ library DescView {
         }
         // SAFETY: the program lies inside the descriptor (see _abi).
         if (at + code.length > desc.length) revert UnknownDescriptorForm(HEAD_PLAIN);
-        return (at, code.length / 8);
+        return (at, code.length / Instructions.INSTR_BYTES);
     }
 
     function _digits(Meta memory m, uint256 k) private pure returns (uint256[] memory kd) {

@@ -14,9 +14,9 @@ from verde_chain.examples import vision
 from verde_chain.graph.executor import StepExecutor
 from verde_chain.graph.onnx_import import export_torch, import_onnx
 from verde_chain.graph.training import LossSpec, OptimizerSpec, build_inference_program, build_training_graph
-from verde_chain.repops import cpu_kernels as ck
 from verde_chain.repops import rng
-from verde_chain.repops.backend_cpu import CppBackend
+from verde_chain.repops.backends.cpu import extension as ck
+from verde_chain.repops.backends.cpu.backend import CpuBackend
 
 
 def _training_program(name: str, batch: int):  # type: ignore[no-untyped-def]
@@ -84,7 +84,7 @@ def test_commitments_identical_across_isas_and_threads() -> None:
     seen = {}
     for isa in ck.available_isas():
         for threads in (1, 2):
-            ex = StepExecutor(prog.graph, CppBackend(isa=isa, threads=threads))
+            ex = StepExecutor(prog.graph, CpuBackend(isa=isa, threads=threads))
             seen[(isa, threads)] = ex.run_step(ex.initial_state(prog.initial_state()), batch).commitment
     assert len(seen) >= 2 and len(set(seen.values())) == 1, seen
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from verde_chain.repops import cpu_kernels as ck
 from verde_chain.repops import edges, library, reference, windowed
-from verde_chain.repops.backend_cpu import CppBackend
+from verde_chain.repops.backends.cpu import extension as ck
+from verde_chain.repops.backends.cpu.backend import CpuBackend
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library import ConvGeometry
 from verde_chain.repops.program import KernelDesc
@@ -41,7 +41,7 @@ def _fp_env() -> None:
 @pytest.mark.parametrize("isa", ck.available_isas())
 @pytest.mark.parametrize("threads", [1, 2])
 def test_windowed_gemm_equals_the_reference(isa: str, threads: int) -> None:
-    be = CppBackend(isa=isa, threads=threads)
+    be = CpuBackend(isa=isa, threads=threads)
     for i, desc in enumerate(_descs()):
         assert windowed.plan(desc) is not None, desc.label
         ins = [edges.edge_array((m.numel,), 100 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
@@ -65,7 +65,7 @@ def test_what_is_not_a_windowed_gemm_runs_on_the_reference() -> None:
     reads_r1 = dataclasses.replace(conv, epilogue=(Instr(Op.ADD, 0, 0, 1),))
     for desc in (library.max_pool(g), library.channel_sum((2, 3, 4)), reads_r1, library.matmul((3, 4), (4, 5))):
         assert windowed.plan(desc) is None, desc.label
-    be = CppBackend()
+    be = CpuBackend()
     ins = [edges.edge_array((m.numel,), 7 + t, 0.2, 3.0) for t, m in enumerate(reads_r1.inputs)]
     assert (be(reads_r1, ins).view(np.uint32) == reference.run(reads_r1, ins).view(np.uint32)).all()
 
@@ -86,7 +86,7 @@ def _dewindowed_descs() -> list[KernelDesc]:
 @pytest.mark.parametrize("isa", ck.available_isas())
 def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
     """Pooling, per-channel statistics and pad: gathered densely and run on the C++ kernels."""
-    be = CppBackend(isa=isa, threads=2)
+    be = CpuBackend(isa=isa, threads=2)
     for i, desc in enumerate(_dewindowed_descs()):
         assert windowed.plan(desc) is None
         ins = [edges.edge_array((m.numel,), 300 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
@@ -104,7 +104,7 @@ def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     d = KernelDesc((3,), 1, (m,), (Instr(Op.CONST, 1, imm=0), Instr(Op.LOADIDX, 0, 1, 0, 0)))
     assert windowed.dewindow(d, [np.arange(4, dtype=np.uint32)]) is None
     ins = [np.arange(4, dtype=np.float32)]
-    assert (CppBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()
+    assert (CpuBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()
 
 
 def test_cuda_backend_runs_window_descriptors_through_its_gemm_and_interpreter(  # type: ignore[no-untyped-def]
@@ -114,10 +114,10 @@ def test_cuda_backend_runs_window_descriptors_through_its_gemm_and_interpreter( 
     interpreter) gathers windowed operands on the host and runs the GEMM and the plain programs
     as its own; same bits as the reference, and no whole-step kernel for a graph with windows."""
     from tests.support.cuda_host import StandInExtension
-    from verde_chain.repops import backend_cuda
-    from verde_chain.repops.backend_cuda import CudaBackend
+    from verde_chain.repops.backends.cuda import backend as cuda_backend
+    from verde_chain.repops.backends.cuda.backend import CudaBackend
 
-    monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
     ext = StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
     for i, desc in enumerate(_descs()[:3] + _dewindowed_descs()):

@@ -10,7 +10,7 @@ ascending, first product rounded, then FMA) gives the descriptor's bits. MUL and
 commutative in their two factors, so which input plays A does not matter.
 
 This is how a backend without window support in its native code runs convolutions today (the C++
-backend's GEMM, ``backend_cpu``); a native implicit-im2col kernel computes the same chain without
+backend's GEMM, ``backends/cpu``); a native implicit-im2col kernel computes the same chain without
 the copy. An epilogue (conv's bias) runs on the reference afterwards with ``r0`` preset, when it
 reads no register but r0 and its loads do not depend on k.
 
@@ -56,7 +56,7 @@ def _depends(m: InputMap, axis: int) -> bool:
 
 def _epilogue_ok(desc: KernelDesc) -> bool:
     """The epilogue only reads r0 from the chain, and its loads do not depend on k."""
-    from verde_chain.repops.backend_cpu import live_in
+    from verde_chain.repops.backends.plan import live_in
 
     if not live_in(desc.epilogue) <= {0}:
         return False
@@ -70,7 +70,7 @@ def _epilogue_ok(desc: KernelDesc) -> bool:
 
 def plan(desc: KernelDesc) -> WindowedGemm | None:
     """The GEMM shape of ``desc``, or None when it is not a windowed dot chain."""
-    from verde_chain.repops.backend_cpu import _match_dot  # the one recogniser of the dot chain
+    from verde_chain.repops.backends.plan import _match_dot  # the one recogniser of the dot chain
 
     slots = _match_dot(desc)
     if slots is None or slots[0] == slots[1] or not desc.extended or not _epilogue_ok(desc):
