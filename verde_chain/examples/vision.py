@@ -40,7 +40,7 @@ def torchvision_models() -> Any:
         try:
             torch.ops.load_library(str(ext[0]))
         except (IndexError, OSError):
-            lib = torch.library.Library("torchvision", "DEF")  # kept alive by torch's registry
+            lib = torch.library.Library("torchvision", "DEF")  # held in _KEEP: a collected Library deregisters
             lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             _KEEP.append(lib)
@@ -49,7 +49,7 @@ def torchvision_models() -> Any:
     return torchvision.models
 
 
-_KEEP: list[Any] = []
+_KEEP: list[Any] = []  # the schema library of torchvision_models, alive as long as the process
 
 
 def vision_module(name: str, seed: int = 0) -> Any:
