@@ -75,6 +75,7 @@ from verde_chain.repops.library.movement import (
     strided_copy,
     transpose,
     trilu,
+    write_row,
 )
 from verde_chain.repops.library.nn import (
     layer_norm,
@@ -113,5 +114,5 @@ __all__ = [
     "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "rms_norm",
     "rms_norm_backward", "scatter_add", "sgd", "single", "slice_", "slice_grad", "softmax", "softmax_backward",
     "softmax_cross_entropy", "softmax_cross_entropy_backward", "strided_copy", "sum_to_shape", "transcendental",
-    "transpose", "trilu", "unary_code", "unary_grad", "where", "where_grad",
+    "transpose", "trilu", "unary_code", "unary_grad", "where", "where_grad", "write_row",
 ]  # fmt: skip
