@@ -26,7 +26,17 @@ from verde_chain.graph.errors import (
 )
 from verde_chain.graph.onnx_import import export_torch
 from verde_chain.graph.training import LossSpec, OptimizerSpec
-from verde_chain.job import SPEC_TYPES, Job, JobSpec, job_from_torch, load_job, make_job, save_job
+from verde_chain.graph.world import OutputFault, TrainingWorld
+from verde_chain.job import (
+    SPEC_TYPES,
+    Job,
+    JobSpec,
+    inference_outputs,
+    job_from_torch,
+    load_job,
+    make_job,
+    save_job,
+)
 from verde_chain.repops.isa import f32_bits
 
 
@@ -136,6 +146,27 @@ def test_inference_job_is_forward_only_and_round_trips(tmp_path: Path) -> None:
         out = run.recompute_step(s).output(job.program.graph, "output")
         ref = m(torch.tensor(data.X[2 * (s - 1) : 2 * s])).detach().numpy()
         assert np.allclose(out, ref, atol=1e-5)
+    # C_T commits every batch's outputs: the final state's outputs buffer holds all of them
+    final = {slot.name: run.state.tensors[slot.producer] for slot in job.program.graph.states}
+    outs = inference_outputs(job, final)["output"]
+    assert outs.shape == (6, 2)
+    for s in (1, 2, 3):
+        assert np.array_equal(outs[2 * (s - 1) : 2 * s], run.recompute_step(s).output(job.program.graph, "output"))
+    assert np.allclose(outs, m(torch.tensor(data.X)).detach().numpy(), atol=1e-5)
+
+
+def test_a_lie_about_an_early_batch_changes_an_inference_jobs_result() -> None:
+    """Before the outputs buffer, C_T of an inference job covered its last batch only: a wrong
+    logit of batch 1 of 3 left C_T as it was, so nobody could dispute it."""
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    X = np.random.default_rng(1).standard_normal((6, 3)).astype(np.float32)
+    job = job_from_torch(m, torch.zeros(2, 3), (X, None), steps=3, kind="inference")
+    out_node = job.program.graph.named["output"]
+    honest = TrainingWorld.from_job(job)
+    liar = TrainingWorld.from_job(job, OutputFault(step=1, node=out_node, element=1, bit=5))
+    assert honest.step_commitment(1) != liar.step_commitment(1)
+    assert honest.step_commitment(3) != liar.step_commitment(3)
 
 
 # -- a user's own model and data: job_from_torch, exact integers, refusals before anything is built -----
