@@ -169,9 +169,8 @@ def run_client(args: argparse.Namespace) -> int:
 
 # -- status --------------------------------------------------------------------------------------------
 
-def configure_job(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    s = sub.add_parser("status", help="a job's spec, slots and disputes")
+def job_status_args(s: argparse.ArgumentParser) -> None:
+    """``job status``'s arguments (the ``job`` command is ``verde_chain/job_cli.py``)."""
     chain_args(s)
     s.add_argument("job_id", type=int)
     s.add_argument("--json", action="store_true")
