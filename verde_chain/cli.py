@@ -139,13 +139,22 @@ def _register_agents() -> None:
          c.configure_trainer, c.run_trainer),
         ("challenger", "challenger bot: `challenger run` re-executes submissions and disputes wrong ones",
          c.configure_challenger, c.run_challenger),
-        ("job", "`job status JOB_ID`: a job's slots, results and disputes", c.configure_job, c.run_job_status),
         ("dispute", "`dispute status GAME_ID`: a dispute's level, interval, clocks and outcome",
          c.configure_dispute, c.run_dispute_status),
     ])
 
 
 _register_agents()
+
+
+def _register_job() -> None:
+    from verde_chain import job_cli
+
+    help_text = "`job create`: a bundle from your model and data; `job status JOB_ID`: a job's slots and disputes"
+    COMMANDS.append(("job", help_text, job_cli.configure, job_cli.run))
+
+
+_register_job()
 
 
 def _register_train() -> None:

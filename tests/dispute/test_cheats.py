@@ -47,6 +47,7 @@ from verde_chain.graph.data import batch_root_list
 from verde_chain.graph.structure import Source, SourceKind, TrainingGraph
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.graph.world import OutputFault, TrainingWorld
+from verde_chain.job import job_from_torch
 from verde_chain.market.types import ETH, JobTerms, SlotStatus
 from verde_chain.repops import library
 
@@ -312,3 +313,27 @@ def test_cheating_trainer_loses_its_stake_in_the_job_market(w3, deploy, artifact
     assert market.balance_of(cheater) == 0
     assert market.balance_of(client_acct) == 0
     assert market.total_owed() == w3.eth.get_balance(market.address) == reward + 2 * stake
+
+
+# -- an inference job: a lie about an early batch's outputs is disputable ---------------------------
+
+
+@pytest.mark.parametrize("where", ["batch-1-logit", "outputs-buffer-row-0"])
+def test_lie_about_batch_1_of_a_3_batch_inference_job_loses(w3, deploy, artifacts, where: str) -> None:  # type: ignore[no-untyped-def]
+    """The cheater's result is wrong only in batch 1's outputs: a logit it computed wrong at step
+    1, or row 0 of the outputs buffer it rewrote at step 3. C_T commits every batch's outputs
+    (the outputs buffer), so the honest challenger disputes and the game convicts the lie at the
+    one-step proof (the write node is refereed like any other)."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+    X = np.random.default_rng(4).standard_normal((6, 3)).astype(np.float32)
+    job = job_from_torch(m, torch.zeros(2, 3), (X, None), steps=3, kind="inference")
+    named = job.program.graph.named
+    step, node, element = (1, named["output"], 3) if where == "batch-1-logit" else (3, named["outputs:output"], 1)
+    liar = TrainingWorld.from_job(job, OutputFault(step, node, element, bit=7))
+    honest = TrainingWorld.from_job(job)
+    assert liar.step_commitment(3) != honest.step_commitment(3)
+    g = play_real(w3, deploy, artifacts, liar, honest, steps=3, arity=ARITY, clock=CLOCK)
+    assert g.out.winner == g.challenger and g.out.resolution == Resolution.STEP, (g.out.resolution, g.out.reverts)
+    assert (g.final.step, g.final.node_index, g.final.element) == (step, node, element)
+    assert "Stepped" in g.events

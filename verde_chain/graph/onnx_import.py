@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from verde_chain.graph.errors import UnsupportedModelError
+from verde_chain.graph.errors import ModelExportError, UnsupportedModelError
 from verde_chain.graph.folding import SHAPE_OPS, fold
 from verde_chain.graph.fusion import fuse_gelu
 from verde_chain.graph.ir import EXACT_INT, Model, OpNode, Value
@@ -92,21 +92,54 @@ class Importer:
                 self.params[init.name] = arr
             else:
                 self.static[init.name] = arr
-        for inp in g.input:
-            if inp.name in self.static or inp.name in self.params:
-                continue
-            self._graph_input(inp)
-        for node in g.node:
-            self._node(node)
-        for out in g.output:
-            if out.name not in self.model.values:
-                raise UnsupportedModelError(out.name, "graph output is not computed by a supported node")
-            self.model.outputs.append(out.name)
+        problems = self._import_graph()
+        if problems:
+            raise UnsupportedModelError.of(problems)
         # drop parameters no op reads (e.g. folded away)
         used = {n for op in self.model.ops for n in op.inputs}
         for k in [k for k, v in self.model.values.items() if v.role in ("param", "const") and k not in used]:
             del self.model.values[k]
         return self.model
+
+    def _import_graph(self) -> list[UnsupportedModelError]:
+        """Import the graph inputs, nodes and outputs; every problem is collected, not only the
+        first. The outputs of a refused node (or graph input) are unknown; a node reading an
+        unknown value is refused only if its own op has no handler, and shape arithmetic on
+        unknown values (which would have been folded) is never refused."""
+        problems: list[UnsupportedModelError] = []
+        g = self.proto.graph
+        unknown: set[str] = set()
+        unknown_static: set[str] = set()  # would have been static (Shape of an unknown value, ...)
+        for inp in g.input:
+            if inp.name in self.static or inp.name in self.params:
+                continue
+            try:
+                self._graph_input(inp)
+            except UnsupportedModelError as exc:
+                problems.append(exc)
+                unknown.add(inp.name)
+        for node in g.node:
+            ins = [n for n in node.input if n]
+            outs = [o for o in node.output if o]
+            try:
+                if not any(n in unknown or n in unknown_static for n in ins):
+                    self._node(node)
+                elif node.op_type in SHAPE_OPS or all(n in self.static or n in unknown_static for n in ins):
+                    unknown_static.update(outs)
+                else:
+                    self._check_known_op(node)
+                    unknown.update(outs)
+            except UnsupportedModelError as exc:
+                problems.append(exc)
+                unknown.update(outs)
+        for out in g.output:
+            if out.name in unknown or out.name in unknown_static:
+                continue
+            if out.name not in self.model.values:
+                problems.append(UnsupportedModelError(out.name, "graph output is not computed by a supported node"))
+            else:
+                self.model.outputs.append(out.name)
+        return problems
 
     def _check_opset(self) -> None:
         for imp in self.proto.opset_import:
@@ -257,10 +290,15 @@ class Importer:
             return
         if self._fold(node):
             return
-        handler = ONNX_IMPORTERS.get(node.op_type)
-        if handler is None:
+        self._check_known_op(node)
+        ONNX_IMPORTERS[node.op_type](self, node)
+
+    def _check_known_op(self, node: onnx.NodeProto) -> None:
+        """Refuse a node whose domain or op type has no handler (checked without its inputs)."""
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedModelError(self.who(node), f"domain {node.domain!r}", "the default ONNX domain")
+        if node.op_type != "Constant" and node.op_type not in ONNX_IMPORTERS:
             raise UnsupportedModelError(self.who(node), f"op {node.op_type!r} is not supported", supported_ops())
-        handler(self, node)
 
     def _fold(self, node: onnx.NodeProto) -> bool:
         """Evaluate the node now if everything it reads is static (graph/folding.py)."""
@@ -340,7 +378,10 @@ def export_torch(
     and running-statistics updates, Dropout active), without constant folding, so that those
     nodes keep their training semantics. Tracing runs the module once, which in train() mode
     moves its running statistics: the export traces a copy, and the exported buffers are the
-    module's own. The module is left in eval() mode either way."""
+    module's own. The module is left in eval() mode either way.
+
+    Any failure of torch's exporter (an unsupported torch op, data-dependent control flow, a
+    wrong example input) is :class:`ModelExportError` naming the module and torch's reason."""
     import copy
     import warnings
 
@@ -359,15 +400,21 @@ def export_torch(
                 traced, args, target, opset_version=opset, dynamo=False, input_names=input_names,
                 output_names=["output"], do_constant_folding=not training, training=mode,
             )
+    except Exception as exc:  # torch raises RuntimeError, TypeError, its own export errors ...
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelExportError(
+            f"torch.onnx.export could not export {type(module).__name__}: {type(exc).__name__}: {reason} "
+            "(check the example input's shape and dtype; a module whose control flow depends on tensor values "
+            "cannot be exported with fixed shapes)", module=type(module).__name__) from exc
     finally:
         module.eval()
     if not training:
         return buf.getvalue()
     proto = onnx.load_from_string(buf.getvalue())
-    buffers = dict(module.named_buffers())
+    buffers = {name: b.detach().cpu().numpy() for name, b in module.named_buffers()}
     for init in proto.graph.initializer:
         if init.name in buffers:
-            init.CopyFrom(numpy_helper.from_array(buffers[init.name].detach().cpu().numpy(), init.name))
+            init.CopyFrom(numpy_helper.from_array(buffers[init.name], init.name))
     return proto.SerializeToString()
 
 

@@ -3,8 +3,8 @@
 Most are a ``strided_copy``: the output element at coordinates c reads input address
 ``offset + sum_d c[d] * strides[d]``. Transpose permutes strides, expand zeroes them, slice
 scales and offsets them; reshape is a plain copy (inside a graph a reshape is a free view and
-needs no node at all). Concat, the slice's gradient and Trilu choose per element (COORD, LOADIDX
-and SELECT).
+needs no node at all). Concat, the slice's gradient, Trilu and ``write_row`` choose per element
+(COORD, LOADIDX and SELECT).
 """
 
 from __future__ import annotations
@@ -202,3 +202,24 @@ def pad(shape: Sequence[int], pads: Sequence[int], value: float = 0.0) -> Kernel
     windows = tuple(Window(d, 1, 0, 0, -pads[d], 1, shp[d], st[d]) for d in padded)
     m = InputMap(numel(shp), strides, windows=windows, fill=f32_bits(value))
     return KernelDesc(out, 1, (m,), (load(0, 0),), label="pad")
+
+
+def write_row(rows: int, row_numel: int) -> KernelDesc:
+    """A (rows, row_numel) buffer with one row replaced: inputs (buffer, row, r), where r is one
+    binary32 integer (the row to write). out[t, j] = t == r ? row[j] : buffer[t, j]; a row
+    index outside [0, rows) changes nothing. Inference jobs write each step's outputs into
+    their committed outputs buffer with it (docs/training.md)."""
+    if rows < 1 or row_numel < 1:
+        raise RepOpsError(f"write_row: needs rows >= 1 and row_numel >= 1, got {rows}, {row_numel}")
+    code = (
+        coord(1, 0),  # r1 = t
+        load(2, 2),  # r2 = r
+        I(Op.EQ, 3, 1, 2),  # r3 = t == r
+        load(4, 1),  # r4 = row[j]
+        load(0, 0),  # r0 = buffer[t, j]
+        I(Op.SELECT, 0, 3, 4, 0),  # r0 = r3 ? row[j] : buffer[t, j]
+    )
+    buf = InputMap(rows * row_numel, (row_numel, 1))
+    row = InputMap(row_numel, (0, 1))
+    r = InputMap(1, (0, 0))
+    return KernelDesc((rows, row_numel), 1, (buf, row, r), code, label="write_row")
