@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agents import TERMS, World, bundles, finished, job, node_of  # noqa: F401 - shared fixtures
+from test_agents import TERMS, World, bundles, finished, job, node_of, reveal_time  # noqa: F401 - shared fixtures
 from web3 import Web3
 
 from verde_chain import cli
 from verde_chain.chain.game import Phase
 from verde_chain.chain.market import Market
+from verde_chain.chain.params import FAST
 from verde_chain.job import Job
 
 pytestmark = pytest.mark.chain
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def world(w3: Web3, artifacts: Any, deploy: Callable[..., Any], bundles: Path, tmp_path: Path, job: Job) -> World:
     game = deploy("DisputeGame", deploy("ScalarVM").address)
-    market = Market.at(w3, artifacts, deploy("JobMarket", game.address).address)
+    market = Market.deploy(w3, artifacts, game.address, FAST)
     return World(w3, artifacts, market, bundles, tmp_path, job)
 
 
@@ -47,6 +48,7 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
             break
         for b in world.bots:
             b.tick()
+        reveal_time(world, job_id)
     assert in_l2()
     (gid, _), = ch.store.games().items()
 
@@ -58,7 +60,8 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
     rc, out = _cli(capsys, "job", "status", *at, str(job_id), "--json")
     js = json.loads(out)
     assert js["status"] == "OPEN" and js["active_disputes"] == 1
-    assert [s["status"] for s in js["slots"]] == ["SUBMITTED", "SUBMITTED"]
+    assert [s["status"] for s in js["slots"]] == ["REVEALED", "REVEALED"]
+    assert js["reveal_deadline"] == world.market.reveal_deadline(job_id)
     assert js["disputes"][0]["game_id"] == gid and js["disputes"][0]["active"] is True
 
     world.run(finished(client, job_id, world.bots))

@@ -45,15 +45,36 @@ def test_split_points_cover_the_interval(lo: int, length: int, logk: int) -> Non
     assert max(b - a for a, b in pairwise(p)) == -(-length // min(k, length))
 
 
-@given(length=st.integers(1, 3000), logk=st.integers(1, 5), seed=st.integers(0, 2**32))
-@settings(max_examples=100, deadline=None)
-def test_bisection_rounds_is_the_worst_case(length: int, logk: int, seed: int) -> None:
+@given(lo=st.integers(0, 1000), length=st.integers(2, 5000), logk=st.integers(1, 8), ckpt=st.integers(1, 400))
+@settings(max_examples=300, deadline=None)
+def test_checkpoint_split_points(lo: int, length: int, logk: int, ckpt: int) -> None:
+    """While (lo, hi) holds a multiple of N, every inner split point is one (evenly chosen among
+    them); inside one checkpoint span the split is the plain even one. N = 1 is the even split."""
+    k, hi = 1 << logk, lo + length
+    p = rules.split_points(lo, hi, k, ckpt)
+    inner = [m for m in range(lo + 1, hi) if m % ckpt == 0]
+    assert p[0] == lo and p[-1] == hi and all(a < b for a, b in pairwise(p))
+    if inner:
+        assert all(x % ckpt == 0 for x in p[1:-1]) and len(p) == min(k, len(inner) + 1) + 1
+        grid = [lo, *inner, hi]  # the chosen points are spread evenly over the checkpoint grid
+        q = [grid.index(x) for x in p]
+        assert max(b - a for a, b in pairwise(q)) - min(b - a for a, b in pairwise(q)) <= 1
+    else:
+        assert p == rules.split_points(lo, hi, k)
+    assert rules.split_points(lo, hi, k, 1) == rules.split_points(lo, hi, k)
+
+
+@given(length=st.integers(1, 3000), logk=st.integers(1, 5), seed=st.integers(0, 2**32), ckpt=st.integers(1, 300))
+@settings(max_examples=150, deadline=None)
+def test_bisection_rounds_is_the_worst_case(length: int, logk: int, seed: int, ckpt: int) -> None:
     k, rng = 1 << logk, random.Random(seed)
-    lo, hi, rounds = 0, length, 0
-    while hi - lo > 1:
-        lo, hi = rules.narrow(lo, hi, k, rng.randrange(rules.parts(lo, hi, k)))
-        rounds += 1
-    assert rounds <= rules.bisection_rounds(length, k)
+    for grid in (1, ckpt):
+        lo, hi, rounds = 0, length, 0
+        while hi - lo > 1:
+            lo, hi = rules.narrow(lo, hi, k, rng.randrange(rules.parts(lo, hi, k, grid)), grid)
+            rounds += 1
+        assert rounds <= rules.step_rounds(length, k, grid)
+    assert rules.step_rounds(length, k, 1) == rules.bisection_rounds(length, k)
 
 
 def test_toy_affine_matches_trace() -> None:
@@ -91,24 +112,25 @@ def bisection(_session_w3, artifacts):  # type: ignore[no-untyped-def]
 
 @pytest.mark.chain
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data(), lo=st.integers(0, 2**40), length=st.integers(2, 10**6), logk=st.integers(1, 8))
+@given(data=st.data(), lo=st.integers(0, 2**40), length=st.integers(2, 10**6), logk=st.integers(1, 8),
+       ckpt=st.one_of(st.just(1), st.integers(1, 10**5)))
 def test_bisection_twin(  # type: ignore[no-untyped-def]
-    bisection, artifacts, data: st.DataObject, lo: int, length: int, logk: int
+    bisection, artifacts, data: st.DataObject, lo: int, length: int, logk: int, ckpt: int
 ) -> None:
     k, hi = 1 << logk, lo + length
     f = bisection.functions
-    points = rules.split_points(lo, hi, k)
-    assert call(f.splitPoints(lo, hi, k), artifacts) == points
+    points = rules.split_points(lo, hi, k, ckpt)
+    assert call(f.splitPoints(lo, hi, k, ckpt), artifacts) == points
     claims = [keccak256(p.to_bytes(32, "big")) for p in points[1:-1]]
     c_lo, c_hi = b"\x0a" * 32, b"\x0b" * 32
     choice = data.draw(st.integers(0, len(points) - 2))
-    new_lo, new_hi = rules.narrow(lo, hi, k, choice)
+    new_lo, new_hi = rules.narrow(lo, hi, k, choice, ckpt)
     ends = [c_lo, *claims, c_hi]
-    assert call(f.narrow(lo, hi, k, c_lo, c_hi, claims, choice), artifacts) == [
+    assert call(f.narrow(lo, hi, k, ckpt, c_lo, c_hi, claims, choice), artifacts) == [
         new_lo, new_hi, ends[choice], ends[choice + 1]]
-    e = _revert(lambda: call(f.narrow(lo, hi, k, c_lo, c_hi, claims, len(points) - 1), artifacts))
+    e = _revert(lambda: call(f.narrow(lo, hi, k, ckpt, c_lo, c_hi, claims, len(points) - 1), artifacts))
     assert e.error == "ChoiceOutOfRange"
-    e = _revert(lambda: call(f.narrow(lo, hi, k, c_lo, c_hi, claims + [c_lo], 0), artifacts))
+    e = _revert(lambda: call(f.narrow(lo, hi, k, ckpt, c_lo, c_hi, claims + [c_lo], 0), artifacts))
     assert e.error == "WrongClaimCount" and e.args_ == {"actual": len(claims) + 1, "expected": len(claims)}
     depth = data.draw(st.integers(0, 20))
     m = rules.descent_levels(k, depth)
@@ -134,9 +156,9 @@ class Env:
     defender: str
     challenger: str
 
-    def create(self, job: ToyJob, final: bytes, k: int = 4, clock: int = CLOCK) -> int:
+    def create(self, job: ToyJob, final: bytes, k: int = 4, clock: int = CLOCK, ckpt: int = 1) -> int:
         p = GameParams(self.defender, self.challenger, ToyWorld(job).step_commitment(0), final, job.num_steps,
-                       job.graph_root, job.batch_root, k, clock, job.num_nodes)
+                       job.graph_root, job.batch_root, k, clock, job.num_nodes, ckpt)
         return self.client.create_game_via(self.resolver, p)
 
     def create_for(self, job: Any, final: bytes, k: int = 4, clock: int = CLOCK) -> int:
@@ -173,14 +195,14 @@ def env(w3, deploy, artifacts) -> Env:  # type: ignore[no-untyped-def]
                w3.eth.accounts[1], w3.eth.accounts[2])
 
 
-def _bound(job: ToyJob, k: int) -> rules.MoveBound:
+def _bound(job: ToyJob, k: int, ckpt: int = 1) -> rules.MoveBound:
     leaves = max(-(-n.numel // LEAF_ELEMS) for n in job.nodes)
     micro = max(max(n.micro_steps for n in job.nodes), 1)
-    return rules.move_bound(job.num_steps, job.num_nodes, leaves, micro, k)
+    return rules.move_bound(job.num_steps, job.num_nodes, leaves, micro, k, ckpt)
 
 
-def _within_bound(out: runner.Outcome, job: ToyJob, k: int) -> None:
-    b = _bound(job, k)
+def _within_bound(out: runner.Outcome, job: ToyJob, k: int, ckpt: int = 1) -> None:
+    b = _bound(job, k, ckpt)
     # +1: the winner of a timeout game also sends claimTimeout
     assert out.total_moves("defender") <= b.defender + 1
     assert out.total_moves("challenger") <= b.challenger + 1
@@ -232,15 +254,17 @@ def _random_micro_fault(job: ToyJob, data: st.DataObject) -> Fault:
 def test_lying_defender_loses_to_honest_challenger(env: Env, data: st.DataObject, num_steps: int, num_nodes: int,
                                                    logk: int) -> None:
     k = 1 << logk
+    ckpt = data.draw(st.integers(1, num_steps), label="checkpoint interval")
     job = ToyJob(num_steps, default_graph(num_nodes, NUMELS, (1, 7, 20, 0)))
     liar, honest = ToyWorld(job, _random_micro_fault(job, data)), ToyWorld(job)
-    gid = env.create(job, liar.step_commitment(num_steps), k)
+    gid = env.create(job, liar.step_commitment(num_steps), k, ckpt=ckpt)
     out = env.play(gid, liar, honest)
     env.expect(gid, out, env.challenger, Resolution.STEP)
     assert out.final is not None and out.final.step == liar.fault.step and out.final.node_index == liar.fault.node
     assert out.final.element == liar.fault.element and out.final.lo == liar.fault.micro - 1
+    assert out.final.checkpoint_interval == ckpt
     assert out.reverts == []
-    _within_bound(out, job, k)
+    _within_bound(out, job, k, ckpt)
 
 
 @pytest.mark.chain
@@ -250,14 +274,15 @@ def test_lying_defender_loses_to_honest_challenger(env: Env, data: st.DataObject
 def test_honest_defender_beats_lying_challenger(env: Env, data: st.DataObject, num_steps: int, num_nodes: int,
                                                 logk: int, cstrat: str) -> None:
     k = 1 << logk
+    ckpt = data.draw(st.integers(1, num_steps), label="checkpoint interval")
     job = ToyJob(num_steps, default_graph(num_nodes, NUMELS, (7, 0, 1, 20)))
     liar, honest = ToyWorld(job, _random_micro_fault(job, data)), ToyWorld(job)
-    gid = env.create(job, honest.step_commitment(num_steps), k)
+    gid = env.create(job, honest.step_commitment(num_steps), k, ckpt=ckpt)
     out = env.play(gid, honest, liar, cstrat=cstrat, seed=data.draw(st.integers(0, 1000), label="seed"))
     env.expect(gid, out, env.defender)
     assert out.resolution in (Resolution.STEP, Resolution.PADDING, Resolution.EMPTY_PROGRAM)
     assert out.reverts == []
-    _within_bound(out, job, k)
+    _within_bound(out, job, k, ckpt)
 
 
 # -- lies the referee rejects at L2/L3, and padding ------------------------------------------------------
@@ -456,6 +481,7 @@ def test_create_game_validation(env: Env) -> None:
         (replace(base, num_steps=0), "InvalidGameSize"),
         (replace(base, num_nodes=0), "InvalidGameSize"),
         (replace(base, clock_seconds=0), "InvalidGameSize"),
+        (replace(base, checkpoint_interval=0), "InvalidGameSize"),
     ]
     for p, name in cases:
         assert _revert(lambda p=p: env.client.create_game_via(env.resolver, p)).error == name

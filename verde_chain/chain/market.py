@@ -3,12 +3,15 @@
 Bots (client, trainers, challengers) use this instead of raw web3 so that
 
 * job parameters travel as one typed, hashable ``JobSpec`` (the Solidity tuple, same field order),
+* results are committed (``commit``, with ``commitment`` computing the preimage's hash) before the
+  submission deadline and revealed (``reveal``) in the reveal window after it,
 * every revert surfaces as ``MarketError`` carrying the custom error's name and fields
   (``MarketError.error == "SubmissionClosed"``, ``.args_["deadline"]``), and
 * ERC-20 approvals are handled here: a payment in a token approves exactly what the call pulls.
 
-Money flow (see docs/protocol-market.md): deposits go into escrow, every settlement is a credit to
-an internal balance, and only ``withdraw(token)`` moves funds out (pull payments).
+Money flow (see docs/protocol.md, "Job market"): deposits go into escrow, every settlement is a
+credit to an internal balance (or to the burned total), and only ``withdraw(token)`` moves funds
+out (pull payments).
 """
 
 from __future__ import annotations
@@ -18,27 +21,30 @@ from dataclasses import astuple, dataclass
 from enum import IntEnum
 from typing import Any
 
+from eth_abi import encode as abi_encode
 from web3 import Web3
 from web3.contract import Contract
 from web3.logs import DISCARD
 from web3.types import TxReceipt
 
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.deploy import deploy_contract
+from verde_chain.chain.deploy import deploy_market
+from verde_chain.chain.params import ETH, MarketParams
 from verde_chain.chain.tx import call, transact
+from verde_chain.commit.merkle import keccak256
 from verde_chain.errors import ContractRevert
 
-ETH = "0x0000000000000000000000000000000000000000"
 ZERO32 = b"\x00" * 32
 
 # The custom errors JobMarket can raise (contracts/MarketErrors.sol); anything else is foreign.
 MARKET_ERRORS = frozenset(
     {
-        "InvalidJobSpec", "WrongPayment", "TokenTransferShort", "UnknownJob", "UnknownSlot", "JobFull",
-        "AlreadyJoined", "NotATrainer", "SubmissionClosed", "AlreadySubmitted", "EmptyResult",
-        "ChallengeClosed", "NotDisputable", "BondTooSmall", "SelfDispute", "SameResult", "NotDisputeGame",
-        "UnknownDispute", "GameIdReused", "WrongParties", "ChallengeWindowOpen", "DisputesPending", "JobAlreadyFinalized",
-        "NothingToWithdraw", "EthTransferFailed",
+        "InvalidMarketParams", "InvalidJobSpec", "SpecOutOfBounds", "TokenNotAllowed", "WrongPayment",
+        "TokenTransferShort", "UnknownJob", "UnknownSlot", "JobFull", "AlreadyJoined", "NotATrainer",
+        "SubmissionClosed", "AlreadyCommitted", "EmptyCommitment", "RevealNotOpen", "RevealClosed", "NotCommitted",
+        "CommitmentMismatch", "EmptyResult", "ChallengeClosed", "NotDisputable", "BondTooSmall", "DuplicateDispute",
+        "SelfDispute", "SameResult", "NotDisputeGame", "UnknownDispute", "GameIdReused", "WrongParties",
+        "ChallengeWindowOpen", "DisputesPending", "JobAlreadyFinalized", "NothingToWithdraw", "EthTransferFailed",
     }
 )
 
@@ -61,9 +67,10 @@ class JobStatus(IntEnum):
 class SlotStatus(IntEnum):
     EMPTY = 0
     JOINED = 1
-    SUBMITTED = 2
-    REJECTED = 3
-    SETTLED = 4
+    COMMITTED = 2
+    REVEALED = 3
+    REJECTED = 4
+    SETTLED = 5
 
 
 class DisputeKind(IntEnum):
@@ -78,6 +85,7 @@ class JobSpec:
 
     token: str
     spec_hash: bytes
+    bundle_uri: str
     graph_root: bytes
     initial_commitment: bytes
     batch_root: bytes
@@ -88,6 +96,7 @@ class JobSpec:
     min_challenge_bond: int
     slots: int
     submission_deadline: int
+    reveal_window: int
     challenge_window: int
     arity: int
     clock_seconds: int
@@ -97,35 +106,60 @@ class JobSpec:
         return astuple(self)
 
     @property
+    def reveal_deadline(self) -> int:
+        """Last second at which commitments can be revealed (they open after submission_deadline)."""
+        return self.submission_deadline + self.reveal_window
+
+    @property
     def challenge_deadline(self) -> int:
-        return self.submission_deadline + self.challenge_window
+        return self.submission_deadline + self.reveal_window + self.challenge_window
 
 
-# -- twins of the pure rules in contracts/lib/JobTypes.sol --------------------------------------
+# -- twins of the pure rules in contracts/lib/JobTypes.sol and MarketRules.checkJob --------------
 
 MAX_SLOTS = 32  # JobMarket.MAX_SLOTS
+MAX_BUNDLE_URI = 2048  # JobMarket.MAX_BUNDLE_URI
 
 
-def invalid_field(spec: JobSpec, now: int) -> str | None:
+def commitment(result: bytes, checkpoint_root: bytes, salt: bytes, trainer: str) -> bytes:
+    """Twin of JobTypes.commitment: keccak256(abi.encode(result, checkpointRoot, salt, trainer))."""
+    return keccak256(abi_encode(["bytes32", "bytes32", "bytes32", "address"], [result, checkpoint_root, salt, trainer]))
+
+
+def invalid_field(spec: JobSpec) -> str | None:
     """Twin of JobTypes.validate + postJob's own checks: the `field` of the InvalidJobSpec error the
-    market would raise for `spec` posted at time `now`, or None if it would accept it."""
+    market would raise for `spec`, or None if it would accept it (checked before the bounds)."""
     checks: list[tuple[str, bool]] = [
         ("numSteps", spec.num_steps == 0),
         ("checkpointInterval", spec.checkpoint_interval == 0 or spec.checkpoint_interval > spec.num_steps),
         ("slots", spec.slots == 0),
         ("trainerStake", spec.trainer_stake == 0),
-        ("minChallengeBond", spec.min_challenge_bond == 0),
-        ("submissionDeadline", spec.submission_deadline <= now),
-        ("challengeWindow", spec.challenge_window == 0),
         ("arity", not (2 <= spec.arity <= 256 and spec.arity & (spec.arity - 1) == 0)),
-        ("clockSeconds", spec.clock_seconds == 0),
         ("numNodes", spec.num_nodes == 0),
         ("initialCommitment", spec.initial_commitment == ZERO32),
         ("graphRoot", spec.graph_root == ZERO32),
         ("slots", spec.slots > MAX_SLOTS),
         ("reward", spec.reward == 0),
+        ("bundleUri", len(spec.bundle_uri.encode()) > MAX_BUNDLE_URI),
     ]
     return next((name for name, bad in checks if bad), None)
+
+
+def bound_violation(spec: JobSpec, params: MarketParams, now: int) -> tuple[str, int, int, int] | None:
+    """Twin of MarketRules.checkJob: (field, value, min, max) of the SpecOutOfBounds error the market
+    would raise for `spec` posted at `now` (field "token" for TokenNotAllowed), or None."""
+    floor = params.floor(spec.token)
+    if floor == 0:
+        return ("token", int(spec.token, 16), 0, 0)
+    p = params
+    bounds = [
+        ("clockSeconds", spec.clock_seconds, p.min_clock_seconds, p.max_clock_seconds),
+        ("revealWindow", spec.reveal_window, p.min_reveal_window, p.max_reveal_window),
+        ("challengeWindow", spec.challenge_window, p.min_challenge_window, p.max_challenge_window),
+        ("submissionDeadline", spec.submission_deadline, now + 1, now + p.max_deadline_horizon),
+        ("minChallengeBond", spec.min_challenge_bond, floor, 2**256 - 1),
+    ]
+    return next(((f, v, lo, hi) for f, v, lo, hi in bounds if not lo <= v <= hi), None)
 
 
 def reward_share(reward: int, n: int, rank: int) -> int:
@@ -149,9 +183,19 @@ class Job:
 class Slot:
     trainer: str
     status: SlotStatus
+    open_against: int  # games running against this result
+    open_as_rival: int  # rival games this slot opened and still plays
     stake_held: int
+    commitment: bytes
     result: bytes
     checkpoint_root: bytes
+    beaten_by: int  # earliest-opened game that beat this result (0: none)
+    beaten_winner: str  # its winner, who receives the stake less the burn
+
+    @property
+    def standing(self) -> bool:
+        """A revealed result not beaten in any game (it can be disputed and can be paid)."""
+        return self.status is SlotStatus.REVEALED
 
 
 @dataclass(frozen=True)
@@ -177,8 +221,8 @@ class MarketEvent:
 
 
 EVENT_NAMES = (
-    "JobPosted", "TrainerJoined", "ResultSubmitted", "DisputeOpened", "DisputeSettled", "Credited",
-    "JobFinalized", "Withdrawn",
+    "JobPosted", "TrainerJoined", "ResultCommitted", "ResultRevealed", "DisputeOpened", "DisputeSettled",
+    "StakeForfeited", "Burned", "Credited", "JobFinalized", "Withdrawn",
 )
 
 
@@ -191,8 +235,9 @@ class Market:
         self.contract = contract
 
     @classmethod
-    def deploy(cls, w3: Web3, artifacts: Mapping[str, Artifact], game: str, sender: str | None = None) -> Market:
-        return cls(w3, artifacts, deploy_contract(w3, artifacts, "JobMarket", game, sender=sender))
+    def deploy(cls, w3: Web3, artifacts: Mapping[str, Artifact], game: str, params: MarketParams,
+               sender: str | None = None) -> Market:
+        return cls(w3, artifacts, deploy_market(w3, artifacts, game, params, sender=sender))
 
     @classmethod
     def at(cls, w3: Web3, artifacts: Mapping[str, Artifact], address: str) -> Market:
@@ -242,16 +287,34 @@ class Market:
         receipt = self._tx(self.contract.functions.join(job_id), sender, value)
         return int(self.events(receipt, "TrainerJoined")[0].args["slot"]), receipt
 
-    def submit(self, job_id: int, result: bytes, checkpoint_root: bytes = ZERO32, sender: str | None = None) -> TxReceipt:
-        return self._tx(self.contract.functions.submit(job_id, result, checkpoint_root), sender)
+    def commit(self, job_id: int, commitment: bytes, sender: str) -> TxReceipt:
+        """Commit to a result (``commitment(result, checkpoint_root, salt, sender)``) by the
+        submission deadline; keep the salt secret until ``reveal``."""
+        return self._tx(self.contract.functions.commit(job_id, commitment), sender)
 
-    def open_dispute(self, job_id: int, slot: int, bond: int, sender: str) -> tuple[int, TxReceipt]:
+    def commit_result(self, job_id: int, result: bytes, salt: bytes, sender: str,
+                      checkpoint_root: bytes = ZERO32) -> TxReceipt:
+        """Commit to `result` for `sender` (the commitment computed here with the same `salt` that
+        ``reveal`` will need)."""
+        return self.commit(job_id, commitment(result, checkpoint_root, salt, sender), sender)
+
+    def reveal(self, job_id: int, result: bytes, checkpoint_root: bytes, salt: bytes, sender: str) -> TxReceipt:
+        """Open the commitment in the reveal window (after the submission deadline)."""
+        return self._tx(self.contract.functions.reveal(job_id, result, checkpoint_root, salt), sender)
+
+    def open_dispute(self, job_id: int, slot: int, bond: int | None, sender: str) -> tuple[int, TxReceipt]:
+        """Dispute slot `slot`'s revealed result; `bond` None locks what ``required_bond`` asks now."""
+        bond = self.required_bond(job_id, slot) if bond is None else bond
         value = self._pay(self.job(job_id).spec.token, bond, sender)
         receipt = self._tx(self.contract.functions.openDispute(job_id, slot, bond), sender, value)
         return int(self.events(receipt, "DisputeOpened")[0].args["gameId"]), receipt
 
-    def dispute_rival(self, job_id: int, defender_slot: int, own_slot: int, sender: str) -> tuple[int, TxReceipt]:
-        receipt = self._tx(self.contract.functions.disputeRival(job_id, defender_slot, own_slot), sender)
+    def dispute_rival(self, job_id: int, defender_slot: int, own_slot: int, sender: str,
+                      bond: int | None = None) -> tuple[int, TxReceipt]:
+        """A trainer disputes a rival's different result with a bond (None: ``required_bond``)."""
+        bond = self.required_bond(job_id, defender_slot) if bond is None else bond
+        value = self._pay(self.job(job_id).spec.token, bond, sender)
+        receipt = self._tx(self.contract.functions.disputeRival(job_id, defender_slot, own_slot, bond), sender, value)
         return int(self.events(receipt, "DisputeOpened")[0].args["gameId"]), receipt
 
     def finalize(self, job_id: int, sender: str | None = None) -> TxReceipt:
@@ -270,6 +333,10 @@ class Market:
     def max_slots(self) -> int:
         return int(self._call(self.contract.functions.MAX_SLOTS()))
 
+    def params(self) -> MarketParams:
+        """The parameters the market was deployed with (immutable)."""
+        return MarketParams.from_tuple(self._call(self.contract.functions.marketParams()))
+
     def job_count(self) -> int:
         return int(self._call(self.contract.functions.jobCount()))
 
@@ -279,8 +346,10 @@ class Market:
         return Job(JobSpec(*spec_raw), client, JobStatus(status), taken, active, reward_held, bytes(accepted))
 
     def slot(self, job_id: int, slot: int) -> Slot:
-        trainer, status, stake, result, ckpt = self._call(self.contract.functions.getSlot(job_id, slot))
-        return Slot(trainer, SlotStatus(status), stake, bytes(result), bytes(ckpt))
+        trainer, status, against, as_rival, stake, com, result, ckpt, beaten_by, beaten_winner = self._call(
+            self.contract.functions.getSlot(job_id, slot))
+        return Slot(trainer, SlotStatus(status), against, as_rival, stake, bytes(com), bytes(result), bytes(ckpt),
+                    beaten_by, beaten_winner)
 
     def slots(self, job_id: int) -> list[Slot]:
         return [self.slot(job_id, i) for i in range(self.job(job_id).slots_taken)]
@@ -298,13 +367,28 @@ class Market:
     def total_owed(self, token: str = ETH) -> int:
         return int(self._call(self.contract.functions.totalOwed(token)))
 
+    def burned(self, token: str = ETH) -> int:
+        """Forfeits burned in `token`: held by the market for ever, withdrawable by nobody."""
+        return int(self._call(self.contract.functions.burned(token)))
+
+    def reveal_deadline(self, job_id: int) -> int:
+        return int(self._call(self.contract.functions.revealDeadline(job_id)))
+
     def challenge_deadline(self, job_id: int) -> int:
         return int(self._call(self.contract.functions.challengeDeadline(job_id)))
 
+    def required_bond(self, job_id: int, slot: int) -> int:
+        """The bond a new dispute against `slot` must lock now (doubles per 16 games running against it)."""
+        return int(self._call(self.contract.functions.requiredBond(job_id, slot)))
+
+    def has_disputed(self, job_id: int, slot: int, challenger: str) -> bool:
+        return bool(self._call(self.contract.functions.hasDisputed(job_id, slot, challenger)))
+
     def held(self, token: str, accounts: Iterable[str], game_ids: Iterable[int] = ()) -> int:
         """Recompute what the market owes in `token` from its parts: rewards + stakes held by every
-        job in that token, bonds of the given disputes still active, and withdrawable balances of
-        the given accounts. Equal to ``total_owed`` and the token balance when the books are right."""
+        job in that token, bonds of the given disputes still active, withdrawable balances of the
+        given accounts, and the burned total. Equal to ``total_owed`` and the token balance when
+        the books are right."""
         total = 0
         token_key = int(token, 16)
         for job_id in range(1, self.job_count() + 1):
@@ -316,13 +400,13 @@ class Market:
             d = self.dispute(gid)
             if d.active and int(self.job(d.job_id).spec.token, 16) == token_key:
                 total += d.bond
-        return total + sum(self.balance_of(a, token) for a in set(accounts))
+        return total + sum(self.balance_of(a, token) for a in set(accounts)) + self.burned(token)
 
     def rivals(self, job_id: int, own_slot: int) -> list[int]:
         """Slots a trainer in `own_slot` should dispute: standing results that differ from its own."""
         slots = self.slots(job_id)
         own = slots[own_slot].result
-        return [i for i, s in enumerate(slots) if i != own_slot and s.status is SlotStatus.SUBMITTED and s.result != own]
+        return [i for i, s in enumerate(slots) if i != own_slot and s.standing and s.result != own]
 
     def token_balance(self, token: str) -> int:
         if int(token, 16) == 0:

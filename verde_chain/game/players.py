@@ -98,7 +98,7 @@ class Defender:
         if self.strategy == "stall":
             return None
         if v.phase in (Phase.L1_POST, Phase.L4_POST):
-            points = rules.split_points(v.lo, v.hi, v.arity)[1:-1]
+            points = rules.split_points(v.lo, v.hi, v.arity, v.grid)[1:-1]
             if self.strategy == "garbage":
                 return PostClaims(tuple(self.rng.randbytes(32) for _ in points))
             if self.strategy == "copy":
@@ -154,7 +154,7 @@ class Challenger:
         if self.strategy == "stall":
             return None
         if v.phase in (Phase.L1_CHOOSE, Phase.L4_CHOOSE):
-            points = rules.split_points(v.lo, v.hi, v.arity)[1:]
+            points = rules.split_points(v.lo, v.hi, v.arity, v.grid)[1:]
             posted = list(seen.claims) + [v.claim_hi]  # right ends of the sub-intervals
             if v.phase == Phase.L1_CHOOSE:
                 own = [w.step_commitment(p) for p in points]
