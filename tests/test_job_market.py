@@ -872,3 +872,23 @@ def test_played_game_cheater_loses_stake_to_challenger(env: Env, fault: tuple[st
     assert env.market.balance_of(env.client, env.token) == REWARD
     assert env.market.balance_of(env.trainers[0], env.token) == 0
     env.assert_solvent()
+
+
+def test_a_mined_revert_keeps_its_own_error(env: Env) -> None:
+    """A transaction that fails once mined (sent with a fixed gas limit, so nothing is estimated
+    first) is decoded as it failed in its own block: a commit landing one second after the deadline
+    reads SubmissionClosed, though the same call replayed at the block before would succeed."""
+    job_id = env.post(slots=1)
+    t0 = env.trainers[0]
+    env.market.join(job_id, sender=t0)
+    deadline = env.market.job(job_id).spec.submission_deadline
+    env.w3.provider.make_request("evm_setNextBlockTimestamp", [deadline + 1])  # type: ignore[arg-type]
+    fn = env.market.contract.functions.commit(job_id, keccak(b"late"))
+    with pytest.raises(ContractRevert) as ei:
+        transact(env.w3, fn, env.artifacts, sender=t0, gas=200_000)
+    assert ei.value.error == "SubmissionClosed"
+    assert (ei.value.args_["deadline"], ei.value.args_["nowTs"]) == (deadline, deadline + 1)
+    failed = env.w3.eth.get_block("latest")
+    assert failed["timestamp"] == deadline + 1
+    fn.call({"from": t0}, block_identifier=failed["number"] - 1)  # the old replay: no revert at all
+    env.assert_solvent()
