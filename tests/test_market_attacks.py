@@ -41,7 +41,15 @@ from verde_chain.chain.anvil import increase_time
 from verde_chain.chain.deploy import deploy_market
 from verde_chain.chain.game import DisputeGameClient, GameParams, GameView, Phase, Resolution, Side
 from verde_chain.chain.market import ETH, SlotStatus, bound_violation, commitment
-from verde_chain.chain.params import DEFENCE_GAS, FAST, MarketParams, invalid_param, split_forfeit
+from verde_chain.chain.params import (
+    DEFENCE_GAS,
+    FAST,
+    MarketParams,
+    bond_floor,
+    invalid_param,
+    required_bond,
+    split_forfeit,
+)
 from verde_chain.errors import ContractRevert
 from verde_chain.game import players as pl
 from verde_chain.game import runner
@@ -108,7 +116,7 @@ def test_rival_dispute_flood_honest_defender_wins_every_game(w3: Web3, artifacts
     step = FAST.disputes_per_bond_step
     for i, who in enumerate(flood):
         need = env.market.required_bond(job_id, 0)
-        assert need == BOND << ((i + 1) // step)  # the rival's game counts too
+        assert need == required_bond(BOND, i + 1, step) == BOND << ((i + 1) // step)  # the rival's game counts
         if need > BOND:
             expect("BondTooSmall", lambda w=who, n=need: env.dispute(job_id, 0, sender=w, bond=n - 1), minimum=need)
         env.dispute(job_id, 0, sender=who, bond=need)
@@ -194,6 +202,18 @@ def test_trap_job_parameters_are_refused(env: Env) -> None:
     assert bound_violation(env.spec(token=other), p, env.chain.timestamp()) == ("token", int(other, 16), 0, 0)
     expect("TokenNotAllowed", lambda: env.post(token=other), token=other)
     env.assert_solvent()
+
+
+def test_priced_bound_and_floor_twins() -> None:
+    """The twins of the contract's pure rules at their edges: the dispute price saturates instead of
+    wrapping, and a floor's unburned share pays the whole defence at the reference gas price."""
+    assert required_bond(5, 15, 16) == 5 and required_bond(5, 16, 16) == 10 and required_bond(5, 47, 16) == 20
+    assert required_bond(2**255, 16, 16) == 2**256 - 1 and required_bond(1, 256 * 16, 16) == 2**256 - 1
+    assert required_bond(1, 255 * 16, 16) == 2**255
+    for price in (1, 10**9, 20 * 10**9, 3 * 10**11):
+        floor = bond_floor(price)
+        assert split_forfeit(floor, FAST.burn_bps)[1] >= DEFENCE_GAS * price > split_forfeit(floor - 2, FAST.burn_bps)[1]
+    assert FAST.floor(ETH) == bond_floor(10**9) and FAST.floor("0x" + "11" * 20) == 0
 
 
 def test_bad_market_parameters_are_refused_at_deployment(w3: Web3, artifacts: Any, deploy: Callable[..., Any]) -> None:

@@ -122,9 +122,11 @@ def invalid_param(p: MarketParams) -> str | None:
 
 
 def required_bond(min_bond: int, open_games: int, step: int) -> int:
-    """Twin of MarketRules.requiredBond: the minimum doubled per `step` running games (saturating)."""
-    value = min_bond << (open_games // step)
-    return value if value < 2**256 else 2**256 - 1
+    """Twin of MarketRules.requiredBond: the minimum doubled per `step` running games (saturating
+    at 2^256 - 1, also from 256 doublings on)."""
+    doublings = open_games // step
+    value = min_bond << doublings
+    return value if doublings < 256 and value < 2**256 else 2**256 - 1
 
 
 def split_forfeit(amount: int, burn_bps: int) -> tuple[int, int]:
