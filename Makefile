@@ -8,8 +8,12 @@ NPMSTAMP:= node_modules/.installed
 TOOLPATH:= $(CURDIR)/build/toolchain
 export PATH := $(CURDIR)/node_modules/@foundry-rs/anvil-linux-amd64/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export SOLCX_BINARY_PATH := $(TOOLPATH)/solcx
+# The explorer's browser tests drive Debian's chromium through Playwright (Playwright's own
+# browser download cannot work on machines without internet); installed as root, or via sudo.
+CHROMIUM:= /usr/bin/chromium
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup test test-fast demo bench ape-compile ape-test clean
+.PHONY: setup browser lint test test-fast demo bench ape-compile ape-test clean
 
 setup: $(PYSTAMP) $(NPMSTAMP) $(SOLCX_BINARY_PATH)/solc-v0.8.28
 
@@ -27,7 +31,19 @@ $(SOLCX_BINARY_PATH)/solc-v0.8.28: bin/solc
 	mkdir -p $(SOLCX_BINARY_PATH)
 	ln -sf $(CURDIR)/bin/solc $@
 
-test: setup
+# ruff (style, imports, bugbear-like checks) and mypy (types) as configured in pyproject.toml.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy verde_chain
+
+# Skipped once the browser is there (a file target): idempotent.
+browser: $(CHROMIUM)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+
+test: setup lint $(CHROMIUM)
 	$(PY) -m pytest
 
 test-fast: setup

@@ -11,7 +11,7 @@
 // own. All three variants produce the same bits: vector lanes only ever hold DIFFERENT output
 // elements, never partial sums of one element.
 //
-// Canonical orders (the spec; engineer B's verde_chain/repops/spec.py must agree):
+// Canonical orders (the spec; the operator library verde_chain/repops/library/ must agree):
 //   dot product   acc = a[0]*b[0]                (one rounded multiply)
 //                 acc = fma(a[k], b[k], acc)     k = 1 .. K-1 ascending; K == 0 gives +0
 //   sum           acc = x[0]; acc = acc + x[k]   k = 1 .. K-1 ascending

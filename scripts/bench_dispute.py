@@ -5,16 +5,19 @@ Runs four games on a fresh Anvil:
   toy stepper, T steps x N nodes of toy kernels (sizes below):
     lying defender  vs honest challenger   (the fault is one micro-step of one element)
     honest defender vs lying challenger
-  real ScalarVM, T steps of a 4-node RepOps training loop (verde_chain/game/kernel_world.py):
+  real ScalarVM, T steps of a 4-node RepOps training loop (verde_chain/dispute/kernel_world.py):
     lying defender  vs honest challenger
     honest defender vs lying challenger
 
 and prints a table of moves and gas per party and level, the totals, and whether the goals
 (<= 40 moves per party, <= 5,000,000 gas both parties together) hold. Level 1 splits at the job's
 checkpoints first (every ``--interval`` steps). The last line is the largest gas an honest
-defender spent on one whole game: what ``verde_chain.chain.params.DEFENCE_GAS`` must cover.
+defender spent on one whole game: what ``verde_chain.market.marketparams.DEFENCE_GAS`` must cover.
 
 Usage: .venv/bin/python scripts/bench_dispute.py [--steps 1000] [--nodes 64] [--arity 16] [--interval 100]
+
+The toy job is test support code (``tests/support/toy.py``): the script puts the repository root on
+``sys.path`` to reach it.
 """
 
 from __future__ import annotations
@@ -23,16 +26,21 @@ import argparse
 import random
 import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.toy import Fault, ToyJob, ToyWorld, default_graph
 from verde_chain.chain.anvil import Anvil, increase_time
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.deploy import deploy_contract
-from verde_chain.chain.game import DisputeGameClient, GameParams
-from verde_chain.chain.params import DEFENCE_GAS
-from verde_chain.game import players as pl
-from verde_chain.game import rules, runner
-from verde_chain.game.kernel_world import KernelJob, KernelWorld
-from verde_chain.game.toy import Fault, ToyJob, ToyWorld, default_graph
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.dispute import bisection, runner
+from verde_chain.dispute import players as pl
+from verde_chain.dispute.cheats import MicroFault
+from verde_chain.dispute.kernel_world import KernelJob, KernelWorld
+from verde_chain.dispute.types import GameParams
+from verde_chain.market.marketparams import DEFENCE_GAS
 
 MOVE_GOAL = 40
 GAS_GOAL = 5_000_000
@@ -75,16 +83,16 @@ def main() -> int:
     liar.step_commitment(a.steps)
     print(f"job: T={a.steps} steps, {a.nodes} nodes/step, k={a.arity}, largest tensor {a.numel} elements, "
           f"largest program N={a.micro}; fault {fault}; worlds built in {time.time() - t0:.1f}s")
-    bound = rules.move_bound(a.steps, a.nodes, -(-a.numel // 128), a.micro, a.arity, a.interval)
+    bound = bisection.move_bound(a.steps, a.nodes, -(-a.numel // 128), a.micro, a.arity, a.interval)
     print(f"move bound (full game): defender {bound.defender}, challenger {bound.challenger}")
 
     t0 = time.time()
     kjob = KernelJob(a.steps, seed=a.seed)
     khonest = KernelWorld(kjob)
     kdesc = kjob.nodes[0][0]
-    kfault = Fault("micro", a.steps, 0, rng.randrange(kdesc.numel), kdesc.num_steps)
+    kfault = MicroFault(a.steps, 0, rng.randrange(kdesc.numel), kdesc.num_steps, bit=0)
     for s in sorted({rng.randrange(a.steps // 2, a.steps + 1) for _ in range(5)}):
-        cand = KernelWorld(kjob, Fault("micro", s, 0, kfault.element, kdesc.num_steps))
+        cand = KernelWorld(kjob, MicroFault(s, 0, kfault.element, kdesc.num_steps, bit=0))
         if cand.step_commitment(a.steps) != khonest.step_commitment(a.steps):  # the error survives to C_T
             kfault = cand.fault or kfault
             break

@@ -20,8 +20,8 @@ from verde_chain.chain.deploy import deploy_contract
 from verde_chain.commit import merkle
 from verde_chain.commit.merkle import keccak256
 from verde_chain.commit.tensor import LEAF_BYTES, LEAF_ELEMS, tensor_root
-from verde_chain.repops import program, spec
-from verde_chain.scalarvm import vm
+from verde_chain.repops import library, program
+from verde_chain.vm import scalarvm as vm
 
 
 def opening_at_depth(depth: int, rng: random.Random) -> tuple[bytes, int, int, bytes, list[bytes]]:
@@ -67,7 +67,7 @@ def main() -> None:
 
         # complete one-step proofs: a K=1024 dot product (LOAD with opening, and FMA)
         svm = deploy_contract(w3, arts, "ScalarVM")
-        desc = spec.matmul((4, 1024), (1024, 4))
+        desc = library.matmul((4, 1024), (1024, 4))
         ins = [np.random.default_rng(0).standard_normal(4096).astype(np.float32) for _ in range(2)]
         e = 5
         states = vm.run_states(desc, ins, e)

@@ -20,9 +20,10 @@ from eth_utils import keccak
 from verde_chain.chain.anvil import Anvil, increase_time
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.deploy import deploy_contract
-from verde_chain.chain.market import ETH, ZERO32, JobSpec, Market
-from verde_chain.chain.params import FAST
+from verde_chain.chain.market_client import Market
 from verde_chain.chain.tx import transact
+from verde_chain.market.marketparams import FAST
+from verde_chain.market.types import ETH, ZERO32, JobTerms
 
 
 def measure(w3: Any, arts: Any, token: str, market: Market, game: Any) -> dict[str, int]:
@@ -30,16 +31,16 @@ def measure(w3: Any, arts: Any, token: str, market: Market, game: Any) -> dict[s
     client, challenger = acc[1], acc[5]
     bond = FAST.floor(ETH)
 
-    def spec(slots: int) -> JobSpec:
+    def terms(slots: int) -> JobTerms:
         now = int(w3.eth.get_block("latest")["timestamp"])
-        return JobSpec(token, keccak(b"spec"), "https://bundles.example/spec", keccak(b"graph"), keccak(b"C_0"),
+        return JobTerms(token, keccak(b"spec"), "https://bundles.example/spec", keccak(b"graph"), keccak(b"C_0"),
                        keccak(b"batches"), 1000, 100, 10**17 + 3, 3 * bond, bond, slots, now + 3600, 600, 3600, 16,
                        600, 64)
 
     def run(slots: int) -> tuple[int, dict[str, int]]:
         trainers = [acc[2 + i % 3] for i in range(slots)] if slots <= 3 else [
             _funded(w3, arts, token, i) for i in range(slots)]
-        job_id, r = market.post_job(spec(slots), sender=client)
+        job_id, r = market.post_job(terms(slots), sender=client)
         gas = {"postJob": int(r["gasUsed"])}
         results = [keccak(b"C_T %d" % (i % 2)) for i in range(slots)]
         for i, t in enumerate(trainers):
@@ -47,7 +48,7 @@ def measure(w3: Any, arts: Any, token: str, market: Market, game: Any) -> dict[s
             gas["join"] = int(r["gasUsed"])
             r = market.commit_result(job_id, results[i], keccak(b"salt %d" % i), t)
             gas["commit"] = int(r["gasUsed"])
-        increase_time(w3, market.job(job_id).spec.submission_deadline - int(w3.eth.get_block("latest")["timestamp"]) + 1)
+        increase_time(w3, market.job(job_id).terms.submission_deadline - int(w3.eth.get_block("latest")["timestamp"]) + 1)
         for i, t in enumerate(trainers):
             gas["reveal"] = int(market.reveal(job_id, results[i], ZERO32, keccak(b"salt %d" % i), sender=t)["gasUsed"])
         return job_id, gas

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_training import CONFIGS, median_time, torch_step_fn
 
 from verde_chain.examples import EXAMPLES
-from verde_chain.graph.kernels import make_runner
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.structure import GraphNode
 from verde_chain.repops.backend_cpu import CppBackend
 
@@ -88,7 +88,7 @@ def repops_breakdown(config: str, steps: int, threads: int, backend: str) -> tup
     # run() call is committed: "commitments + executor" holds that one commitment, amortised)
     run = job.make_run(None, 0, runner, steps + 3)
     run.run(until=3)  # warm-up (per-desc preparation, page faults)
-    kernel = run.exec._step_kernel()
+    kernel = run.exec.step_kernel()
     spent: dict[str, float] = collections.defaultdict(float)
     if kernel is not None:
         # the whole step runs in one C++ call, which times each node inside it

@@ -24,10 +24,11 @@ from typing import Any
 from verde_chain.chain.anvil import Anvil, increase_time
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.deploy import deploy_contract
-from verde_chain.chain.game import DisputeGameClient, GameParams
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.dispute import bisection, runner
+from verde_chain.dispute import players as pl
+from verde_chain.dispute.types import GameParams
 from verde_chain.examples.digits import digits_job
-from verde_chain.game import players as pl
-from verde_chain.game import rules, runner
 from verde_chain.graph.world import OutputFault, TrainingWorld
 
 CLOCK = 7 * 24 * 3600
@@ -73,7 +74,7 @@ def main() -> None:
                 rounds = max(rounds, out.moves[("challenger", 1)])
             row = {
                 "N": n, "T": a.steps, "k": a.arity, "l1_rounds_max": rounds,
-                "l1_rounds_bound": rules.step_rounds(a.steps, a.arity, n),
+                "l1_rounds_bound": bisection.step_rounds(a.steps, a.arity, n),
                 "reexec_mean": round(statistics.mean(counts), 1), "reexec_max": max(counts),
                 "reexec_max_pct": round(100 * max(counts) / a.steps, 1), "divergence_points": a.points,
                 "wall_s": round(time.time() - t0, 1),

@@ -18,11 +18,14 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the TestFloat reader is test support code
+
+from tests.support.testfloat import TestFloatMissing, load_vectors
 from verde_chain.chain.anvil import Anvil
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.deploy import deploy_contract
-from verde_chain.testfloat import TestFloatMissing, load_vectors
 
 NOP = 255
 # name, harness op, arity, TestFloat file (or None), positive operands only

@@ -37,8 +37,8 @@ import torch
 
 import verde_chain.graph.executor as ex
 from verde_chain.examples import EXAMPLES
+from verde_chain.graph.backend import make_runner
 from verde_chain.graph.checkpoint import CheckpointStore
-from verde_chain.graph.kernels import make_runner
 from verde_chain.job import Job
 
 # name -> (example, job kwargs): the two examples as shipped, and a wider MLP whose nodes are big

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import torch
 
-from verde_chain.repops import backend_cuda, program, reference, spec
+from verde_chain.repops import backend_cuda, library, program, reference
 from verde_chain.repops.backend_cuda import CUDA_FLAGS, CtypesCuda, CudaBackend, build_extension, cuda_status  # noqa: F401
 from verde_chain.repops.edges import EDGE_BITS, edge_array, edge_floats
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op
@@ -181,10 +181,10 @@ def bench(ext: Any, sizes: list[int]) -> list[dict[str, Any]]:
 # ======================================================================= op families
 #
 # The same cases run here on the GPU (CUDA backend vs the CPU C++ backend) and on the host in
-# tests/test_cuda_program.py (the interpreter header compiled by g++ vs reference.run), so the
+# tests/repops/test_cuda_program.py (the interpreter header compiled by g++ vs reference.run), so the
 # GPU run checks exactly the descriptors whose host twin is already proven.
 
-Case = tuple[str, spec.Composite, list[np.ndarray]]
+Case = tuple[str, library.Composite, list[np.ndarray]]
 EDGE_U32 = np.array(EDGE_BITS, dtype=np.uint32)
 # Operands where the integer ops and LDEXP change behaviour, added to the edge list in the
 # instruction grid: ties of RINT (even and odd neighbours), exponents around the subnormal
@@ -200,7 +200,7 @@ EXTRA_U32 = np.concatenate(
 
 
 def _one(desc: program.KernelDesc, *ins: np.ndarray) -> Case:
-    return (desc.label or "node", spec.single(desc, [x.shape for x in ins]), list(ins))
+    return (desc.label or "node", library.single(desc, [x.shape for x in ins]), list(ins))
 
 
 def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
@@ -218,7 +218,7 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
         if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
             continue
         instr = Instr(op, 0, 0, 1, 2 if op in THREE_REG_OPS else 0)
-        cases.append((f"instr_{op.name}", spec.single(spec.elementwise(op.name, [(a.size,)] * 3, (instr,))), grid))
+        cases.append((f"instr_{op.name}", library.single(library.elementwise(op.name, [(a.size,)] * 3, (instr,))), grid))
     # NaN payloads through chains; raw CONST/LOAD bits kept; MOV canonical; COORD exact
     chain = (
         Instr(Op.SUB, 3, 0, 1), Instr(Op.NEG, 4, 3), Instr(Op.ABS, 5, 4), Instr(Op.SELECT, 6, 5, 3, 1),
@@ -228,50 +228,50 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
     for tail_name, tail in [
         ("select", (Instr(Op.SELECT, 0, 12, 9, 6),)),
         ("mov", (Instr(Op.MOV, 0, 2),)),
-        ("load", (spec.load(0, 1),)),
+        ("load", (library.load(0, 1),)),
         ("const", (Instr(Op.CONST, 0, imm=0xFFC00001),)),
         ("ldexp", (Instr(Op.LDEXP, 0, 14, 13),)),
     ]:
         cases.append(
-            (f"chain_{tail_name}", spec.single(spec.elementwise("chain", [(a.size,)] * 3, chain + tail)), grid)
+            (f"chain_{tail_name}", library.single(library.elementwise("chain", [(a.size,)] * 3, chain + tail)), grid)
         )
     x57 = edge_array((5, 7), s + 1, 0.6)
     raw = (
-        spec.load(0, 0), Instr(Op.COORD, 3, imm=0), Instr(Op.COORD, 4, imm=1), Instr(Op.CONST, 5, imm=0xFFC00001),
+        library.load(0, 0), Instr(Op.COORD, 3, imm=0), Instr(Op.COORD, 4, imm=1), Instr(Op.CONST, 5, imm=0xFFC00001),
         Instr(Op.MOV, 6, 0), Instr(Op.SELECT, 0, 3, 0, 5),
     )  # fmt: skip
     cases.append(_one(program.KernelDesc((5, 7), 1, (program.InputMap(35, (7, 1)),), raw, label="raw_bits"), x57))
-    cases.append(_one(spec.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), x57))
+    cases.append(_one(library.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), x57))
     # registers start at +0; a body register carried across k
     x = edge_array((300, 6), s + 4, 0.3)
     m = program.InputMap(x.size, (6,), 1)
     carried = program.KernelDesc(
-        (300,), 6, (m,), (spec.load(1, 0), Instr(Op.ADD, 0, 1, 7)),
-        (spec.load(1, 0), Instr(Op.ADD, 9, 9, 1), Instr(Op.MUL, 0, 9, 9)), (Instr(Op.ADD, 0, 0, 11),), label="carried",
+        (300,), 6, (m,), (library.load(1, 0), Instr(Op.ADD, 0, 1, 7)),
+        (library.load(1, 0), Instr(Op.ADD, 9, 9, 1), Instr(Op.MUL, 0, 9, 9)), (Instr(Op.ADD, 0, 0, 11),), label="carried",
     )  # fmt: skip
     cases.append(_one(carried, x))
     # unary maps (incl. every transcendental), on edges plus a wide range
     xu = np.concatenate(
         [EDGE, EXTRA_U32.view(np.float32), edge_array((2000,), s + 71, 0.1, 10.0), edge_array((300,), s + 72, 0, 200.0)]
     )
-    for name in sorted(spec.UNARY_CODE) + list(spec.TRANSCENDENTAL_UNARY):
-        cases.append(_one(spec.map_unary(name, xu.shape), xu))
+    for name in sorted(library.UNARY_CODE) + list(library.TRANSCENDENTAL_UNARY):
+        cases.append(_one(library.map_unary(name, xu.shape), xu))
     for approx in ("none", "tanh"):
-        cases.append(_one(spec.gelu(xu.shape, approx), xu))
+        cases.append(_one(library.gelu(xu.shape, approx), xu))
     xg, gg = edge_array((20, 30), s + 81, 0.2), edge_array((20, 30), s + 82, 0.2)
-    for name in sorted(spec.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"]:
-        cases.append(_one(spec.unary_grad(name, xg.shape), xg, gg))
+    for name in sorted(library.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"]:
+        cases.append(_one(library.unary_grad(name, xg.shape), xg, gg))
     # binaries, same shape and broadcast; other maps
     ba, bb, bc = edge_array((4, 8), s + 61, 0.4), edge_array((4, 8), s + 62, 0.4), edge_array((3, 1, 8), s + 63, 0.4)
-    for bop in sorted(spec.BINARY_CODE):
-        cases.append(_one(spec.binary(bop, ba.shape, bb.shape), ba, bb))
-        cases.append(_one(spec.binary(bop, bc.shape, bb.shape), bc, bb))
+    for bop in sorted(library.BINARY_CODE):
+        cases.append(_one(library.binary(bop, ba.shape, bb.shape), ba, bb))
+        cases.append(_one(library.binary(bop, bc.shape, bb.shape), bc, bb))
     xm = edge_array((9, 13), s + 91, 0.3)
-    cases.append(_one(spec.map_affine(xm.shape, 0.3, -1.25), xm))
-    cases.append(_one(spec.clip(xm.shape, -1.0, 2.0), xm))
-    cases.append(_one(spec.leaky_relu(xm.shape, 0.01), xm))
+    cases.append(_one(library.map_affine(xm.shape, 0.3, -1.25), xm))
+    cases.append(_one(library.clip(xm.shape, -1.0, 2.0), xm))
+    cases.append(_one(library.leaky_relu(xm.shape, 0.01), xm))
     cond = edge_array((9, 1), s + 92, 0.5)
-    cases.append(_one(spec.where(cond.shape, xm.shape, (13,)), cond, xm, edge_array((13,), s + 93)))
+    cases.append(_one(library.where(cond.shape, xm.shape, (13,)), cond, xm, edge_array((13,), s + 93)))
     # matmul / gemm: GEMM-shaped (dot path), GEMV shapes and squeezed vectors (interpreter),
     # transposes, broadcast batches, K = 1, gemm epilogues (alpha, beta, bias broadcast)
     mm = [
@@ -282,7 +282,7 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
     ]  # fmt: skip
     for i, (sa, sb, ta, tb) in enumerate(mm):
         cases.append(
-            _one(spec.matmul(sa, sb, ta, tb), edge_array(sa, s + 110 + i, 0.1), edge_array(sb, s + 130 + i, 0.1))
+            _one(library.matmul(sa, sb, ta, tb), edge_array(sa, s + 110 + i, 0.1), edge_array(sb, s + 130 + i, 0.1))
         )
     for i, (cs, alpha, beta, ta, tb) in enumerate(
         [(None, 1.0, 1.0, False, False), ((5,), 0.5, 1.0, False, True), ((6, 5), 1.0, -2.0, True, False),
@@ -294,107 +294,107 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
         cases.append(
             (
                 f"gemm_{i}",
-                spec.single(spec.gemm(ga.shape, gb.shape, cs, alpha, beta, ta, tb), [t.shape for t in ins]),
+                library.single(library.gemm(ga.shape, gb.shape, cs, alpha, beta, ta, tb), [t.shape for t in ins]),
                 ins,
             )
         )
     # an epilogue reading a body register (must not take the GEMM path)
-    mmd = spec.matmul((4, 6), (6, 3))
+    mmd = library.matmul((4, 6), (6, 3))
     odd = program.KernelDesc(
         mmd.out_shape, mmd.K, mmd.inputs, mmd.prologue, mmd.body, (Instr(Op.ADD, 0, 0, 1),), label="matmul_odd_epilogue"
     )
     cases.append(_one(odd, edge_array((4, 6), s + 31), edge_array((6, 3), s + 32)))
     # reductions: every kind, several axes; reduce_dot; log_sum_exp
     xr = edge_array((6, 11, 4), s + 51, 0.2)
-    for kind in spec.REDUCE_KINDS:
+    for kind in library.REDUCE_KINDS:
         for axes, keep in [((1, 2), False), ((2,), True), ((0,), False), (None, True)]:
-            cases.append((f"reduce_{kind}", spec.reduce_composite(kind, xr.shape, axes, keep), [xr]))
+            cases.append((f"reduce_{kind}", library.reduce_composite(kind, xr.shape, axes, keep), [xr]))
     xk1 = np.array([[0x7F800001], [0xFFC12345], [0x80000000]], np.uint32).view(np.float32)
-    cases.append(_one(spec.reduce("sum", xk1.shape, (1,), False), xk1))  # K = 1: raw payloads
+    cases.append(_one(library.reduce("sum", xk1.shape, (1,), False), xk1))  # K = 1: raw payloads
     xd, yd = edge_array((5, 7, 3), s + 41), edge_array((5, 7, 3), s + 42)
     for axes, mean in [((1,), False), ((2,), True), (None, False)]:
-        cases.append(_one(spec.reduce_dot(xd.shape, axes, keepdims=True, mean=mean), xd, yd))
+        cases.append(_one(library.reduce_dot(xd.shape, axes, keepdims=True, mean=mean), xd, yd))
     xs = edge_array((6, 10), s + 111, 0.05)
     gs = edge_array((6, 10), s + 112, 0.05)
-    cases.append(("log_sum_exp", spec.reduce_composite("log_sum_exp", xs.shape, (1,), False), [xs]))
+    cases.append(("log_sum_exp", library.reduce_composite("log_sum_exp", xs.shape, (1,), False), [xs]))
     # data movement: transpose, reshape, expand, slices (negative strides), gather (every kind
     # of bad index), gather_elements, scatter_add
     xt = edge_array((3, 4, 5), s + 101)
-    cases.append(_one(spec.transpose(xt.shape, (2, 0, 1)), xt))
-    cases.append(_one(spec.reshape(xt.shape, (5, 12)), xt))
-    cases.append(_one(spec.expand((4, 1), (3, 4, 6)), edge_array((4, 1), s + 102)))
+    cases.append(_one(library.transpose(xt.shape, (2, 0, 1)), xt))
+    cases.append(_one(library.reshape(xt.shape, (5, 12)), xt))
+    cases.append(_one(library.expand((4, 1), (3, 4, 6)), edge_array((4, 1), s + 102)))
     ends: list[Any] = [None, 4, None]  # None: to the end (negative steps included)
-    cases.append(_one(spec.slice_(xt.shape, [2, 0, 4], ends, [-1, 2, -2]), xt))
+    cases.append(_one(library.slice_(xt.shape, [2, 0, 4], ends, [-1, 2, -2]), xt))
     data = edge_array((10, 4), s + 2)
     idx = np.array(
         [0, 3, -1, -10, -11, 10, 2.5, -0.0, np.nan, np.inf, -np.inf, 9, 1e9, -1e9, 2.0**31, -(2.0**31)], np.float32
     )
-    cases.append(_one(spec.gather((10, 4), idx.shape, 0), data, idx))
-    cases.append(_one(spec.gather((10, 4), (4,), 1), data, np.array([3, -4, 0, 4], np.float32)))
+    cases.append(_one(library.gather((10, 4), idx.shape, 0), data, idx))
+    cases.append(_one(library.gather((10, 4), (4,), 1), data, np.array([3, -4, 0, 4], np.float32)))
     ie = np.array([[0, 3, 1], [-1, 7, 2]], np.float32)
-    cases.append(_one(spec.gather_elements((2, 4), (2, 3), 1), edge_array((2, 4), s + 3), ie))
+    cases.append(_one(library.gather_elements((2, 4), (2, 3), 1), edge_array((2, 4), s + 3), ie))
     cases.append(
-        _one(spec.scatter_add(7, (3,), 5), edge_array((7, 3), s + 103), np.array([0, 4, 4, 2, 0, 1, 4], np.float32))
+        _one(library.scatter_add(7, (3,), 5), edge_array((7, 3), s + 103), np.array([0, 4, 4, 2, 0, 1, 4], np.float32))
     )
     # compositions: softmax family, layer norm, losses, optimizers, backward passes
-    cases.append(("softmax", spec.softmax(xs.shape, -1), [xs]))
-    cases.append(("log_softmax", spec.log_softmax(xs.shape, 0), [xs]))
-    cases.append(("softmax_backward", spec.softmax_backward(xs.shape, -1), [xs, gs]))
-    cases.append(("log_softmax_backward", spec.log_softmax_backward(xs.shape, -1), [xs, gs]))
+    cases.append(("softmax", library.softmax(xs.shape, -1), [xs]))
+    cases.append(("log_softmax", library.log_softmax(xs.shape, 0), [xs]))
+    cases.append(("softmax_backward", library.softmax_backward(xs.shape, -1), [xs, gs]))
+    cases.append(("log_softmax_backward", library.log_softmax_backward(xs.shape, -1), [xs, gs]))
     cases.append(
         (
             "layer_norm",
-            spec.layer_norm(xs.shape, 1, 1e-5, True, True),
+            library.layer_norm(xs.shape, 1, 1e-5, True, True),
             [xs, edge_array((10,), s + 113), edge_array((10,), s + 114)],
         )
     )
-    _, mean_, istd = spec.layer_norm(xs.shape, 1, 1e-5, False, False).run([xs])
+    _, mean_, istd = library.layer_norm(xs.shape, 1, 1e-5, False, False).run([xs])
     cases.append(
         (
             "layer_norm_backward",
-            spec.layer_norm_backward(xs.shape, 1),
+            library.layer_norm_backward(xs.shape, 1),
             [xs, edge_array((10,), s + 115), mean_, istd, gs],
         )
     )
     labels = np.array([0, 3, 9, 2, 2, 7], np.float32)
     for red in ("mean", "sum", "none"):
-        cases.append((f"sce_{red}", spec.softmax_cross_entropy(xs.shape, red), [xs, labels]))
+        cases.append((f"sce_{red}", library.softmax_cross_entropy(xs.shape, red), [xs, labels]))
     gl = np.ones(1, np.float32)
-    cases.append(("sce_backward", spec.softmax_cross_entropy_backward(xs.shape, "mean"), [xs, labels, gl]))
+    cases.append(("sce_backward", library.softmax_cross_entropy_backward(xs.shape, "mean"), [xs, labels, gl]))
     p, buf = edge_array((5, 4), s + 116, 0.1), edge_array((5, 4), s + 117, 0.1)
     g54 = gs[:5, :4].copy()
     v = np.abs(edge_array((5, 4), s + 118, 0.1))
-    cases.append(("sgd_nesterov", spec.sgd(p.shape, 0.1, 0.9, 0.0, 1e-4, True, False), [p, g54, buf]))
-    cases.append(("sgd_first", spec.sgd(p.shape, 0.05, 0.9, 0.1, 0.0, False, True), [p, g54, buf]))
-    cases.append(("adamw", spec.adam(p.shape, 1e-3, 3, (0.9, 0.999), 1e-8, 0.01, True), [p, g54, buf, v]))
-    cases.append(("adam_l2", spec.adam(p.shape, 1e-3, 1, (0.9, 0.999), 1e-8, 0.01, False), [p, g54, buf, v]))
-    cases.append(("onnx_momentum", spec.onnx_momentum(p.shape, 0.1, 2, 0.9, 1.0, 0.01, "nesterov"), [p, g54, buf]))
-    cases.append(("onnx_adam", spec.onnx_adam(p.shape, 0.1, 2, 0.9, 0.999, 1e-6, 0.01, 0.0), [p, g54, buf, v]))
+    cases.append(("sgd_nesterov", library.sgd(p.shape, 0.1, 0.9, 0.0, 1e-4, True, False), [p, g54, buf]))
+    cases.append(("sgd_first", library.sgd(p.shape, 0.05, 0.9, 0.1, 0.0, False, True), [p, g54, buf]))
+    cases.append(("adamw", library.adam(p.shape, 1e-3, 3, (0.9, 0.999), 1e-8, 0.01, True), [p, g54, buf, v]))
+    cases.append(("adam_l2", library.adam(p.shape, 1e-3, 1, (0.9, 0.999), 1e-8, 0.01, False), [p, g54, buf, v]))
+    cases.append(("onnx_momentum", library.onnx_momentum(p.shape, 0.1, 2, 0.9, 1.0, 0.01, "nesterov"), [p, g54, buf]))
+    cases.append(("onnx_adam", library.onnx_adam(p.shape, 0.1, 2, 0.9, 0.999, 1e-6, 0.01, 0.0), [p, g54, buf, v]))
     cases.append(
         (
             "matmul_backward",
-            spec.matmul_backward((6, 10), (10, 3)),
+            library.matmul_backward((6, 10), (10, 3)),
             [xs, edge_array((10, 3), s + 119), edge_array((6, 3), s + 120)],
         )
     )
     for bop in ("add", "sub", "mul", "div"):
         cases.append(
-            (f"{bop}_backward", spec.binary_backward(bop, (6, 10), (1, 10)), [xs, edge_array((1, 10), s + 121), gs])
+            (f"{bop}_backward", library.binary_backward(bop, (6, 10), (1, 10)), [xs, edge_array((1, 10), s + 121), gs])
         )
     if big:
         xb = edge_array(((1 << 20) + 3,), s + 200, 0.01, 10.0)
         for name in ("exp", "tanh", "erf", "gelu_tanh"):
-            cases.append((f"big_{name}", spec.single(spec.map_unary(name, xb.shape)), [xb]))
+            cases.append((f"big_{name}", library.single(library.map_unary(name, xb.shape)), [xb]))
         xw = edge_array((300, 257), s + 201, 0.01)
         for kind in ("sum", "max", "l2"):
-            cases.append((f"big_reduce_{kind}", spec.reduce_composite(kind, xw.shape, (1,), False), [xw]))
+            cases.append((f"big_reduce_{kind}", library.reduce_composite(kind, xw.shape, (1,), False), [xw]))
         xl = edge_array((64, 4096), s + 202, 0.001)
-        cases.append(("big_softmax", spec.softmax(xl.shape, -1), [xl]))
-        cases.append(("big_layer_norm", spec.layer_norm(xl.shape, 1, 1e-5, False, False), [xl]))
+        cases.append(("big_softmax", library.softmax(xl.shape, -1), [xl]))
+        cases.append(("big_layer_norm", library.layer_norm(xl.shape, 1, 1e-5, False, False), [xl]))
         cases.append(
             (
                 "big_gemm",
-                spec.single(spec.gemm((300, 513), (200, 513), (200,), 1.0, 1.0, False, True)),
+                library.single(library.gemm((300, 513), (200, 513), (200,), 1.0, 1.0, False, True)),
                 [
                     edge_array((300, 513), s + 203, 0.01),
                     edge_array((200, 513), s + 204, 0.01),
@@ -405,7 +405,7 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
         cases.append(
             (
                 "long_k_reduce_dot",
-                spec.single(spec.reduce_dot((4, 100000), (1,), True)),
+                library.single(library.reduce_dot((4, 100000), (1,), True)),
                 [edge_array((4, 100000), s + 206, 0.0), edge_array((4, 100000), s + 207, 0.0)],
             )
         )
@@ -481,7 +481,7 @@ def families(cuda: Runner, quick: bool) -> dict[str, Any]:
 def training(steps: int = 5) -> dict[str, Any]:
     """digits, `steps` steps: every commitment C_0..C_T on make_runner("cuda") vs ("cpp")."""
     from verde_chain.examples import EXAMPLES
-    from verde_chain.graph.kernels import make_runner
+    from verde_chain.graph.backend import make_runner
 
     job = EXAMPLES["digits"](steps=steps)
     out: dict[str, Any] = {"example": "digits", "steps": steps}
@@ -493,7 +493,7 @@ def training(steps: int = 5) -> dict[str, Any]:
         out[f"{name}_s"] = round(time.perf_counter() - t0, 2)
         commits[name] = [run.commitments[s].hex() for s in range(steps + 1)]
         if name == "cuda":
-            out["cuda_whole_step"] = isinstance(run.exec._step_kernel(), backend_cuda.CudaStepKernel)
+            out["cuda_whole_step"] = isinstance(run.exec.step_kernel(), backend_cuda.CudaStepKernel)
     out["identical"] = out["C_T_cuda"] == out["C_T_cpp"] and commits["cuda"] == commits["cpp"]
     return out
 
@@ -503,8 +503,8 @@ def step_timing(cuda: Runner, reps: int = 20) -> dict[str, Any]:
     for a digits-wide MLP and the tiny transformer; then one committed step on each, whose C_s
     must agree. One entry per model."""
     from verde_chain.examples import EXAMPLES
+    from verde_chain.graph.backend import make_runner
     from verde_chain.graph.executor import PlainState, StepExecutor
-    from verde_chain.graph.kernels import make_runner
 
     models = {
         "digits_wide": lambda: EXAMPLES["digits"](steps=reps + 3, hidden=512, batch_size=256),
@@ -518,7 +518,7 @@ def step_timing(cuda: Runner, reps: int = 20) -> dict[str, Any]:
         for name, runner in (("cuda", cuda), ("cpu", make_runner("cpp"))):
             ex = StepExecutor(job.program.graph, runner)
             if name == "cuda":
-                row["whole_step"] = isinstance(ex._step_kernel(), backend_cuda.CudaStepKernel)
+                row["whole_step"] = isinstance(ex.step_kernel(), backend_cuda.CudaStepKernel)
             st: PlainState = ex.initial_state(job.init_state)
             times = []
             for s in range(1, reps + 3):

@@ -67,6 +67,9 @@ class ChainControl:
     def mine(self, n: int = 1) -> None:
         anvil_mod.mine(self.w3, n)
 
+    def set_next_timestamp(self, timestamp: int) -> None:
+        anvil_mod.set_next_block_timestamp(self.w3, timestamp)
+
     def snapshot(self) -> str:
         return anvil_mod.snapshot(self.w3)
 

@@ -61,7 +61,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def _deploy_args(p: argparse.ArgumentParser) -> None:
-    from verde_chain.chain.params import PROFILES
+    from verde_chain.market.marketparams import PROFILES
 
     p.add_argument("--rpc-url", default=None, help="JSON-RPC endpoint (default: start an embedded Anvil)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="mainnet",
@@ -78,7 +78,7 @@ def _deploy_args(p: argparse.ArgumentParser) -> None:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from web3 import HTTPProvider, Web3
 
-    from verde_chain.chain.params import PROFILES
+    from verde_chain.market.marketparams import PROFILES
 
     params = PROFILES[args.profile]
     for item in args.token_floor:
@@ -126,6 +126,10 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", choices=("digits", "transformer"), default="digits")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: 100 digits, 8 transformer)")
     p.add_argument("--out", type=Path, default=Path("build") / "demo", help="output directory (bisection.png, state)")
+    p.add_argument("--explorer", action="store_true", help="serve the live explorer of this run and print its URL")
+    p.add_argument("--explorer-port", type=int, default=8600, help="the explorer's port (default 8600; 0 = any)")
+    p.add_argument("--explorer-hold", action="store_true",
+                   help="with --explorer: keep serving after the run ends, until Ctrl-C")
 
 
 @command("demo", "run the end-to-end story on an embedded Anvil", _demo_args)
@@ -133,7 +137,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from verde_chain.demo import run_demo
 
     return run_demo(json_out=args.json, seed=args.seed, cheat=args.cheat, cheat_level=args.cheat_level,
-                    job_kind=args.job, steps=args.steps, out=args.out)
+                    job_kind=args.job, steps=args.steps, out=args.out,
+                    explorer_port=args.explorer_port if args.explorer or args.explorer_hold else None,
+                    explorer_hold=args.explorer_hold)
 
 
 def _register_agents() -> None:
@@ -155,13 +161,23 @@ _register_agents()
 
 
 def _register_train() -> None:
-    from verde_chain.graph import train_cli
+    from verde_chain import train_cli
 
     COMMANDS.append(("train", "run a training job locally (no chain) with step commitments", train_cli.configure,
                      train_cli.run))
 
 
 _register_train()
+
+
+def _register_explorer() -> None:
+    from verde_chain.explorer import cli as explorer_cli
+
+    COMMANDS.append(("explorer", "serve a live explorer of a market's jobs and disputes in the browser",
+                     explorer_cli.configure, explorer_cli.run))
+
+
+_register_explorer()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import json
 import shutil
 import time
 from collections import Counter
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from eth_typing import HexStr
 
 from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.challenger import ChallengerBot
-from verde_chain.agents.client import ClientBot, JobTerms
+from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.errors import StrategyError
 from verde_chain.agents.strategies import check_fault, draw_fault, parse_cheat
 from verde_chain.agents.system import Conductor, deploy_full_system
@@ -34,10 +35,12 @@ from verde_chain.agents.trace import game_trace, interval, plot_bisection, settl
 from verde_chain.agents.trainer import TrainerBot
 from verde_chain.chain.anvil import Anvil
 from verde_chain.chain.compile import compile_contracts
-from verde_chain.chain.game import DisputeGameClient, GameView, Phase
-from verde_chain.chain.market import JobStatus, Market, SlotStatus
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
+from verde_chain.dispute.types import GameView, Phase
 from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
+from verde_chain.market.types import JobStatus, SlotStatus
 
 DEFAULT_STEPS = {"digits": 100, "transformer": 8}
 # --cheat-level: where the cheat is caught. 4: a flipped bit, refuted by the one-step proof;
@@ -111,30 +114,39 @@ def _net_wei(bot: Bot) -> int:
 
 
 def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, cheat_level: int | None = None,
-             job_kind: str = "digits", steps: int | None = None, out: Path | None = None) -> int:
+             job_kind: str = "digits", steps: int | None = None, out: Path | None = None,
+             explorer_port: int | None = None, explorer_hold: bool = False) -> int:
+    """``explorer_port``: serve the live explorer of this run there (0: any free port) while it
+    plays, and with ``explorer_hold`` after it ends too, until Ctrl-C."""
     t0 = time.monotonic()
     out = Path(out or Path("build") / "demo")
     state = out / "state"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     artifacts = compile_contracts()
-    with Anvil() as node:
+    with Anvil() as node, ExitStack() as serving:
         w3 = node.web3()
         record, _ = deploy_full_system(w3, artifacts, node.rpc_url)
         deploy_gas = sum(int(w3.eth.get_block(b)["gasUsed"]) for b in range(1, w3.eth.block_number + 1))
         market_addr = record.contracts["JobMarket"]
         print(f"[chain] Anvil {node.rpc_url}; JobMarket {market_addr}, DisputeGame {record.contracts['DisputeGame']}, "
               f"ScalarVM {record.contracts['ScalarVM']} ({deploy_gas} gas to deploy)", flush=True)
+        if explorer_port is not None:
+            from verde_chain.explorer.cli import start_explorer
+
+            site = serving.enter_context(start_explorer(node.rpc_url, market_addr, artifacts, state / "bundles",
+                                                        port=explorer_port))
+            print(f"[explorer] watch this run live at {site.url}", flush=True)
 
         def cfg(name: str, index: int, strategy: str = "honest") -> BotConfig:
             return BotConfig(node.rpc_url, market_addr, index, str(state / f"{name}.sqlite"), str(state / "bundles"),
                              strategy, seed, name)
 
         client = ClientBot(w3, artifacts, cfg("client", 1))
-        terms = JobTerms(kind=job_kind, steps=steps or DEFAULT_STEPS[job_kind])
-        job_id = client.post(terms)
+        offer = JobOffer(kind=job_kind, steps=steps or DEFAULT_STEPS[job_kind])
+        job_id = client.post(offer)
         market = Market.at(w3, artifacts, market_addr)
-        job = client.bundles.fetch(market.job(job_id).spec.spec_hash)
+        job = client.bundles.fetch(market.job(job_id).terms.spec_hash)
         strategy = cheater_strategy(job, seed, cheat, cheat_level)
         if strategy.startswith("bitflip"):
             _, s, d, e, b = strategy.split(":")
@@ -156,9 +168,14 @@ def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, ch
         report["wall_s"] = round(time.monotonic() - t0, 2)
         report["bots_s"] = round(dispute_s, 2)
         report["time_jumps"] = conductor.time_jumps
-    _print_report(report)
-    if json_out:
-        print(json.dumps(report, sort_keys=True))
+        _print_report(report)
+        if json_out:
+            print(json.dumps(report, sort_keys=True))
+        if explorer_port is not None and explorer_hold:
+            print(f"[explorer] still serving {site.url}; Ctrl-C to stop", flush=True)
+            with suppress(KeyboardInterrupt):
+                while node.running:
+                    time.sleep(0.5)
     return 0 if report["honest_won"] else 1
 
 

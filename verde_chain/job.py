@@ -30,10 +30,10 @@ from eth_abi import encode as abi_encode
 
 from verde_chain.commit import tensor_root
 from verde_chain.commit.merkle import keccak256
+from verde_chain.graph.backend import Runner
 from verde_chain.graph.data import Dataset, batch_indices, batch_root_list
 from verde_chain.graph.errors import JobSpecError
 from verde_chain.graph.executor import TrainingRun
-from verde_chain.graph.kernels import Runner
 from verde_chain.graph.onnx_import import import_onnx
 from verde_chain.graph.training import (
     LossSpec,

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {Bisection} from "../lib/Bisection.sol";
+import {Bisection} from "../dispute/Bisection.sol";
 
-/// @notice Exposes lib/Bisection to the differential tests against verde_chain/game/rules.py.
+/// @notice Exposes dispute/Bisection to its differential test (tests/dispute/test_bisection_twin.py).
 contract BisectionHarness {
     function splitPoints(uint256 lo, uint256 hi, uint256 k, uint256 ckpt) external pure returns (uint256[] memory p) {
         uint256 n = Bisection.parts(lo, hi, k, ckpt);

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {GameParams} from "../lib/GameTypes.sol";
-import {IDisputeResolver} from "../interfaces/IDisputeResolver.sol";
+import {GameParams} from "../dispute/GameTypes.sol";
+import {IDisputeResolver} from "../dispute/IDisputeResolver.sol";
 
 /// @notice A fake dispute game for JobMarket's defensive checks only: it can report outcomes the
 ///         real DisputeGame never would (strangers as winners, unknown or replayed game ids), so

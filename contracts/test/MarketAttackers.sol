@@ -2,8 +2,8 @@
 pragma solidity 0.8.28;
 
 import {ERC20} from "@openzeppelin/contracts/token/ERC20/ERC20.sol";
-import {JobMarket} from "../JobMarket.sol";
-import {JobSpec} from "../lib/JobTypes.sol";
+import {JobMarket} from "../market/JobMarket.sol";
+import {JobTerms} from "../market/JobTypes.sol";
 
 /// @notice A client contract whose ETH receive hook re-enters the market during withdraw(): the
 ///         re-entry must fail (ReentrancyGuard) and the payout with it, leaving the books intact.
@@ -15,8 +15,8 @@ contract ReentrantClient {
         market = market_;
     }
 
-    function post(JobSpec calldata spec) external payable returns (uint256) {
-        return market.postJob{value: msg.value}(spec);
+    function post(JobTerms calldata terms) external payable returns (uint256) {
+        return market.postJob{value: msg.value}(terms);
     }
 
     function setReenter(bool on) external {

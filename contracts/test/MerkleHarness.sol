@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {Merkle} from "../lib/Merkle.sol";
-import {TensorCommit} from "../lib/TensorCommit.sol";
+import {Merkle} from "../commit/Merkle.sol";
+import {TensorCommit} from "../commit/TensorCommit.sol";
 
 /// @notice Exposes the commitment libraries to differential tests and gas benchmarks.
 contract MerkleHarness {

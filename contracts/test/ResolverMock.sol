@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {IDisputeResolver} from "../interfaces/IDisputeResolver.sol";
-import {DisputeGame} from "../DisputeGame.sol";
-import {GameParams} from "../lib/GameTypes.sol";
+import {IDisputeResolver} from "../dispute/IDisputeResolver.sol";
+import {DisputeGame} from "../dispute/DisputeGame.sol";
+import {GameParams} from "../dispute/GameTypes.sol";
 
 /// @title ResolverMock — creates games and records resolution callbacks (game-only tests)
 /// @notice With `reenter` set, the callback tries to resolve the game a second time through

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {F32, SoftFloat32} from "../lib/SoftFloat32.sol";
+import {F32, SoftFloat32} from "../vm/SoftFloat32.sol";
 
 /// @notice Exposes SoftFloat32 to differential tests (batched, so thousands of TestFloat cases
 ///         go through one eth_call) and to the gas benchmark.

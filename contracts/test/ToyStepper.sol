@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {IStepper, StepContext} from "../interfaces/IStepper.sol";
+import {IStepper, StepContext} from "../vm/IStepper.sol";
 
 /// A toy state must be (j, acc) with acc a 32-bit value and j the micro-step about to run.
 error ToyBadState(uint256 j, uint256 acc, uint256 expectedJ);
 
-/// @title ToyStepper — a trivial machine for dispute-game tests (twin: verde_chain/game/toy.py)
+/// @title ToyStepper — a trivial machine for dispute-game tests (twin: tests/support/toy.py)
 /// @notice Like Optimism's AlphabetVM: states are tiny, steps are cheap, and the Python twin
 ///         computes every claim an honest player needs.
 ///

@@ -25,11 +25,14 @@ from verde_chain.agents.strategies import Plan
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
 from verde_chain.agents.wallet import Sender, account, retry
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.game import DisputeGameClient, GameView, Phase, Side
-from verde_chain.chain.market import Market, MarketEvent
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
 from verde_chain.commit.merkle import keccak256
+from verde_chain.dispute import players as pl
+from verde_chain.dispute import runner
+from verde_chain.dispute.types import GameView, Move, Phase, Seen, Side
 from verde_chain.errors import ChainError, ContractRevert
-from verde_chain.game import players as pl
+from verde_chain.market.types import MarketEvent
 
 Log = Callable[[str], None]
 LOG_RANGE = 2_000  # blocks per eth_getLogs query
@@ -244,19 +247,12 @@ class Bot:
     def _player(self, rec: dict[str, Any]) -> pl.Defender | pl.Challenger:
         p = self.plan(rec["job_id"])
         cls = pl.Defender if rec["role"] == "defender" else pl.Challenger
-        return cls(p.world, p.player_strategy, self.cfg.seed)  # type: ignore[arg-type]
+        return cls(p.world, p.style, self.cfg.seed)
 
-    def seen(self, gid: int, rec: dict[str, Any]) -> pl.Seen:
-        """The last claims and chunk posted in the game, from its event log."""
-        seen = pl.Seen()
-        for name, args in retry(lambda: self.games.history(gid, int(rec.get("block", 0)))):
-            if name == "Bisected":
-                seen = pl.Seen(tuple(bytes(c) for c in args["claims"]), seen.chunk)
-            elif name == "SubtreeRevealed":
-                seen = pl.Seen(tuple(bytes(c) for c in args["nodes"]), seen.chunk)
-            elif name == "ElementRevealed":
-                seen = pl.Seen(seen.claims, bytes(args["chunk"]))
-        return seen
+    def seen(self, gid: int, rec: dict[str, Any]) -> Seen:
+        """The last claims and chunk posted in the game, from its event log (read afresh each
+        move, so a restarted bot continues where the game stands)."""
+        return retry(lambda: runner.seen_from_history(self.games, gid, int(rec.get("block", 0))))
 
     def _move(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
         if self._silent(gid, rec):
@@ -270,8 +266,8 @@ class Bot:
         try:
             self.send_move(gid, move, v.phase.level)
         except ContractRevert as exc:
-            self.store.update_game(gid, failed_at=position, last_error=exc.error)
-            self.log(f"game {gid}: my {type(move).__name__} at {v.phase.name} reverted: {exc.error}")
+            self.store.update_game(gid, failed_at=position, last_error=exc.name)
+            self.log(f"game {gid}: my {type(move).__name__} at {v.phase.name} reverted: {exc.name}")
             return False
         # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
         self.store.update_game(gid, last_move=type(move).__name__, last_position=position,
@@ -287,9 +283,9 @@ class Bot:
                 self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
                 return True
             except ContractRevert as exc:
-                if rec.get("timeout_error") != exc.error:
-                    self.store.update_game(gid, timeout_error=exc.error)
-                    self.log(f"game {gid}: claimTimeout reverted: {exc.error}")
+                if rec.get("timeout_error") != exc.name:
+                    self.store.update_game(gid, timeout_error=exc.name)
+                    self.log(f"game {gid}: claimTimeout reverted: {exc.name}")
                 return False
         if v.phase == Phase.L4_STEP and rec["role"] == "challenger" and not self._silent(gid, rec):
             # Anyone may execute the last step; a challenger whose own state j+1 differs from the
@@ -297,36 +293,20 @@ class Bot:
             p = self.plan(rec["job_id"])
             if keccak256(p.world.micro_state(v.step, v.node_index, v.element, v.lo + 1)) == v.claim_hi:
                 return False
-            move = pl.step_move(p.world, v)  # type: ignore[arg-type]
+            move = pl.step_move(p.world, v)
             if move is None or rec.get("failed_at") == "step":
                 return False
             try:
                 self.send_move(gid, move, 4)
                 return True
             except ContractRevert as exc:
-                self.store.update_game(gid, failed_at="step", last_error=exc.error)
-                self.log(f"game {gid}: my step reverted: {exc.error}")
+                self.store.update_game(gid, failed_at="step", last_error=exc.name)
+                self.log(f"game {gid}: my step reverted: {exc.name}")
         return False
 
-    def send_move(self, gid: int, move: pl.Move, level: int) -> None:
-        f = self.games.contract.functions
-        if isinstance(move, pl.PostClaims):
-            call, kind = f.postClaims(gid, list(move.claims)), "postClaims"
-        elif isinstance(move, pl.Choose):
-            call, kind = f.choose(gid, move.choice, list(move.claims)), "choose"
-        elif isinstance(move, pl.RevealNode):
-            call, kind = f.revealNode(gid, move.reveal.as_tuple()), "revealNode"
-        elif isinstance(move, pl.RevealChunk):
-            call, kind = f.revealChunk(gid, move.chunk), "revealChunk"
-        elif isinstance(move, pl.ChooseElement):
-            call, kind = f.chooseElement(gid, move.element, move.chunk), "chooseElement"
-        elif isinstance(move, pl.RevealFinal):
-            call, kind = f.revealFinalState(gid, move.desc, move.state), "revealFinalState"
-        elif isinstance(move, pl.Step):
-            call, kind = f.step(gid, move.desc, move.pre_state, move.proof), "step"
-        else:
-            raise AgentError(f"unknown move {move!r}")
-        self.sender.send(call, kind, game_id=gid, level=level)
+    def send_move(self, gid: int, move: Move, level: int) -> None:
+        """Send `move` through the crash-safe Sender (the same call the runner's client makes)."""
+        self.sender.send(self.games.move_call(gid, move), move.function, game_id=gid, level=level)
 
     def close(self) -> None:
         self.store.close()

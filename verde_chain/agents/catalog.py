@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from verde_chain.agents.errors import AgentError
-from verde_chain.chain.market import JobSpec as ChainJobSpec
 from verde_chain.job import Job, load_job, save_job
+from verde_chain.market.types import JobTerms
 
 JOB_KINDS = ("digits", "transformer")
 
@@ -57,14 +57,14 @@ class Bundles:
         return self._cache[spec_hash]
 
 
-def check_against_chain(job: Job, chain_spec: ChainJobSpec) -> str | None:
+def check_against_chain(job: Job, terms: JobTerms) -> str | None:
     """The first on-chain field that disagrees with the bundle, or None when they all match."""
     checks = [
-        ("specHash", chain_spec.spec_hash, job.spec.hash()),
-        ("graphRoot", chain_spec.graph_root, job.spec.graph_root),
-        ("initialCommitment", chain_spec.initial_commitment, job.spec.initial_commitment),
-        ("batchRoot", chain_spec.batch_root, job.spec.batch_root),
-        ("numSteps", chain_spec.num_steps, job.spec.steps),
-        ("numNodes", chain_spec.num_nodes, job.spec.num_nodes),
+        ("specHash", terms.spec_hash, job.spec.hash()),
+        ("graphRoot", terms.graph_root, job.spec.graph_root),
+        ("initialCommitment", terms.initial_commitment, job.spec.initial_commitment),
+        ("batchRoot", terms.batch_root, job.spec.batch_root),
+        ("numSteps", terms.num_steps, job.spec.steps),
+        ("numNodes", terms.num_nodes, job.spec.num_nodes),
     ]
     return next((name for name, a, b in checks if a != b), None)

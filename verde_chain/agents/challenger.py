@@ -14,8 +14,8 @@ from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.strategies import Plan, challenger_plan, train
 from verde_chain.agents.wallet import retry
-from verde_chain.chain.market import ETH, SlotStatus
 from verde_chain.errors import ContractRevert
+from verde_chain.market.types import ETH, SlotStatus
 
 
 class ChallengerBot(Bot):
@@ -28,9 +28,9 @@ class ChallengerBot(Bot):
 
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
-            spec = retry(lambda: self.market.job(job_id)).spec
-            job = self.bundles.fetch(spec.spec_hash)
-            bad = check_against_chain(job, spec)
+            terms = retry(lambda: self.market.job(job_id)).terms
+            job = self.bundles.fetch(terms.spec_hash)
+            bad = check_against_chain(job, terms)
             if bad:
                 raise AgentError(f"job {job_id}: bundle disagrees with the posted {bad}")
             self.plans[job_id] = challenger_plan(self.cfg.strategy, job, self.cfg.seed)
@@ -64,7 +64,7 @@ class ChallengerBot(Bot):
     def _tokens_owed_in(self) -> list[str]:
         """Every token a watched job pays in (ETH first): winnings are credited in the job's token."""
         jobs = {int(key.split(":")[0]) for key in self.store.get("watch", {})}
-        tokens = {retry(lambda j=j: self.market.job(j)).spec.token for j in jobs}  # type: ignore[misc]
+        tokens = {retry(lambda j=j: self.market.job(j)).terms.token for j in jobs}  # type: ignore[misc]
         return sorted(tokens | {ETH}, key=lambda t: int(t, 16))
 
     def _mark(self, key: str, state: str, **extra: object) -> None:
@@ -98,19 +98,19 @@ class ChallengerBot(Bot):
             self._mark(key, "agreed")
             self.log(f"job {job_id} slot {slot}: result 0x{s.result.hex()[:16]}... matches my re-execution")
             return True
-        if s.status != SlotStatus.REVEALED or self.now() > job.spec.challenge_deadline:
+        if s.status != SlotStatus.REVEALED or self.now() > job.terms.challenge_deadline:
             self._mark(key, "missed")
             return False
         bond = max(self.bond or 0, retry(lambda: self.market.required_bond(job_id, slot)))
         try:
-            self.pay(self.market.contract.functions.openDispute(job_id, slot, bond), "openDispute", job.spec.token, bond)
+            self.pay(self.market.contract.functions.openDispute(job_id, slot, bond), "openDispute", job.terms.token, bond)
         except InsufficientFunds:
             return False  # logged once by pay; the slot stays "new" and is retried until the window closes
         except ContractRevert as exc:
-            self._mark(key, "refused", reason=exc.error)
-            self.log(f"job {job_id} slot {slot}: openDispute refused: {exc.error}")
+            self._mark(key, "refused", reason=exc.name)
+            self.log(f"job {job_id} slot {slot}: openDispute refused: {exc.name}")
             return False
         self.log(f"job {job_id} slot {slot}: result 0x{s.result.hex()[:16]}... differs from mine "
-                 f"0x{mine.hex()[:16]}...; disputed with a {self.units(job.spec.token, bond)} bond")
+                 f"0x{mine.hex()[:16]}...; disputed with a {self.units(job.terms.token, bond)} bond")
         self._mark(key, "disputing")  # the DisputeOpened event (next tick) records the game
         return True

@@ -12,12 +12,13 @@ from web3 import Web3
 from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.catalog import JOB_KINDS
 from verde_chain.agents.errors import AgentError
-from verde_chain.agents.strategies import CHALLENGER_STRATEGIES, TRAINER_STRATEGIES
+from verde_chain.agents.strategies import ChallengerStrategy, TrainerStrategy
 from verde_chain.agents.wallet import connect
 from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import DeploymentRecord
-from verde_chain.chain.game import DisputeGameClient
-from verde_chain.chain.market import ETH, Market
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
+from verde_chain.market.types import ETH
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
 DEFAULT_STATE = Path("build") / "agents"
@@ -42,7 +43,7 @@ def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
     p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
 
 
-def _connect(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
+def connect_market(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
     w3 = connect(args.rpc_url)
     artifacts = compile_contracts()
     market = args.market
@@ -82,7 +83,7 @@ def configure_trainer(p: argparse.ArgumentParser) -> None:
     r = sub.add_parser("run", help="take jobs, train, submit and defend until stopped")
     bot_args(r, 2)
     r.add_argument("--strategy", default="honest",
-                   help=f"{' | '.join(TRAINER_STRATEGIES)} (with :PARAMS, see docs/agents.md)")
+                   help=f"{' | '.join(TrainerStrategy)} (with :PARAMS, see docs/agents.md)")
     r.add_argument("--max-jobs", type=int, default=1, help="jobs worked on at once")
     r.add_argument("--dispute-rivals", action="store_true",
                    help="dispute rival trainers whose result differs from ours (staking our slot, no bond)")
@@ -91,7 +92,7 @@ def configure_trainer(p: argparse.ArgumentParser) -> None:
 def run_trainer(args: argparse.Namespace) -> int:
     from verde_chain.agents.trainer import TrainerBot
 
-    w3, artifacts, market = _connect(args)
+    w3, artifacts, market = connect_market(args)
     cfg = _config(args, "trainer", market, args.strategy)
     return _run_bot(TrainerBot(w3, artifacts, cfg, max_jobs=args.max_jobs, dispute_rivals=args.dispute_rivals), args)
 
@@ -101,14 +102,14 @@ def configure_challenger(p: argparse.ArgumentParser) -> None:
     r = sub.add_parser("run", help="watch submissions, re-execute, dispute and play until stopped")
     bot_args(r, 4)
     r.add_argument("--strategy", default="honest",
-                   help=f"{' | '.join(CHALLENGER_STRATEGIES)} (with :PARAMS, see docs/agents.md)")
+                   help=f"{' | '.join(ChallengerStrategy)} (with :PARAMS, see docs/agents.md)")
     r.add_argument("--bond", type=int, default=None, help="bond per dispute in wei (default: the job's minimum)")
 
 
 def run_challenger(args: argparse.Namespace) -> int:
     from verde_chain.agents.challenger import ChallengerBot
 
-    w3, artifacts, market = _connect(args)
+    w3, artifacts, market = connect_market(args)
     return _run_bot(ChallengerBot(w3, artifacts, _config(args, "challenger", market, args.strategy), bond=args.bond),
                     args)
 
@@ -116,9 +117,9 @@ def run_challenger(args: argparse.Namespace) -> int:
 # -- client --------------------------------------------------------------------------------------------
 
 def configure_client(p: argparse.ArgumentParser) -> None:
-    from verde_chain.agents.client import JobTerms
+    from verde_chain.agents.client import JobOffer
 
-    d = JobTerms()
+    d = JobOffer()
     bot_args(p, 1)
     p.add_argument("--job", choices=JOB_KINDS, default=d.kind)
     p.add_argument("--steps", type=int, default=d.steps)
@@ -148,14 +149,14 @@ def _token_address(text: str) -> str:
 
 
 def run_client(args: argparse.Namespace) -> int:
-    from verde_chain.agents.client import ClientBot, JobTerms
+    from verde_chain.agents.client import ClientBot, JobOffer
 
-    w3, artifacts, market = _connect(args)
+    w3, artifacts, market = connect_market(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
-    terms = JobTerms(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
-                     args.challenge_window, args.arity, args.clock, args.seed or JobTerms().job_seed, args.token,
+    offer = JobOffer(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
+                     args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token,
                      reveal_window=args.reveal_window)
-    job_id = bot.post(terms)
+    job_id = bot.post(offer)
     done = lambda: (bot.store.job(job_id) or {}).get("state") == "done"
     try:
         bot.run(args.poll, stop=done, max_ticks=args.max_ticks)
@@ -189,7 +190,7 @@ def configure_dispute(p: argparse.ArgumentParser) -> None:
 
 
 def _views(args: argparse.Namespace) -> tuple[Web3, Market, DisputeGameClient]:
-    w3, artifacts, market_addr = _connect(args)
+    w3, artifacts, market_addr = connect_market(args)
     market = Market.at(w3, artifacts, market_addr)
     game = w3.eth.contract(address=Web3.to_checksum_address(market.game_address()), abi=artifacts["DisputeGame"].abi)
     return w3, market, DisputeGameClient(w3, game, artifacts)

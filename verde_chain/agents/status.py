@@ -6,8 +6,9 @@ from typing import Any
 
 from verde_chain.agents.tokens import TokenInfo, token_info
 from verde_chain.agents.trace import interval
-from verde_chain.chain.game import DisputeGameClient, Phase
-from verde_chain.chain.market import Market
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
+from verde_chain.dispute.types import Phase
 
 
 def _hex(b: bytes) -> str:
@@ -16,7 +17,7 @@ def _hex(b: bytes) -> str:
 
 def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[str, Any]:
     job = market.job(job_id)
-    s = job.spec
+    s = job.terms
     # amounts stay integers in the smallest unit (exact, for machines); `token` says how to read them
     tok = token_info(market.w3, market.artifacts, s.token)
     disputes = []
@@ -53,7 +54,7 @@ def dispute_status(market: Market, games: DisputeGameClient, game_id: int, now: 
     for name, _ in games.history(game_id):
         counts[name] = counts.get(name, 0) + 1
     elapsed = max(0, now - v.turn_started_at)
-    tok = token_info(market.w3, market.artifacts, market.job(d.job_id).spec.token)
+    tok = token_info(market.w3, market.artifacts, market.job(d.job_id).terms.token)
     # `bond` is what the market still holds (0 once settled); the event keeps what was posted
     posted = next((int(ev.args["bond"]) for ev in market.logs("DisputeOpened", 0) if int(ev.args["gameId"]) == game_id),
                   d.bond)

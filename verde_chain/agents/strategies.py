@@ -1,6 +1,6 @@
 """Honest and adversarial behaviour of trainers and challengers, chosen by ``--strategy``.
 
-A bot is dishonest in one of two ways (as in ``verde_chain/game/players.py``): through its
+A bot is dishonest in one of two ways (as in ``verde_chain/dispute/players.py``): through its
 *World* (the execution it believes and commits to) or through its *conduct* in the game.
 
   trainer strategies
@@ -22,6 +22,7 @@ A bot is dishonest in one of two ways (as in ``verde_chain/game/players.py``): t
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,22 +30,38 @@ from dataclasses import dataclass
 import numpy as np
 
 from verde_chain.agents.errors import StrategyError
-from verde_chain.chain.game import NodeReveal
 from verde_chain.commit.merkle import keccak256
+from verde_chain.dispute.cheats import TruncatedWorld
+from verde_chain.dispute.players import PlayStyle
+from verde_chain.dispute.world import World
 from verde_chain.graph.world import OutputFault, TrainingWorld
 from verde_chain.job import Job
 
-TRAINER_STRATEGIES = ("honest", "lazy", "poison", "bitflip", "inconsistent", "garbage", "silent")
-CHALLENGER_STRATEGIES = ("honest", "lying", "random", "silent")
+
+class TrainerStrategy(enum.StrEnum):
+    HONEST = "honest"
+    LAZY = "lazy"
+    POISON = "poison"
+    BITFLIP = "bitflip"
+    INCONSISTENT = "inconsistent"
+    GARBAGE = "garbage"
+    SILENT = "silent"
+
+
+class ChallengerStrategy(enum.StrEnum):
+    HONEST = "honest"
+    LYING = "lying"
+    RANDOM = "random"
+    SILENT = "silent"
 
 
 @dataclass
 class Plan:
-    """What a bot believes and how it plays: its World, the players' strategy, an optional move
+    """What a bot believes and how it plays: its World, the players' style, an optional move
     budget after which it goes silent, and the final commitment it submits."""
 
-    world: TrainingWorld | LazyWorld
-    player_strategy: str = "consistent"
+    world: World
+    style: PlayStyle = PlayStyle.CONSISTENT
     silent_after: int | None = None
     fault: OutputFault | None = None
     tamper_result: bool = False
@@ -54,10 +71,12 @@ class Plan:
         return keccak256(b"inconsistent" + c_t) if self.tamper_result else c_t
 
 
-def parse(strategy: str, allowed: tuple[str, ...]) -> tuple[str, list[int]]:
+def parse(strategy: str, allowed: type[enum.StrEnum]) -> tuple[str, list[int]]:
+    """``NAME[:INT[:INT...]]`` -> (NAME, [INT, ...]); NAME must be one of `allowed`."""
     name, *rest = strategy.split(":")
-    if name not in allowed:
-        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(allowed)}", strategy=strategy)
+    choices = [s.value for s in allowed]
+    if name not in choices:
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(choices)}", strategy=strategy)
     try:
         return name, [int(x) for x in rest]
     except ValueError as exc:
@@ -113,45 +132,54 @@ def _fault_from(job: Job, args: list[int], seed: int) -> OutputFault:
     return check_fault(job, OutputFault(args[0], args[1], args[2], args[3] if len(args) == 4 else 0))
 
 
-def trainer_plan(strategy: str, job: Job, seed: int = 0) -> Plan:
-    name, args = parse(strategy, TRAINER_STRATEGIES)
+PlanBuilder = Callable[[Job, list[int], int], Plan]  # (job, the strategy's integer parameters, seed)
+
+
+def _lazy(job: Job, args: list[int], seed: int) -> Plan:
     T = job.spec.steps
-    if name == "honest":
-        return Plan(honest_world(job))
-    if name == "lazy":
-        k = args[0] if args else max(0, T // 2)
-        if not 0 <= k < T:
-            raise StrategyError(f"lazy:K wants 0 <= K < {T}")
-        return Plan(LazyWorld(honest_world(job), k))
-    if name == "poison":
-        k = args[0] if args else 1
-        return Plan(poisoned_world(job, k))
-    if name == "inconsistent":
-        return Plan(honest_world(job), tamper_result=True)
-    if name in ("bitflip", "garbage", "silent"):
-        site = args if name != "silent" else args[1:]
-        f = _fault_from(job, site, seed)
-        world = TrainingWorld.from_job(job, f)
-        if name == "garbage":
-            return Plan(world, "garbage", fault=f)
-        if name == "silent":
-            return Plan(world, silent_after=args[0] if args else 2, fault=f)
-        return Plan(world, fault=f)
-    raise AssertionError(name)
+    k = args[0] if args else max(0, T // 2)
+    if not 0 <= k < T:
+        raise StrategyError(f"lazy:K wants 0 <= K < {T}")
+    return Plan(TruncatedWorld(honest_world(job), k))
+
+
+def _faulty(job: Job, site: list[int], seed: int, style: PlayStyle = PlayStyle.CONSISTENT,
+            silent_after: int | None = None) -> Plan:
+    """A bit-flip cheat at ``site`` (STEP:NODE:ELEM[:BIT], or one drawn from `seed`)."""
+    f = _fault_from(job, site, seed)
+    return Plan(TrainingWorld.from_job(job, f), style, silent_after, fault=f)
+
+
+def _silent(job: Job, args: list[int], seed: int) -> Plan:
+    """silent[:N[:SITE]]: a cheat (at SITE, or one drawn from the seed) that stops after N moves."""
+    return _faulty(job, args[1:], seed, silent_after=args[0] if args else 2)
+
+
+TRAINER_PLANS: dict[TrainerStrategy, PlanBuilder] = {
+    TrainerStrategy.HONEST: lambda job, args, seed: Plan(honest_world(job)),
+    TrainerStrategy.LAZY: _lazy,
+    TrainerStrategy.POISON: lambda job, args, seed: Plan(poisoned_world(job, args[0] if args else 1)),
+    TrainerStrategy.BITFLIP: lambda job, args, seed: _faulty(job, args, seed),
+    TrainerStrategy.INCONSISTENT: lambda job, args, seed: Plan(honest_world(job), tamper_result=True),
+    TrainerStrategy.GARBAGE: lambda job, args, seed: _faulty(job, args, seed, PlayStyle.GARBAGE),
+    TrainerStrategy.SILENT: _silent,
+}
+CHALLENGER_PLANS: dict[ChallengerStrategy, PlanBuilder] = {
+    ChallengerStrategy.HONEST: lambda job, args, seed: Plan(honest_world(job)),
+    ChallengerStrategy.LYING: lambda job, args, seed: _faulty(job, args, seed),
+    ChallengerStrategy.RANDOM: lambda job, args, seed: Plan(honest_world(job), PlayStyle.RANDOM),
+    ChallengerStrategy.SILENT: _silent,
+}
+
+
+def trainer_plan(strategy: str, job: Job, seed: int = 0) -> Plan:
+    name, args = parse(strategy, TrainerStrategy)
+    return TRAINER_PLANS[TrainerStrategy(name)](job, args, seed)
 
 
 def challenger_plan(strategy: str, job: Job, seed: int = 0) -> Plan:
-    name, args = parse(strategy, CHALLENGER_STRATEGIES)
-    if name == "honest":
-        return Plan(honest_world(job))
-    if name == "random":
-        return Plan(honest_world(job), "random")
-    site = args if name == "lying" else args[1:]
-    f = _fault_from(job, site, seed)
-    world = TrainingWorld.from_job(job, f)
-    if name == "silent":
-        return Plan(world, silent_after=args[0] if args else 2, fault=f)
-    return Plan(world, fault=f)
+    name, args = parse(strategy, ChallengerStrategy)
+    return CHALLENGER_PLANS[ChallengerStrategy(name)](job, args, seed)
 
 
 def poisoned_world(job: Job, from_step: int) -> TrainingWorld:
@@ -166,47 +194,6 @@ def poisoned_world(job: Job, from_step: int) -> TrainingWorld:
         return b
 
     return TrainingWorld(job.program.graph, job.init_state, batches, job.spec.steps)
-
-
-class LazyWorld:
-    """A trainer that ran only the first `k` steps and reports state k for every later step."""
-
-    def __init__(self, inner: TrainingWorld, k: int) -> None:
-        self.inner = inner
-        self.k = k
-        self.num_steps = inner.num_steps
-        self.num_nodes = inner.num_nodes
-        self.graph = inner.graph
-
-    def _s(self, s: int) -> int:
-        return min(s, self.k)
-
-    def step_commitment(self, s: int) -> bytes:
-        return self.inner.step_commitment(self._s(s))
-
-    def node_levels(self, s: int) -> list[list[bytes]]:
-        return self.inner.node_levels(self._s(s))
-
-    def node_reveal(self, s: int, d: int) -> NodeReveal:
-        return self.inner.node_reveal(max(1, self._s(s)), d)
-
-    def desc(self, s: int, d: int) -> bytes:
-        return self.inner.desc(s, d)
-
-    def output_levels(self, s: int, d: int) -> list[list[bytes]]:
-        return self.inner.output_levels(max(1, self._s(s)), d)
-
-    def output_chunk(self, s: int, d: int, leaf: int) -> bytes:
-        return self.inner.output_chunk(max(1, self._s(s)), d, leaf)
-
-    def micro_steps(self, s: int, d: int) -> int:
-        return self.inner.micro_steps(s, d)
-
-    def micro_state(self, s: int, d: int, e: int, j: int) -> bytes:
-        return self.inner.micro_state(max(1, self._s(s)), d, e, j)
-
-    def step_proof(self, s: int, d: int, e: int, j: int) -> bytes:
-        return self.inner.step_proof(max(1, self._s(s)), d, e, j)
 
 
 ProgressFn = Callable[[int, int], None]

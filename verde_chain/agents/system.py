@@ -18,10 +18,12 @@ from web3 import Web3
 from verde_chain.chain.anvil import increase_time
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.deploy import DeploymentRecord, deploy_contract, deploy_market
-from verde_chain.chain.game import DisputeGameClient, Phase, Side
-from verde_chain.chain.market import JobStatus, Market
-from verde_chain.chain.params import MAINNET, MarketParams
+from verde_chain.chain.dispute_client import DisputeGameClient
+from verde_chain.chain.market_client import Market
+from verde_chain.dispute.types import Phase, Side
 from verde_chain.errors import ChainError
+from verde_chain.market.marketparams import MAINNET, MarketParams
+from verde_chain.market.types import JobStatus
 
 if TYPE_CHECKING:
     from verde_chain.agents.bot import Bot
@@ -70,7 +72,7 @@ class Conductor:
         for job_id in range(1, self.market.job_count() + 1):
             job = self.market.job(job_id)
             if job.status == JobStatus.OPEN:
-                cands += [job.spec.submission_deadline, job.spec.reveal_deadline, job.spec.challenge_deadline]
+                cands += [job.terms.submission_deadline, job.terms.reveal_deadline, job.terms.challenge_deadline]
         for gid in range(1, self.games.game_count() + 1):
             v = self.games.game(gid)
             if v.phase not in (Phase.NONE, Phase.RESOLVED):

@@ -18,8 +18,8 @@ from web3.contract import Contract
 
 from verde_chain.agents.wallet import retry
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.market import ETH
 from verde_chain.errors import ChainError
+from verde_chain.market.types import ETH
 
 T = TypeVar("T")
 MAX_DECIMALS = 77  # 10**77 < 2**256 <= 10**78: more could not scale any uint256 meaningfully

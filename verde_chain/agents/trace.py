@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verde_chain.chain.game import DisputeGameClient, GameView, Phase
+from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.commit.tensor import LEAF_ELEMS
+from verde_chain.dispute.types import GameView, Phase
 
 
 @dataclass(frozen=True)

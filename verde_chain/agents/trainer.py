@@ -17,8 +17,8 @@ from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.strategies import Plan, train, trainer_plan
 from verde_chain.agents.wallet import retry
-from verde_chain.chain.market import ZERO32, JobStatus, MarketError, SlotStatus, commitment
 from verde_chain.errors import ContractRevert
+from verde_chain.market.types import ZERO32, JobStatus, SlotStatus, commitment
 
 
 class TrainerBot(Bot):
@@ -33,8 +33,8 @@ class TrainerBot(Bot):
 
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
-            spec = retry(lambda: self.market.job(job_id)).spec
-            job = self.bundles.fetch(spec.spec_hash)
+            terms = retry(lambda: self.market.job(job_id)).terms
+            job = self.bundles.fetch(terms.spec_hash)
             self.plans[job_id] = trainer_plan(self.cfg.strategy, job, self.cfg.seed)
         return self.plans[job_id]
 
@@ -64,12 +64,12 @@ class TrainerBot(Bot):
             return
         job = retry(lambda: self.market.job(job_id))
         try:
-            bundle = self.bundles.fetch(job.spec.spec_hash)
+            bundle = self.bundles.fetch(job.terms.spec_hash)
         except AgentError as exc:
             self.store.update_job(job_id, state="skipped", reason=str(exc))
             self.log(f"job {job_id}: skipped ({exc})")
             return
-        bad = check_against_chain(bundle, job.spec)
+        bad = check_against_chain(bundle, job.terms)
         if bad:
             self.store.update_job(job_id, state="skipped", reason=f"bundle disagrees with chain on {bad}")
             self.log(f"job {job_id}: skipped, bundle disagrees with the posted {bad}")
@@ -79,8 +79,8 @@ class TrainerBot(Bot):
     def _slot(self, job_id: int) -> int | None:
         try:
             return retry(lambda: self.market.slot_of(job_id, self.address))
-        except MarketError as exc:
-            if exc.error == "NotATrainer":
+        except ContractRevert as exc:
+            if exc.name == "NotATrainer":
                 return None
             raise
 
@@ -88,29 +88,29 @@ class TrainerBot(Bot):
         job = retry(lambda: self.market.job(job_id))
         slot = self._slot(job_id)
         if slot is None:
-            if job.status != JobStatus.OPEN or self.now() > job.spec.submission_deadline \
-                    or job.slots_taken >= job.spec.slots:
+            if job.status != JobStatus.OPEN or self.now() > job.terms.submission_deadline \
+                    or job.slots_taken >= job.terms.slots:
                 self.store.update_job(job_id, state="skipped", reason="could not join")
                 return False
             try:
-                self.pay(self.market.contract.functions.join(job_id), "join", job.spec.token, job.spec.trainer_stake)
+                self.pay(self.market.contract.functions.join(job_id), "join", job.terms.token, job.terms.trainer_stake)
             except InsufficientFunds:
                 return False  # logged once by pay; retried each poll until funded or the deadline passes
             except ContractRevert as exc:
-                self.store.update_job(job_id, state="skipped", reason=exc.error)
-                self.log(f"job {job_id}: join refused: {exc.error}")
+                self.store.update_job(job_id, state="skipped", reason=exc.name)
+                self.log(f"job {job_id}: join refused: {exc.name}")
                 return False
             slot = self._slot(job_id)
-            self.log(f"job {job_id}: joined slot {slot}, staked {self.units(job.spec.token, job.spec.trainer_stake)} "
+            self.log(f"job {job_id}: joined slot {slot}, staked {self.units(job.terms.token, job.terms.trainer_stake)} "
                      f"({self.cfg.strategy})")
             self.store.update_job(job_id, state="joined", slot=slot)
             return True
         s = retry(lambda: self.market.slot(job_id, slot))
         if s.status == SlotStatus.JOINED:
-            if self.now() > job.spec.submission_deadline:
+            if self.now() > job.terms.submission_deadline:
                 return False
             plan = self.plan(job_id)
-            every = max(1, job.spec.num_steps // 10)  # ~10 progress lines per job, however long
+            every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
             result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
                            if i % every == 0 or i == n else None)
             # the salt is stored before the commitment is sent, so a restart can still reveal it
@@ -123,7 +123,7 @@ class TrainerBot(Bot):
             return True
         if s.status == SlotStatus.COMMITTED:
             now = self.now()
-            if now <= job.spec.submission_deadline or now > job.spec.reveal_deadline:
+            if now <= job.terms.submission_deadline or now > job.terms.reveal_deadline:
                 return False
             rec = self.store.job(job_id) or rec
             result, salt = bytes.fromhex(rec["result"][2:]), bytes.fromhex(rec["salt"][2:])
@@ -134,10 +134,10 @@ class TrainerBot(Bot):
         if rec.get("state") != "submitted":
             self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + s.result.hex())
         if self.dispute_rivals and job.status == JobStatus.OPEN and s.status == SlotStatus.REVEALED \
-                and self.now() <= job.spec.challenge_deadline and self._dispute_rivals(job_id, slot):
+                and self.now() <= job.terms.challenge_deadline and self._dispute_rivals(job_id, slot):
             return True
         if job.status == JobStatus.FINALIZED:
-            self._withdraw(job.spec.token)
+            self._withdraw(job.terms.token)
             self.store.update_job(job_id, state="done", slot_status=s.status.name)
             self.log(f"job {job_id}: finalized; my slot ended {s.status.name}")
             return True
@@ -145,7 +145,7 @@ class TrainerBot(Bot):
 
     def _dispute_rivals(self, job_id: int, own_slot: int) -> bool:
         mine = {g["slot"] for g in self.store.games().values() if g["job_id"] == job_id and g["role"] == "challenger"}
-        token = retry(lambda: self.market.job(job_id)).spec.token
+        token = retry(lambda: self.market.job(job_id)).terms.token
         for rival in retry(lambda: self.market.rivals(job_id, own_slot)):
             if rival in mine or retry(lambda r=rival: self.market.has_disputed(job_id, r, self.address)):  # type: ignore[misc]
                 continue
@@ -156,7 +156,7 @@ class TrainerBot(Bot):
             except InsufficientFunds:
                 return False  # logged once by pay; retried while the window is open
             except ContractRevert as exc:
-                self.log(f"job {job_id}: disputeRival against slot {rival} refused: {exc.error}")
+                self.log(f"job {job_id}: disputeRival against slot {rival} refused: {exc.name}")
                 continue
             self.log(f"job {job_id}: slot {rival}'s result differs from mine; disputed it with a "
                      f"{self.units(token, bond)} bond and my own result at stake")

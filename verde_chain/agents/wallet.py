@@ -28,7 +28,7 @@ from verde_chain.agents.errors import AgentError, CrashInjected
 from verde_chain.agents.store import OPEN_TX, Store
 from verde_chain.chain.anvil import DEFAULT_MNEMONIC
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.errors import decode_revert
+from verde_chain.chain.revert import decode_revert
 from verde_chain.chain.tx import _REVERTS
 from verde_chain.errors import ChainError
 

@@ -145,6 +145,11 @@ def increase_time(w3: Web3, seconds: int) -> None:
     mine(w3, 1)
 
 
+def set_next_block_timestamp(w3: Web3, timestamp: int) -> None:
+    """The next block (and the calls and gas estimates run against it) carries exactly `timestamp`."""
+    w3.provider.make_request("evm_setNextBlockTimestamp", [int(timestamp)])  # type: ignore[arg-type]
+
+
 def mine(w3: Web3, blocks: int = 1) -> None:
     w3.provider.make_request("anvil_mine", [hex(blocks)])  # type: ignore[arg-type]
 

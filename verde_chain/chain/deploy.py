@@ -13,9 +13,9 @@ from web3 import Web3
 from web3.contract import Contract
 
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.params import MarketParams
 from verde_chain.chain.tx import transact_raw
 from verde_chain.errors import ChainError
+from verde_chain.market.marketparams import MarketParams
 
 
 def deploy_contract(

@@ -10,7 +10,7 @@ from web3.exceptions import ContractCustomError, ContractLogicError, ContractPan
 from web3.types import RPCEndpoint, TxReceipt
 
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.errors import decode_revert
+from verde_chain.chain.revert import decode_revert
 
 _REVERTS = (ContractCustomError, ContractLogicError, ContractPanicError, ValueError)
 

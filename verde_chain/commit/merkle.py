@@ -1,4 +1,4 @@
-"""Positional keccak-256 binary Merkle trees — the Python twin of ``contracts/lib/Merkle.sol``.
+"""Positional keccak-256 binary Merkle trees — the Python twin of ``contracts/commit/Merkle.sol``.
 
 Layout (identical in the Solidity library's header)::
 
@@ -61,7 +61,11 @@ def merkle_proof(leaves: list[bytes], index: int) -> list[bytes]:
         raise CommitmentError(
             "IndexOutOfRange", f"index {index} not in [0, {len(leaves)})", index=index, size=len(leaves)
         )
-    lv = levels(leaves)
+    return proof_from_levels(levels(leaves), index)
+
+
+def proof_from_levels(lv: list[list[bytes]], index: int) -> list[bytes]:
+    """The proof of leaf ``index`` out of a tree's ``levels`` (leaves first), without rehashing."""
     proof = []
     for level in lv[:-1]:
         proof.append(level[index ^ 1])

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
 from verde_chain.graph.structure import BatchField, GraphNode, Source, SourceKind, StateSlot, TrainingGraph
-from verde_chain.repops import spec
+from verde_chain.repops import library
 from verde_chain.repops.isa import Instr
+from verde_chain.repops.library.shapes import Shape, as_shape
 from verde_chain.repops.program import KernelDesc
-
-Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -30,10 +29,6 @@ class Ref:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-def _shape(s: Sequence[int]) -> Shape:
-    return tuple(int(d) for d in s)
 
 
 class GraphBuilder:
@@ -49,7 +44,7 @@ class GraphBuilder:
 
     # -------------------------------------------------------------- leaves
     def state(self, name: str, shape: Sequence[int], role: str) -> Ref:
-        shp = _shape(shape)
+        shp = as_shape(shape)
         if name in self._states and self._states[name][0] != shp:
             raise GraphError(f"state {name!r} declared with two shapes", state=name)
         self._states[name] = (shp, role)
@@ -59,7 +54,7 @@ class GraphBuilder:
         """Declare a field of the packed batch and unpack it with one copy node."""
         if self._sealed:
             raise GraphError(f"batch field {name!r} declared after the batch was unpacked")
-        shp = _shape(shape)
+        shp = as_shape(shape)
         f = BatchField(name, shp, self._batch_numel)
         self._batch.append(f)
         self._batch_numel += f.numel
@@ -70,7 +65,7 @@ class GraphBuilder:
         # part of the descriptor), so declaring fields afterwards is refused
         self._sealed = True
         f = next(b for b in self._batch if b.name == field.key)
-        desc = spec.strided_copy(f.shape, self._batch_numel, spec.c_strides(f.shape), f.offset, label=f"batch:{f.name}")
+        desc = library.strided_copy(f.shape, self._batch_numel, library.c_strides(f.shape), f.offset, label=f"batch:{f.name}")
         return self.node(desc, Ref("batch", 0, (self._batch_numel,)), label=f"batch:{f.name}")
 
     # -------------------------------------------------------------- nodes
@@ -89,12 +84,12 @@ class GraphBuilder:
         return Ref("node", len(self._descs) - 1, desc.out_shape)
 
     def view(self, r: Ref, shape: Sequence[int]) -> Ref:
-        shp = _shape(shape)
+        shp = as_shape(shape)
         if math.prod(shp) != r.numel:
             raise ShapeMismatchError(f"cannot view {r.shape} as {shp}")
         return Ref(r.kind, r.key, shp)
 
-    def composite(self, comp: spec.Composite, *args: Ref, want: Sequence[int] | None = None, label: str = "") -> list[Ref]:
+    def composite(self, comp: library.Composite, *args: Ref, want: Sequence[int] | None = None, label: str = "") -> list[Ref]:
         """Inline a spec Composite; only the nodes the wanted outputs need are added."""
         if len(args) != len(comp.in_shapes):
             raise ShapeMismatchError(f"{comp.label}: {len(args)} args, {len(comp.in_shapes)} expected")
@@ -122,31 +117,26 @@ class GraphBuilder:
 
     # -------------------------------------------------------------- vocabulary
     def map(self, label: str, code: Sequence[Instr], *xs: Ref, out_shape: Sequence[int] | None = None) -> Ref:
-        return self.node(spec.elementwise(label, [x.shape for x in xs], code, out_shape), *xs, label=label)
+        return self.node(library.elementwise(label, [x.shape for x in xs], code, out_shape), *xs, label=label)
 
     def unary(self, name: str, x: Ref) -> Ref:
-        return self.node(spec.map_unary(name, x.shape), x, label=name)
+        return self.node(library.map_unary(name, x.shape), x, label=name)
 
     def binary(self, op: str, x: Ref, y: Ref) -> Ref:
-        return self.node(spec.binary(op, x.shape, y.shape), x, y, label=op)
+        return self.node(library.binary(op, x.shape, y.shape), x, y, label=op)
 
     def reduce(self, kind: str, x: Ref, axes: Sequence[int], keepdims: bool = True) -> Ref:
-        shp = x.shape
-        ax = tuple(sorted(a % len(shp) for a in axes)) if shp else ()
-        if spec.linear_k_stride(shp, spec.c_strides(shp), ax) is not None:
-            return self.node(spec.reduce(kind, shp, ax, keepdims), x, label=f"reduce_{kind}")
-        kept = [d for d in range(len(shp)) if d not in ax]
-        t = self.node(spec.transpose(shp, kept + list(ax)), x, label="transpose")
-        r = self.node(spec.reduce(kind, t.shape, range(len(kept), len(shp)), False), t, label=f"reduce_{kind}")
-        return self.view(r, spec.reduced_shape(shp, ax, keepdims))
+        descs, out = library.reduce_nodes(kind, x.shape, axes, keepdims)
+        for desc in descs:
+            x = self.node(desc, x)
+        return self.view(x, out)
 
     def unbroadcast(self, g: Ref, shape: Sequence[int]) -> Ref:
         """Sum g over the axes along which ``shape`` was broadcast to g.shape (gradient of broadcast)."""
-        target = _shape(shape)
+        target = as_shape(shape)
         if g.shape == target:
             return g
-        lead = len(g.shape) - len(target)
-        axes = [d for d in range(len(g.shape)) if d < lead or (target[d - lead] == 1 and g.shape[d] != 1)]
+        axes = library.broadcast_axes(g.shape, target)
         if not axes:
             return self.view(g, target)
         r = self.reduce("sum", g, axes, keepdims=True)
@@ -154,7 +144,7 @@ class GraphBuilder:
 
     def constant(self, value: float, shape: Sequence[int] = ()) -> Ref:
         """A zero-input node filling ``shape`` with ``value`` (e.g. the loss seed gradient 1.0)."""
-        desc = KernelDesc(_shape(shape), 1, (), (spec.const(0, value),), label="fill")
+        desc = KernelDesc(as_shape(shape), 1, (), (library.const(0, value),), label="fill")
         return self.node(desc, label="fill")
 
     # -------------------------------------------------------------- finish

@@ -20,6 +20,7 @@ so a BATCH input source of index 0 is ``batch_root_s``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,8 +78,8 @@ def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
     return out
 
 
-def batch_leaf(tensor_roots: list[bytes]) -> bytes:
-    """Leaf of one step in batchRoot: keccak256(abi.encode(bytes32[] tensorRoots))."""
+def batch_leaf(tensor_roots: Sequence[bytes]) -> bytes:
+    """Leaf s - 1 of batchRoot, for step s: keccak256(abi.encode(bytes32[] tensorRoots of step s))."""
     return keccak256(abi_encode(["bytes32[]"], [list(tensor_roots)]))
 
 

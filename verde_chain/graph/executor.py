@@ -30,9 +30,9 @@ import numpy as np
 
 from verde_chain.commit import ElementOpening, open_element, step_commitment, tensor_root
 from verde_chain.commit.native import NodeWiring, arena_roots, node_hashes, tensor_roots
+from verde_chain.graph.backend import Runner, make_runner
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
-from verde_chain.graph.kernels import Runner, make_runner
 from verde_chain.graph.structure import SourceKind, TrainingGraph
 from verde_chain.repops import program
 
@@ -152,7 +152,8 @@ class StepExecutor:
             return arena_roots(arena, fused.offsets_arr, fused.numels_arr)
         return arena_roots(arena, fused.offsets_arr[nodes], fused.numels_arr[nodes])
 
-    def _inputs(self, d: int, prev: PlainState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
+    def node_inputs(self, d: int, prev: PlainState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
+        """Node d's input tensors, given the previous state, this step's outputs and its batch."""
         return [s.pick(outputs, prev.tensors, batch) for s in self.graph.nodes[d].inputs]
 
     def _batch(self, batch: np.ndarray) -> np.ndarray:
@@ -161,7 +162,7 @@ class StepExecutor:
             raise ShapeMismatchError(f"batch has {batch.size} elements, graph expects {self.graph.batch_numel}")
         return batch
 
-    def _step_kernel(self) -> Any:
+    def step_kernel(self) -> Any:
         """The runner's whole-step kernel (``compile_step``: the C++ backend runs every node of a
         step in one call), or None: then nodes run one by one. Same bits either way."""
         if not self._fused_tried:
@@ -180,7 +181,7 @@ class StepExecutor:
         are views of. Without ``tamper`` the whole-step kernel runs, if the runner has one, and
         its arena becomes the next state's (the next step reads its inputs from it); otherwise
         nodes run one by one and the arena is None."""
-        fused = self._step_kernel() if tamper is None else None
+        fused = self.step_kernel() if tamper is None else None
         if fused is not None:
             if prev.arena is None:
                 prev.arena = fused.pack(prev.tensors)
@@ -257,7 +258,8 @@ class Commitments(Mapping[int, bytes]):
         self._run = run
         self._known: dict[int, bytes] = {}
 
-    def _set(self, step: int, c: bytes) -> None:
+    def record(self, step: int, c: bytes) -> None:
+        """Keep C_step, computed by the run."""
         self._known[step] = c
 
     def computed(self) -> dict[int, bytes]:
@@ -274,8 +276,10 @@ class Commitments(Mapping[int, bytes]):
     def __iter__(self) -> Iterator[int]:
         # materialising the whole mapping: fill the gaps in one ascending sweep per checkpoint
         # interval instead of one recomputation per missing step
-        self._run._fill_commitments(self._run.state.step)
-        return iter(range(self._run.state.step + 1))
+        end = self._run.state.step
+        missing = [j for j in range(1, end + 1) if j not in self._known]
+        self._known.update(self._run.sweep_commitments(missing))
+        return iter(range(end + 1))
 
     def __len__(self) -> int:
         return self._run.state.step + 1
@@ -314,7 +318,7 @@ class TrainingRun:
         self.init = self.exec.initial_state(init_state)
         self.state: PlainState = self.init  # a StepState after run(), resume() and at the start
         self.commitments = Commitments(self)
-        self.commitments._set(0, self.init.commitment)
+        self.commitments.record(0, self.init.commitment)
         self.logs: list[StepLog] = []
         self._memory_ckpts: dict[int, StepState] = {0: self.init}
         self._loss = graph.named.get("loss")
@@ -343,7 +347,7 @@ class TrainingRun:
             raise GraphError("resume needs an out_dir with checkpoints")
         st = self.store.load_latest(self.T)
         self.state = st
-        self.commitments._set(st.step, st.commitment)
+        self.commitments.record(st.step, st.commitment)
         return st.step
 
     def run(self, until: int | None = None, progress: Callable[[StepLog], None] | None = None) -> bytes:
@@ -357,7 +361,7 @@ class TrainingRun:
             if self.commit_every or s == end or self._is_checkpoint(s):
                 res = self.exec.run_step(self.state, self.batches(s))
                 c = res.commitment
-                self.commitments._set(s, c)
+                self.commitments.record(s, c)
             else:
                 res = self.exec.run_plain(self.state, self.batches(s))
             self.state = res.state
@@ -374,16 +378,15 @@ class TrainingRun:
         assert isinstance(self.state, StepState)  # the last step of a run() is always committed
         return self.state.commitment
 
-    def _fill_commitments(self, end: int) -> None:
-        """Compute every C_j, j <= ``end``, not yet known, in ascending sweeps from checkpoints."""
-        known = self.commitments._known
-        missing = [j for j in range(1, end + 1) if j not in known]
+    def sweep_commitments(self, steps: list[int]) -> Iterator[tuple[int, bytes]]:
+        """(j, C_j) for ascending ``steps`` >= 1, re-executed in sweeps: from a checkpoint, or
+        on from the previous step of the list when it is the one just computed."""
         st: PlainState | None = None
-        for j in missing:
+        for j in steps:
             if st is None or st.step != j - 1:
                 st = self.state_at(j - 1)
             res = self.exec.run_step(st, self.batches(j))
-            known[j] = res.commitment
+            yield j, res.commitment
             st = res.state
 
     # ------------------------------------------------------------------ recomputation
@@ -423,7 +426,7 @@ class TrainingRun:
             raise GraphError(f"step {step} outside 1..{self.T}")
         prev = self.state_at(step - 1)
         res = self.exec.run_plain(prev, self.batches(step))
-        ins = self.exec._inputs(d, prev, res.outputs, np.asarray(self.batches(step), dtype=np.float32).reshape(-1))
+        ins = self.exec.node_inputs(d, prev, res.outputs, np.asarray(self.batches(step), dtype=np.float32).reshape(-1))
         return ins, res.outputs[d]
 
     def open_output(self, step: int, d: int, element: int) -> tuple[bytes, ElementOpening]:

@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from verde_chain.graph.errors import GraphError
-
-Shape = tuple[int, ...]
+from verde_chain.repops.library.shapes import Shape
 
 # op name -> attributes it takes (documentation and a guard against typos)
 OPS: dict[str, tuple[str, ...]] = {

@@ -12,7 +12,7 @@ to ``descHash``) and produces ONE output tensor. Each of its inputs comes from a
 
 Graph root (committed by the client; the referee checks a revealed node against it)::
 
-    leaf_d = keccak256(abi.encode(uint256 d, bytes32 descHash, (uint8 kind, uint256 index)[] sources))
+    leaf_d = keccak256(abi.encode(uint256 d, bytes32 descHash, (uint8 kind, uint32 index)[] sources))
     graphRoot = merkle_root([leaf_0, ..., leaf_{n-1}])       positional, ZERO-padded (commit.merkle)
 
 State: the tensors that cross a step boundary (parameters, optimizer state, frozen constants)
@@ -41,9 +41,9 @@ from eth_abi import encode as abi_encode
 from verde_chain.commit import merkle, node_hash, step_commitment, tensor_root
 from verde_chain.commit.merkle import keccak256
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
+from verde_chain.repops.library.shapes import Shape
 from verde_chain.repops.program import KernelDesc
 
-Shape = tuple[int, ...]
 ZERO32 = b"\x00" * 32
 T = TypeVar("T")
 
@@ -84,13 +84,15 @@ class GraphNode:
     label: str = ""
 
     def structure_leaf(self) -> bytes:
-        return structure_leaf(self.index, self.desc_hash, self.inputs)
+        return structure_leaf(self.index, self.desc_hash, [s.as_tuple() for s in self.inputs])
 
 
-def structure_leaf(index: int, desc_hash: bytes, sources: Sequence[Source]) -> bytes:
-    """keccak256(abi.encode(uint256 index, bytes32 descHash, (uint8,uint256)[] sources))."""
+def structure_leaf(index: int, desc_hash: bytes, sources: Sequence[tuple[int, int]]) -> bytes:
+    """Leaf ``index`` of graphRoot: keccak256(abi.encode(uint256 index, bytes32 descHash,
+    InputSource[] sources)), an InputSource being GameTypes.sol's (uint8 kind, uint32 index);
+    ``sources`` are those pairs (``Source.as_tuple()``, or ``NodeReveal.sources`` as revealed)."""
     return keccak256(
-        abi_encode(["uint256", "bytes32", "(uint8,uint256)[]"], [index, desc_hash, [s.as_tuple() for s in sources]])
+        abi_encode(["uint256", "bytes32", "(uint8,uint32)[]"], [index, desc_hash, [(int(k), i) for k, i in sources]])
     )
 
 

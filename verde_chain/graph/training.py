@@ -13,7 +13,7 @@ Node order (fixed, part of the graph root):
 The packed batch of a step holds, in field order: every model input, then ``labels`` (class ids
 as float32 integers, cross-entropy) or ``targets`` (MSE), then for Adam/AdamW ``sched`` =
 [fl32(lr / (1 - b1^t)), fl32(sqrt(1 - b2^t))] of that step t (exact, rounded once:
-``repops.spec.adam_constants``). Carrying the step-dependent constants in the batch keeps ONE
+``repops.library.adam_constants``). Carrying the step-dependent constants in the batch keeps ONE
 graph (one root) for every step.
 """
 
@@ -30,10 +30,10 @@ from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
 from verde_chain.graph.ir import Model
 from verde_chain.graph.structure import TrainingGraph
-from verde_chain.repops import spec
+from verde_chain.repops import library
 from verde_chain.repops.isa import Op
+from verde_chain.repops.library import I, const, load
 from verde_chain.repops.program import InputMap, KernelDesc
-from verde_chain.repops.spec import I, const, load
 
 LOSSES = ("cross_entropy", "mse")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -74,7 +74,7 @@ class OptimizerSpec:
         """Per-step constants carried in the batch (Adam/AdamW: [step_size_t, sqrt(1-b2^t)])."""
         if not self.is_adam:
             return np.zeros(0, dtype=np.float32)
-        k = spec.adam_constants(self.lr, self.beta1, self.beta2, 0.0, t)
+        k = library.adam_constants(self.lr, self.beta1, self.beta2, 0.0, t)
         return np.array([k.step_size, k.bc2_sqrt], dtype=np.float32)
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +84,7 @@ class OptimizerSpec:
 def adam_param_desc(shape: tuple[int, ...], eps: float, decay: float) -> KernelDesc:
     """Adam parameter update reading the step-dependent constants from the ``sched`` tensor.
 
-    Same instruction sequence as ``spec.adam``'s ``adam_param`` node, with the two CONSTs that
+    Same instruction sequence as ``library.adam``'s ``adam_param`` node, with the two CONSTs that
     depend on t replaced by LOADs: inputs (p, m', v', sched[0], sched[1])::
 
         r5 = step_size_t, r6 = sqrt(1 - b2^t)
@@ -92,12 +92,24 @@ def adam_param_desc(shape: tuple[int, ...], eps: float, decay: float) -> KernelD
         p' = SUB(p1, MUL(r5, DIV(m', denom)))
     """
     rank = len(shape)
-    full = spec.broadcast_map(shape, shape)
+    full = library.broadcast_map(shape, shape)
     s0 = InputMap(2, (0,) * rank, 0, 0)
     s1 = InputMap(2, (0,) * rank, 0, 1)
-    code = [load(0, 0), load(1, 1), load(2, 2), load(5, 3), load(6, 4)]
-    code += [I(Op.SQRT, 3, 2), I(Op.DIV, 3, 3, 6), const(4, eps), I(Op.ADD, 3, 3, 4)]
-    code += [I(Op.DIV, 3, 1, 3), I(Op.MUL, 3, 5, 3)]
+    # registers as in library.adam's adam_param (r0 = p, r1 = m', r2 = v', r3 the step, r4 the
+    # CONSTs); the two loaded constants go to r5/r6, the first registers that program leaves free
+    code = [
+        load(0, 0),
+        load(1, 1),
+        load(2, 2),
+        load(5, 3),  # r5 = step_size_t
+        load(6, 4),  # r6 = sqrt(1 - b2^t)
+        I(Op.SQRT, 3, 2),
+        I(Op.DIV, 3, 3, 6),
+        const(4, eps),
+        I(Op.ADD, 3, 3, 4),  # r3 = denom
+        I(Op.DIV, 3, 1, 3),
+        I(Op.MUL, 3, 5, 3),  # r3 = step_size_t * m' / denom
+    ]
     if decay != 1.0:
         code += [const(4, decay), I(Op.MUL, 0, 0, 4)]
     code += [I(Op.SUB, 0, 0, 3)]
@@ -170,17 +182,17 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
     if loss.kind == "cross_entropy":
         scores = b.view(out, (n_rows, n_cls))
         labels = b.view(target, (n_rows,))
-        (loss_ref,) = b.composite(spec.softmax_cross_entropy((n_rows, n_cls), "mean"), scores, labels, want=[0], label="ce")
+        (loss_ref,) = b.composite(library.softmax_cross_entropy((n_rows, n_cls), "mean"), scores, labels, want=[0], label="ce")
         seed = b.constant(1.0, ())
         (dscores,) = b.composite(
-            spec.softmax_cross_entropy_backward((n_rows, n_cls), "mean"), scores, labels, seed, label="ce_bwd"
+            library.softmax_cross_entropy_backward((n_rows, n_cls), "mean"), scores, labels, seed, label="ce_bwd"
         )
         dout = b.view(dscores, out_shape)
     else:
         diff = b.binary("sub", out, target)
         loss_ref = b.reduce("meansq", diff, range(len(out_shape)), keepdims=False)
         n = float(math.prod(out_shape))
-        dout = b.map("mse_bwd", [const(1, 2.0), I(Op.MUL, 0, 0, 1), const(1, n), I(Op.DIV, 0, 0, 1)], diff)
+        dout = b.map("mse_bwd", [const(1, 2.0), I(Op.MUL, 0, 0, 1), const(1, n), I(Op.DIV, 0, 0, 1)], diff)  # (d*2)/N
     # 4. backward
     grads = differentiate(b, model, env, saved, {out_name: dout})
     # 5. optimizer
@@ -191,7 +203,7 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
         shape = p.shape
         g = b.view(g, shape)
         if o.kind == "sgd":
-            comp = spec.sgd(shape, o.lr, o.momentum, 0.0, o.weight_decay, o.nesterov, first_step=False)
+            comp = library.sgd(shape, o.lr, o.momentum, 0.0, o.weight_decay, o.nesterov, first_step=False)
             if o.momentum == 0.0:
                 (pn,) = b.composite(comp, p, g, p, want=[0], label="sgd")
             else:
@@ -200,11 +212,11 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
                 producers[f"{name}.momentum"] = bn
         else:
             decoupled = o.kind == "adamw"
-            comp = spec.adam(shape, o.lr, 1, (o.beta1, o.beta2), o.eps, o.weight_decay, decoupled)
+            comp = library.adam(shape, o.lr, 1, (o.beta1, o.beta2), o.eps, o.weight_decay, decoupled)
             m_ref = b.state(f"{name}.exp_avg", shape, "opt")
             v_ref = b.state(f"{name}.exp_avg_sq", shape, "opt")
             mn, vn = b.composite(comp, p, g, m_ref, v_ref, want=[1, 2], label=o.kind)
-            decay = spec.adam_constants(o.lr, o.beta1, o.beta2, o.weight_decay, 1).decay if decoupled else 1.0
+            decay = library.adam_constants(o.lr, o.beta1, o.beta2, o.weight_decay, 1).decay if decoupled else 1.0
             assert sched_ref is not None
             pn = b.node(adam_param_desc(shape, o.eps, decay), p, mn, vn, sched_ref, sched_ref, label=f"{o.kind}/adam_param")
             producers[f"{name}.exp_avg"] = mn
@@ -213,9 +225,9 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
     # 6. carries of frozen constants (and of parameters the loss does not reach)
     for v in model.params():
         if v.name not in grads:
-            producers[v.name] = b.node(spec.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
+            producers[v.name] = b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
     for v in model.consts():
-        producers[v.name] = b.node(spec.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
+        producers[v.name] = b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
     named = {"loss": loss_ref, "output": out}
     named.update({f"grad:{k}": g for k, g in grads.items() if g.kind == "node"})
     graph = b.finish(producers, named)
@@ -231,7 +243,7 @@ def build_inference_graph(model: Model) -> TrainingGraph:
         env[v.name] = b.state(v.name, v.shape, "param" if v.role == "param" else "const")
     lower_forward(b, model, env)
     producers = {
-        v.name: b.node(spec.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
+        v.name: b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
         for v in model.params() + model.consts()
     }
     named = {f"output{i}" if i else "output": env[n] for i, n in enumerate(model.outputs)}

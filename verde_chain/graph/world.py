@@ -1,15 +1,15 @@
 """A training job as the dispute game's ``World``: every claim a player needs, from real execution.
 
-``verde_chain.game.players`` drive a game from a World (``verde_chain/game/world.py``); the tests
-there use a toy. ``TrainingWorld`` answers the same questions from the RepOps executor: step
+``verde_chain.dispute.players`` drive a game from a World (``verde_chain/dispute/world.py``); the
+tests there use a toy. ``TrainingWorld`` answers the same questions from the RepOps executor: step
 commitments, node-tree levels, node reveals with every input justified (structure proof in the
 graph root, NODE_OUTPUT in C_s, PREV_STEP in C_{s-1} or C_0's pseudo nodes, BATCH in batchRoot),
 output trees and chunks, and the ScalarVM states and step proofs of one element
-(``verde_chain.scalarvm.vm``).
+(``verde_chain.vm.scalarvm``).
 
 Like a trainer, the world keeps the state of every checkpoint step (every ``checkpoint_interval``-th
 step, and T) once it has trained, plus the last few states a dispute asked for, and re-executes any
-other step from the nearest of those. Level 1 splits at checkpoints first (``rules.split_points``),
+other step from the nearest of those. Level 1 splits at checkpoints first (``bisection.split_points``),
 so a full bisection re-executes about one checkpoint interval; ``executed`` counts every step run.
 
 An :class:`OutputFault` makes a dishonest world: the trainer flips one bit of one output element
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from verde_chain.chain.game import InputProof, NodePreimage, NodeReveal
 from verde_chain.commit import merkle, tensor
+from verde_chain.dispute.types import InputProof, NodePreimage, NodeReveal
+from verde_chain.graph.backend import Runner
 from verde_chain.graph.data import batch_leaf, batch_root_list
 from verde_chain.graph.errors import JobSpecError
 from verde_chain.graph.executor import StepExecutor, StepResult, StepState, detached
-from verde_chain.graph.kernels import Runner
 from verde_chain.graph.structure import SourceKind, TrainingGraph
-from verde_chain.scalarvm import vm
+from verde_chain.vm import scalarvm as vm
 
 if TYPE_CHECKING:
     from verde_chain.job import Job
@@ -140,7 +140,7 @@ class TrainingWorld:
     def _inputs(self, s: int, d: int) -> list[np.ndarray]:
         res = self._result(s)
         batch = np.asarray(self.batches(s), dtype=np.float32).reshape(-1)
-        return self.exec._inputs(d, self._state(s - 1), res.outputs, batch)
+        return self.exec.node_inputs(d, self._state(s - 1), res.outputs, batch)
 
     def _output(self, s: int, d: int) -> np.ndarray:
         return self._result(s).outputs[d]

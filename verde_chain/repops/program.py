@@ -42,7 +42,7 @@ element, instruction by instruction, exactly the semantics the on-chain VM execu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -217,6 +217,11 @@ class KernelDesc:
         return h.digest()
 
 
+# Whatever executes one node: (descriptor, flat float32 inputs) -> flat float32 output. The
+# interpreter below, ``reference.run`` and every backend's runner have this type.
+Runner = Callable[[KernelDesc, list[np.ndarray]], np.ndarray]
+
+
 def instruction_at(desc: KernelDesc, j: int) -> tuple[Instr, int]:
     """The instruction executed at micro-step j (0-based) and its loop index k, in O(1)."""
     P, B = len(desc.prologue), len(desc.body)
@@ -303,7 +308,7 @@ def coord_bits(v: int) -> int:
 
 
 def _scalar(op: Op, a: int, b: int, c: int) -> int:
-    from verde_chain.repops import fp32  # T's module; imported late so spec import is cheap
+    from verde_chain.repops import fp32  # imported on first use: importing program stays cheap
 
     return int(fp32.scalar(op, a, b, c))
 

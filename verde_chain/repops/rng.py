@@ -29,7 +29,7 @@ from fractions import Fraction
 import numpy as np
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops.isa import Instr, Op, f32_bits
+from verde_chain.repops.isa import Op
 from verde_chain.repops.program import InputMap, KernelDesc
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57
@@ -78,19 +78,28 @@ def _signed_unit(w: np.ndarray) -> np.ndarray:
 
 
 def _polar_kernels(n: int) -> tuple[KernelDesc, KernelDesc]:
-    from verde_chain.repops import spec
+    """The two RepOps kernels of the polar method: s from (u, v), then z from (u, s)."""
+    from verde_chain.repops.library.asm import I, const, load, transcendental
 
     m = InputMap(n, (1,))
-    s_desc = KernelDesc((n,), 1, (m, m), (spec.load(0, 0), spec.load(1, 1), Instr(Op.MUL, 1, 1, 1),
-                                          Instr(Op.FMA, 0, 0, 0, 1)), label="polar_s")
-    code = (
-        (spec.load(0, 1),)
-        + spec.transcendental("log")
-        + (spec.load(1, 1), Instr(Op.CONST, 2, imm=f32_bits(-2.0)), Instr(Op.MUL, 0, 0, 2),
-           Instr(Op.DIV, 0, 0, 1), Instr(Op.SQRT, 0, 0), spec.load(1, 0), Instr(Op.MUL, 0, 1, 0))
+    s_code = (
+        load(0, 0),  # r0 = u
+        load(1, 1),  # r1 = v
+        I(Op.MUL, 1, 1, 1),  # r1 = v*v
+        I(Op.FMA, 0, 0, 0, 1),  # s = u*u + v*v, one rounding
     )
-    z_desc = KernelDesc((n,), 1, (m, m), code, label="polar_z")
-    return s_desc, z_desc
+    z_code = (
+        load(0, 1),  # r0 = s
+        *transcendental("log"),  # r0 = log(s); the program may clobber every other register
+        load(1, 1),  # so s and u are loaded again after it
+        const(2, -2.0),
+        I(Op.MUL, 0, 0, 2),  # log(s) * -2
+        I(Op.DIV, 0, 0, 1),  # / s
+        I(Op.SQRT, 0, 0),
+        load(1, 0),  # r1 = u
+        I(Op.MUL, 0, 1, 0),  # z = u * sqrt(-2 log(s) / s)
+    )
+    return KernelDesc((n,), 1, (m, m), s_code, label="polar_s"), KernelDesc((n,), 1, (m, m), z_code, label="polar_z")
 
 
 def normal(

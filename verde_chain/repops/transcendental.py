@@ -9,28 +9,23 @@ measured accuracy are documented in ``docs/repops-transcendentals.md``.
 Register conventions: the input ``x`` is in r0 (the upstream gradient in r1 for the ``*_grad``
 programs), the result ends in r0, and programs use r0..r15 only. Programs never LOAD.
 
-The programs are written with a tiny builder that uses virtual registers and a linear-scan
-register allocator, so each algorithm reads like the maths it implements.
+The programs are written with the builder of ``ssa.py`` (virtual registers, linear-scan register
+allocation), so each algorithm reads like the maths it implements.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import fp32
-from verde_chain.repops.isa import NUM_REGS, Instr, Op, bits_f32, f32_bits
+from verde_chain.repops.isa import NUM_REGS, Instr, Op
+from verde_chain.repops.ssa import ProgramBuilder, V
 
 U32 = npt.NDArray[np.uint32]
-
-
-class ProgramBuildError(RepOpsError):
-    """A transcendental program could not be built (register pressure, inexact constant)."""
 
 
 class UnknownFunction(RepOpsError):
@@ -39,143 +34,6 @@ class UnknownFunction(RepOpsError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"no transcendental program named {name!r}; have {sorted(PROGRAMS)}")
-
-
-# ----------------------------------------------------------------------------- builder
-
-@dataclass(frozen=True)
-class V:
-    """A virtual register (SSA value)."""
-
-    id: int
-
-
-@dataclass
-class _Builder:
-    n_inputs: int
-    code: list[tuple[Op, int, tuple[int, ...], int]] = field(default_factory=list)  # op, dst, srcs, imm
-    next_id: int = 0
-
-    def __post_init__(self) -> None:
-        self.inputs = [self._new() for _ in range(self.n_inputs)]
-
-    def _new(self) -> V:
-        v = V(self.next_id)
-        self.next_id += 1
-        return v
-
-    def emit(self, op: Op, *srcs: V, imm: int = 0) -> V:
-        dst = self._new()
-        self.code.append((op, dst.id, tuple(s.id for s in srcs), imm))
-        return dst
-
-    # constants must be exact binary32 values: the program is the spec, no silent rounding
-    def k(self, value: float) -> V:
-        bits = f32_bits(value)
-        if not (math.isnan(value) or bits_f32(bits) == value):
-            raise ProgramBuildError(f"constant {value!r} is not exactly representable in binary32")
-        return self.emit(Op.CONST, imm=bits)
-
-    def kbits(self, bits: int) -> V:
-        return self.emit(Op.CONST, imm=bits)
-
-    def add(self, a: V, b: V) -> V:
-        return self.emit(Op.ADD, a, b)
-
-    def sub(self, a: V, b: V) -> V:
-        return self.emit(Op.SUB, a, b)
-
-    def mul(self, a: V, b: V) -> V:
-        return self.emit(Op.MUL, a, b)
-
-    def div(self, a: V, b: V) -> V:
-        return self.emit(Op.DIV, a, b)
-
-    def fma(self, a: V, b: V, c: V) -> V:
-        return self.emit(Op.FMA, a, b, c)
-
-    def min(self, a: V, b: V) -> V:
-        return self.emit(Op.MIN, a, b)
-
-    def max(self, a: V, b: V) -> V:
-        return self.emit(Op.MAX, a, b)
-
-    def lt(self, a: V, b: V) -> V:
-        return self.emit(Op.LT, a, b)
-
-    def select(self, cond: V, a: V, b: V) -> V:
-        return self.emit(Op.SELECT, cond, a, b)
-
-    def unary(self, op: Op, a: V) -> V:
-        return self.emit(op, a)
-
-    def horner(self, t: V, coeffs: list[float]) -> V:
-        """c0 + t*(c1 + t*(c2 + ...)) with one FMA per step (coefficients low order first)."""
-        acc = self.k(coeffs[-1])
-        for c in reversed(coeffs[:-1]):
-            acc = self.fma(acc, t, self.k(c))
-        return acc
-
-    def two_sum(self, a: V, b: V) -> tuple[V, V]:
-        """s = fl(a+b) and the exact error e = (a+b) - s (Knuth, no ordering needed)."""
-        s = self.add(a, b)
-        bb = self.sub(s, a)
-        e = self.add(self.sub(a, self.sub(s, bb)), self.sub(b, bb))
-        return s, e
-
-    def finish(self, result: V) -> list[Instr]:
-        return _allocate(self, result)
-
-
-_THREE = {Op.FMA, Op.SELECT}
-
-
-def _allocate(b: _Builder, result: V) -> list[Instr]:
-    """Linear-scan register allocation of straight-line SSA code; result ends in r0."""
-    # dead-code elimination (helpers may compute values a caller does not need)
-    live = {result.id}
-    code = []
-    for op, dst, srcs, imm in reversed(b.code):
-        if dst in live:
-            code.append((op, dst, srcs, imm))
-            live.update(srcs)
-    code.reverse()
-    last_use: dict[int, int] = {}
-    for i, (_, _, srcs, _) in enumerate(code):
-        for s in srcs:
-            last_use[s] = i
-    last_use[result.id] = len(code)
-    phys: dict[int, int] = {}
-    free = list(range(NUM_REGS))
-    for idx, v in enumerate(b.inputs):
-        phys[v.id] = idx
-        free.remove(idx)
-    # inputs that are never used are free from the start
-    for v in b.inputs:
-        if v.id not in last_use:
-            free.append(phys[v.id])
-    out: list[Instr] = []
-    for i, (op, dst, srcs, imm) in enumerate(code):
-        regs = [phys[s] for s in srcs]
-        # operands whose last use is here can hand their register to the destination
-        for s in set(srcs):
-            if last_use.get(s) == i:
-                free.append(phys[s])
-        if dst not in last_use:
-            raise ProgramBuildError(f"dead value v{dst} ({op.name}); remove it")
-        if not free:
-            raise ProgramBuildError(f"more than {NUM_REGS} live values at instruction {i}")
-        free.sort()
-        phys[dst] = free.pop(0)
-        a = regs[0] if regs else 0
-        bb = regs[1] if len(regs) > 1 else 0
-        if op in _THREE:
-            out.append(Instr(op, phys[dst], a, bb, regs[2]))
-        else:
-            out.append(Instr(op, phys[dst], a, bb, imm))
-    if phys[result.id] != 0:
-        out.append(Instr(Op.MOV, 0, phys[result.id], 0, 0))
-    return out
 
 
 # ----------------------------------------------------------------------------- constants
@@ -253,16 +111,16 @@ LOG_INV_SQRT_2PI = (-0.9189385175704956, -1.563417661998301e-08)  # log(1/sqrt(2
 
 # ----------------------------------------------------------------------------- shared pieces
 
-def _neg(b: _Builder, a: V) -> V:
+def _neg(b: ProgramBuilder, a: V) -> V:
     return b.unary(Op.NEG, a)
 
 
-def _keep_zero(b: _Builder, x: V, res: V) -> V:
+def _keep_zero(b: ProgramBuilder, x: V, res: V) -> V:
     """f(+-0) = +-0 for functions with f(x) ~ c x near 0 (compensated sums lose the sign of 0)."""
     return b.select(b.emit(Op.EQ, x, b.k(0.0)), x, res)
 
 
-def _exp_parts(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
+def _exp_parts(b: ProgramBuilder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     """(h, l, n) with exp(y + y_lo) = (h + l) * 2**n to about 2^-30 relative error.
 
     n = rint(y/ln2); r = y - n ln2 is kept as an exact pair (rh, rl) (Cody-Waite with an exact
@@ -283,7 +141,7 @@ def _exp_parts(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     return h, b.add(t, lo), n
 
 
-def _exp_norm(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
+def _exp_norm(b: ProgramBuilder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     """(hi, lo, n): exp(y + y_lo) = (hi + lo) 2**n with hi = fl(hi + lo) (not yet scaled, so a
     caller can multiply first and scale once, keeping full precision into the subnormal range)."""
     h, l, n = _exp_parts(b, y, y_lo)
@@ -292,19 +150,19 @@ def _exp_norm(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V, V]:
     return hi, lo, n
 
 
-def _exp_pair(b: _Builder, y: V, y_lo: V | None = None) -> tuple[V, V]:
+def _exp_pair(b: ProgramBuilder, y: V, y_lo: V | None = None) -> tuple[V, V]:
     """exp(y + y_lo) as an unevaluated scaled sum hi + lo."""
     hi, lo, n = _exp_norm(b, y, y_lo)
     return b.emit(Op.LDEXP, hi, n), b.emit(Op.LDEXP, lo, n)
 
 
-def _exp(b: _Builder, y: V, y_lo: V | None = None) -> V:
+def _exp(b: ProgramBuilder, y: V, y_lo: V | None = None) -> V:
     """exp(y + y_lo), one final rounding (LDEXP also gives overflow and gradual underflow)."""
     h, l, n = _exp_parts(b, y, y_lo)
     return b.emit(Op.LDEXP, b.add(h, l), n)
 
 
-def _recip_1p(b: _Builder, e: V, e_lo: V | None = None) -> tuple[V, V]:
+def _recip_1p(b: ProgramBuilder, e: V, e_lo: V | None = None) -> tuple[V, V]:
     """1/(1 + e + e_lo) for 0 <= e <= 1 as r (1 + rho): r = fl(1/fl(1+e)) and
     rho = 1 - r (1 + e + e_lo), computed from the exact e (1 - r is exact for r in [1/2, 1])."""
     one = b.k(1.0)
@@ -316,7 +174,7 @@ def _recip_1p(b: _Builder, e: V, e_lo: V | None = None) -> tuple[V, V]:
     return r, rho
 
 
-def _times_recip(b: _Builder, e: V, e_lo: V | None, r: V, rho: V) -> V:
+def _times_recip(b: ProgramBuilder, e: V, e_lo: V | None, r: V, rho: V) -> V:
     """(e + e_lo) r (1 + rho) with a single rounding at the end (e*r split exactly)."""
     er = b.mul(e, r)
     small = b.fma(er, rho, b.fma(e, r, _neg(b, er)))
@@ -325,7 +183,7 @@ def _times_recip(b: _Builder, e: V, e_lo: V | None, r: V, rho: V) -> V:
     return b.add(er, small)
 
 
-def _times_pair(b: _Builder, x: V, e: V, e_lo: V | None) -> tuple[V, V]:
+def _times_pair(b: ProgramBuilder, x: V, e: V, e_lo: V | None) -> tuple[V, V]:
     """x (e + e_lo) as a pair (exact product split by FMA)."""
     p = b.mul(x, e)
     lo = b.fma(x, e, _neg(b, p))
@@ -334,7 +192,7 @@ def _times_pair(b: _Builder, x: V, e: V, e_lo: V | None) -> tuple[V, V]:
     return p, lo
 
 
-def _horner_pair(b: _Builder, t: V, coeffs: list[float]) -> tuple[V, V]:
+def _horner_pair(b: ProgramBuilder, t: V, coeffs: list[float]) -> tuple[V, V]:
     """c0 + t (c1 + t Q(t)) as a pair: Q in plain Horner, the last two steps compensated (their
     rounding errors, of the order of the result's ulp, would otherwise dominate)."""
     acc = b.horner(t, coeffs[2:])
@@ -345,7 +203,7 @@ def _horner_pair(b: _Builder, t: V, coeffs: list[float]) -> tuple[V, V]:
     return q, b.add(q_lo, b.k(coeffs[0]))  # c0 is tiny by construction: it joins the low part
 
 
-def _sigmoid_parts(b: _Builder, a_neg: V, a_neg_lo: V | None = None) -> tuple[V, V, V, V, V]:
+def _sigmoid_parts(b: ProgramBuilder, a_neg: V, a_neg_lo: V | None = None) -> tuple[V, V, V, V, V]:
     """For a_neg = -|u| (+ a_neg_lo): E = exp(-|u|) = (hi + lo) 2**n, and r, rho with
     1/(1+E) = r (1 + rho). Returns (hi, lo, n, r, rho)."""
     hi, lo, n = _exp_norm(b, a_neg, a_neg_lo)
@@ -355,7 +213,7 @@ def _sigmoid_parts(b: _Builder, a_neg: V, a_neg_lo: V | None = None) -> tuple[V,
 
 # ----------------------------------------------------------------------------- functions
 
-def _log(b: _Builder, x: V) -> V:
+def _log(b: ProgramBuilder, x: V) -> V:
     """log(x) = e ln2 + log1p(f), x = (1+f) 2**e with 1+f in [sqrt(1/2), sqrt(2)]."""
     e = b.unary(Op.GETEXP, x)
     m = b.unary(Op.GETMANT, x)
@@ -374,7 +232,7 @@ def _log(b: _Builder, x: V) -> V:
     return b.select(b.lt(x, b.k(0.0)), b.kbits(NAN_BITS), res)  # log(x<0) = NaN, log(-0) = -inf
 
 
-def _tanh(b: _Builder, x: V) -> V:
+def _tanh(b: ProgramBuilder, x: V) -> V:
     """|x| < 0.625: odd polynomial. Else tanh|x| = 2/(1+E) - 1, E = exp(-2|x|) as a pair: with
     1/(1+E) = r (1 + rho), 2r - 1 is exact (r in [1/2, 1]) and 2 r rho joins in one FMA.
     Saturates to exactly +-1 as E underflows."""
@@ -388,7 +246,7 @@ def _tanh(b: _Builder, x: V) -> V:
     return _keep_zero(b, x, b.select(b.lt(a, b.k(TANH_SMALL)), small, big))
 
 
-def _sigmoid(b: _Builder, x: V) -> V:
+def _sigmoid(b: ProgramBuilder, x: V) -> V:
     """sigma(|x|) = 1/(1+E), sigma(-|x|) = E/(1+E), E = exp(-|x|) (never overflows; the product
     for x < 0 is formed before the 2**n scaling so the subnormal tail is rounded once)."""
     hi, lo, n, r, rho = _sigmoid_parts(b, _neg(b, b.unary(Op.ABS, x)))
@@ -397,7 +255,7 @@ def _sigmoid(b: _Builder, x: V) -> V:
     return b.select(b.lt(x, b.k(0.0)), neg, pos)
 
 
-def _erf(b: _Builder, x: V) -> V:
+def _erf(b: ProgramBuilder, x: V) -> V:
     """|x| < 1: odd polynomial x + x Q(x^2). Else erf|x| = 1 - exp(K + R(|x| - 1)), with the
     exponent carried as an exact pair into exp; |x| is clamped to 4 (saturation, inf)."""
     small = b.fma(x, b.horner(b.mul(x, x), ERF_SMALL_POLY), x)
@@ -409,7 +267,7 @@ def _erf(b: _Builder, x: V) -> V:
     return b.select(b.lt(a, b.k(1.0)), small, big)
 
 
-def _gelu_tanh_u(b: _Builder, xc: V) -> tuple[V, V, V]:
+def _gelu_tanh_u(b: ProgramBuilder, xc: V) -> tuple[V, V, V]:
     """u = xc (C1 + C2 xc^2) as a pair (uh, ul) with ~2^-40 relative error (sigmoid(u) for u
     near -100 needs u to an absolute 2^-24, i.e. about 31 bits); also returns fl(xc^2)."""
     x2h = b.mul(xc, xc)
@@ -422,7 +280,7 @@ def _gelu_tanh_u(b: _Builder, xc: V) -> tuple[V, V, V]:
     return uh, ul, x2h
 
 
-def _gelu_tanh_core(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V, V]:
+def _gelu_tanh_core(b: ProgramBuilder, x: V) -> tuple[V, V, V, V, V, V, V, V]:
     """xc = clamp(x), the pair u = uh + ul, and the sigmoid pieces (hi, lo, n, r, rho) of u."""
     xc = b.min(b.max(x, b.k(-GT_CLAMP)), b.k(GT_CLAMP))
     uh, ul, _ = _gelu_tanh_u(b, xc)
@@ -432,7 +290,7 @@ def _gelu_tanh_core(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V, V]:
     return xc, uh, ul, hi, lo, n, r, rho
 
 
-def _gelu_tanh(b: _Builder, x: V) -> V:
+def _gelu_tanh(b: ProgramBuilder, x: V) -> V:
     """x sigmoid(u) ((1 + tanh z)/2 = sigmoid(2z)); for x < 0 it is x E/(1 + E), E = exp(u),
     formed before the 2**n scaling, so the far negative tail keeps full relative accuracy."""
     xc, _, _, hi, lo, n, r, rho = _gelu_tanh_core(b, x)
@@ -444,7 +302,7 @@ def _gelu_tanh(b: _Builder, x: V) -> V:
     return _keep_zero(b, x, res)
 
 
-def _gelu_tanh_grad(b: _Builder, x: V, g: V) -> V:
+def _gelu_tanh_grad(b: ProgramBuilder, x: V, g: V) -> V:
     """g d/dx[x s(u)] = g (s + m s (1 - s)), m = x u' = 3u - 2 C1 x (from the pair u, itself kept
     as a pair), s (1 - s) = E/(1+E)^2. For u < 0 (where the terms cancel near the root) the
     products are carried as pairs; each branch ends as a pair (h, l), so the product with g is
@@ -477,7 +335,7 @@ def _gelu_tanh_grad(b: _Builder, x: V, g: V) -> V:
     return b.fma(g, dh, b.mul(g, dl))
 
 
-def _gelu_erf_phi(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V]:
+def _gelu_erf_phi(b: ProgramBuilder, x: V) -> tuple[V, V, V, V, V, V, V]:
     """Phi(-w) for w = min(|x|, 16), as (hi + lo) 2**n times a factor that depends on the piece:
     w < 4: Phi(-w) = exp(-w^2/2 + M(w)); w >= 4: w Phi(-w) = exp(-w^2/2 + L(1/w)).
     Returns (w, w^2 pair hi, lo, hi, lo, n, is_first_piece)."""
@@ -499,7 +357,7 @@ def _gelu_erf_phi(b: _Builder, x: V) -> tuple[V, V, V, V, V, V, V]:
     return w, w2h, w2l, hi, lo, n, first
 
 
-def _gelu_erf(b: _Builder, x: V) -> V:
+def _gelu_erf(b: ProgramBuilder, x: V) -> V:
     """|x| > 1/2: x Phi(x) = x - V(x) for x >= 0 and -V(|x|) for x < 0, with V(w) = w Phi(-w)
     computed to full relative accuracy (no 1 + erf cancellation in the negative tail)."""
     w, w2h, w2l, hi, lo, n, first = _gelu_erf_phi(b, x)
@@ -513,7 +371,7 @@ def _gelu_erf(b: _Builder, x: V) -> V:
     return _keep_zero(b, x, b.select(b.lt(w, b.k(GE_SMALL)), small, big))
 
 
-def _gelu_erf_grad(b: _Builder, x: V, g: V) -> V:
+def _gelu_erf_grad(b: ProgramBuilder, x: V, g: V) -> V:
     """g (Phi(x) + x phi(x)): |x| < 1/2: 1/2 + x J(x^2); else x < 0: Phi(-w) - w phi(w),
     x >= 0: 1 - Phi(-w) + w phi(w)."""
     w, w2h, w2l, hi, lo, n, first = _gelu_erf_phi(b, x)
@@ -539,23 +397,23 @@ def _gelu_erf_grad(b: _Builder, x: V, g: V) -> V:
     return b.fma(g, dh, b.mul(g, dl))  # one rounding for the product with the upstream grad
 
 
-def _rsqrt(b: _Builder, x: V) -> V:
+def _rsqrt(b: ProgramBuilder, x: V) -> V:
     """1/sqrt(x) = 1 / fl(sqrt(x)): two correct roundings (< 1.5 ulp); rsqrt(+-0) = +inf (IEEE
     rSqrt; the ABS turns sqrt(-0) = -0 into +0), rsqrt(x<0) = NaN, rsqrt(inf) = 0."""
     return b.div(b.k(1.0), b.unary(Op.ABS, b.unary(Op.SQRT, x)))
 
 
-def _one(fn: Callable[[_Builder, V], V]) -> Callable[[], list[Instr]]:
+def _one(fn: Callable[[ProgramBuilder, V], V]) -> Callable[[], list[Instr]]:
     def build() -> list[Instr]:
-        b = _Builder(1)
+        b = ProgramBuilder(1)
         return b.finish(fn(b, b.inputs[0]))
 
     return build
 
 
-def _two(fn: Callable[[_Builder, V, V], V]) -> Callable[[], list[Instr]]:
+def _two(fn: Callable[[ProgramBuilder, V, V], V]) -> Callable[[], list[Instr]]:
     def build() -> list[Instr]:
-        b = _Builder(2)
+        b = ProgramBuilder(2)
         return b.finish(fn(b, b.inputs[0], b.inputs[1]))
 
     return build

@@ -1,0 +1,3 @@
+"""Fixtures of the bot tests: one tiny digits job per module, its published bundle, a fresh market."""
+
+from tests.support.bots import bundles, job, world  # noqa: F401 - fixtures

@@ -1,0 +1,476 @@
+"""The C++ CPU backend (``verde_chain/repops/backend_cpu.py``) against the numpy reference.
+
+The bar is bit equality with ``reference.run`` (the scalar interpreter ``program.run_spec`` where
+the two disagree) for every RepOps family, on edge values (signed zeros, subnormals, infinities,
+NaN with non-canonical payloads, largest finite, ties), with 1 and 2 threads and on every ISA
+build, through each of the backend's paths (GEMM, fold, binary, generic interpreter), and for
+whole training steps: C_T must not depend on the backend.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops import edges, library, ops, program, reference
+from verde_chain.repops.backend_cpu import JIT_MIN_NUMEL, BackendUnavailable, CppBackend, jit_source, live_in
+from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op, f32_bits
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler for the RepOps kernels"
+)
+
+EDGE_FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 1.5, 2.5, -2.5, 3.0, -7.0, 0.1, 128.0, -150.0, 300.0, 2.0**24 + 2, 1e30, -1e-30]
+EDGE_BITS = np.array(
+    [f32_bits(x) for x in EDGE_FLOATS]
+    + [
+        0x00000001,  # smallest subnormal
+        0x807FFFFF,  # largest negative subnormal
+        0x00800000,  # smallest normal
+        0x7F7FFFFF,  # largest finite
+        0xFF7FFFFF,
+        0x7F800000,  # +inf
+        0xFF800000,  # -inf
+        0x7FC00000,  # canonical NaN
+        0x7F800001,  # signalling NaN
+        0xFFC12345,  # negative NaN with a payload
+        0x3F7FFFFF,  # just below 1
+    ],
+    dtype=np.uint32,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fp_env() -> None:
+    torch.set_flush_denormal(False)  # the numpy reference runs in this thread
+
+
+@pytest.fixture(scope="module", params=[(1, True), (2, True), (2, False)], ids=["t1", "t2", "t2-nojit"])
+def be(request: pytest.FixtureRequest) -> CppBackend:
+    threads, jit = request.param
+    return CppBackend(threads=threads, jit=jit)
+
+
+def edge_array(shape: tuple[int, ...], seed: int, frac: float = 0.3, scale: float = 3.0) -> np.ndarray:
+    return edges.edge_array(shape, seed, frac, scale, EDGE_BITS)
+
+
+def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CppBackend, want_kind: str | None = None) -> None:
+    want = reference.run(desc, ins)
+    got = be(desc, ins)
+    assert got.shape == want.shape and got.dtype == np.float32
+    g, w = got.reshape(-1).view(np.uint32), want.reshape(-1).view(np.uint32)
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, f"{desc.label}: {bad.size} elements differ, first {bad[0]}: {g[bad[0]]:#x} != {w[bad[0]]:#x}"
+    if want_kind is not None:
+        jit = be.jit and jit_source(desc, min_instrs=1 if desc.numel >= JIT_MIN_NUMEL else be.jit_min_instrs)
+        assert be.path(desc) == ("jit" if want_kind == "program" and jit else want_kind)
+
+
+def run_composite(comp: library.Composite, ins: list[np.ndarray], be: CppBackend) -> None:
+    want = comp.run(ins, reference.run)
+    got = comp.run(ins, be)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32), err_msg=comp.label)
+
+
+# ======================================================================= instructions
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_every_instruction_on_all_edge_pairs(isa: str) -> None:
+    """Each arithmetic opcode on the full grid of edge operand pairs (c random edges), every ISA,
+    1 and 2 threads: the interpreter's instruction semantics are fp32.py's."""
+    a, b = (g.reshape(-1) for g in np.meshgrid(EDGE_BITS, EDGE_BITS))
+    a, b = np.tile(a, 4), np.tile(b, 4)  # > 2^12 lanes, several blocks per thread
+    c = np.random.default_rng(3).choice(EDGE_BITS, a.size)
+    n = a.size
+    ins = [x.view(np.float32) for x in (a, b, c)]
+    for threads in (1, 2):
+        be = CppBackend(isa, threads)
+        for op in Op:
+            if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
+                continue
+            instr = Instr(op, 0, 0, 1, 2 if op in THREE_REG_OPS else 0)
+            assert_same(library.elementwise(op.name, [(n,)] * 3, (instr,)), ins, be, "program")
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_jit_every_instruction_on_all_edge_pairs(isa: str) -> None:
+    """The same grid through generated vector code (every opcode compiled alone)."""
+    a, b = (g.reshape(-1) for g in np.meshgrid(EDGE_BITS, EDGE_BITS))
+    a, b = np.tile(a, 4), np.tile(b, 4)
+    c = np.random.default_rng(3).choice(EDGE_BITS, a.size)
+    n = a.size - 3  # not a multiple of the vector width: the tail path runs too
+    ins = [x[:n].view(np.float32) for x in (a, b, c)]
+    be = CppBackend(isa, 1, jit_min_instrs=1)
+    for op in Op:
+        if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
+            continue
+        instr = Instr(op, 0, 0, 1, 2 if op in THREE_REG_OPS else 0)
+        desc = library.elementwise(op.name, [(n,)] * 3, (instr,))
+        assert_same(desc, ins, be)
+        assert be.path(desc) == "jit"
+
+
+NAN_CHAIN = (
+    Instr(Op.SUB, 3, 0, 1),  # inf - inf, NaN - x: NaNs with hardware payloads
+    Instr(Op.NEG, 4, 3),
+    Instr(Op.ABS, 5, 4),
+    Instr(Op.SELECT, 6, 5, 3, 1),
+    Instr(Op.MAX, 7, 6, 0),
+    Instr(Op.LT, 8, 3, 0),
+    Instr(Op.FMA, 9, 6, 8, 5),
+    Instr(Op.MIN, 10, 9, 2),
+    Instr(Op.LDEXP, 11, 10, 8),
+    Instr(Op.EQ, 12, 11, 11),
+)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        (Instr(Op.SELECT, 0, 12, 9, 6),),  # result from a register op: canonical
+        (Instr(Op.MOV, 0, 2),),  # MOV of a raw loaded NaN: canonical
+        (library.load(0, 1),),  # a LOAD writes r0 last: raw payload kept
+        (Instr(Op.CONST, 0, imm=0xFFC00001),),  # raw CONST NaN kept
+    ],
+    ids=["select", "mov", "load", "const"],
+)
+def test_nan_payloads_through_chains(be: CppBackend, tail: tuple[Instr, ...]) -> None:
+    """Intermediate NaNs carry hardware payloads (x86's default NaN is 0xFFC00000); the
+    generated code canonicalises only the result. No instruction's value may depend on them."""
+    a, b = (g.reshape(-1) for g in np.meshgrid(EDGE_BITS, EDGE_BITS))
+    c = np.random.default_rng(5).choice(EDGE_BITS, a.size)
+    ins = [x.view(np.float32) for x in (a, b, c)]
+    desc = library.elementwise("chain", [(a.size,)] * 3, NAN_CHAIN + tail)
+    assert_same(desc, ins, be, "program")
+
+
+def test_const_coord_mov_and_raw_loads_keep_payloads(be: CppBackend) -> None:
+    # CONST and LOAD copy raw bits (a NaN payload survives); MOV canonicalises; COORD is exact.
+    code = (
+        Instr(Op.COORD, 3, imm=0),
+        Instr(Op.COORD, 4, imm=1),
+        Instr(Op.CONST, 5, imm=0xFFC00001),
+        Instr(Op.MOV, 6, 0),
+        Instr(Op.SELECT, 0, 3, 0, 5),  # row 0: the raw CONST NaN, else the loaded value
+    )
+    x = edge_array((5, 7), 1, 0.6)
+    assert_same(library.elementwise("raw", [(5, 7)], (library.load(0, 0), *code)), [x], be)
+    assert_same(library.elementwise("mov", [(5, 7)], (library.load(1, 0), Instr(Op.MOV, 0, 1))), [x], be)
+    assert_same(library.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), [x], be)
+
+
+def test_unwritten_and_loop_carried_registers_start_at_plus_zero(be: CppBackend) -> None:
+    """Every register starts as +0.0: a read of a never-written register (r7) gives +0, so
+    -0 + r7 = +0; a body register carried across k (r9) starts at +0 in the first iteration."""
+    x = edge_array((300, 6), 4, 0.3)
+    m = program.InputMap(x.size, (6,), 1)
+    desc = program.KernelDesc(
+        (300,), 6, (m,),
+        (library.load(1, 0), Instr(Op.ADD, 0, 1, 7)),
+        (library.load(1, 0), Instr(Op.ADD, 9, 9, 1), Instr(Op.MUL, 0, 9, 9)),
+        (Instr(Op.ADD, 0, 0, 11),),
+        label="carried",
+    )  # fmt: skip
+    assert_same(desc, [x], be, "program")
+    neg0 = np.full((300, 1), -0.0, np.float32)
+    one = program.KernelDesc((300,), 1, (program.InputMap(300, (1,)),), (library.load(1, 0), Instr(Op.ADD, 0, 1, 7)))
+    assert_same(one, [neg0], be)
+    assert (be(one, [neg0]).view(np.uint32) == 0).all()
+
+
+def test_loadidx_edge_indices_match_the_scalar_interpreter(be: CppBackend) -> None:
+    """Gather with every kind of bad index: NaN, inf, non-integral, negative (wraps once),
+    out of range, huge. Huge integral indices are compared to ``program.run_spec`` (exact
+    integers): ``reference.run`` clips them to 2**62 and its int64 product with the index
+    stride can wrap."""
+    data = edge_array((10, 4), 2)
+    small = np.array([0, 3, -1, -10, -11, 10, 2.5, -0.0, np.nan, np.inf, -np.inf, 9, 1e9], np.float32)
+    assert_same(library.gather((10, 4), small.shape, 0), [data, small], be)
+    huge = np.array([1e30, 2.0**62, -(2.0**62), 4.6e18, 3e38, 1.0], np.float32)
+    desc = library.gather((10, 4), huge.shape, 0)
+    np.testing.assert_array_equal(be(desc, [data, huge]).view(np.uint32), program.run_spec(desc, [data, huge]).view(np.uint32))
+    idx = np.array([[0, 3, 1], [-1, 7, 2]], np.float32)
+    assert_same(library.gather_elements((2, 4), (2, 3), 1), [edge_array((2, 4), 3), idx], be)
+
+
+# ======================================================================= GEMM path
+
+
+MATMUL_CASES = [  # (a, b, trans_a, trans_b, the backend's path)
+    ((6, 9), (9, 5), False, False, "dot"),
+    ((9, 6), (5, 9), True, True, "dot"),
+    ((2, 4, 7), (7, 3), False, False, "dot"),
+    ((7,), (7, 4), False, False, "program"),  # GEMV shapes: the interpreter is faster
+    ((2, 4, 7), (7,), False, False, "program"),
+    ((4, 7), (1, 4), True, True, "program"),
+    ((7,), (4, 7), False, True, "program"),
+    ((1, 300), (300, 90), False, False, "program"),
+    ((3, 1, 4, 7), (2, 7, 5), False, False, "dot"),  # broadcast batches
+    ((5, 1), (1, 6), False, False, "dot"),  # K = 1
+    ((70, 300), (90, 300), False, True, "dot"),  # big enough for two threads (x @ W^T)
+    ((64, 33), (64, 17), True, False, "dot"),  # x^T @ g (weight gradient)
+    ((600, 77), (600, 45), True, False, "dot"),  # transposed A: partial row panels, 3 K blocks
+    ((300, 200), (300, 64), True, False, "dot"),  # one column block: rows split across threads
+    ((2, 300, 50), (2, 300, 40), True, False, "dot"),  # batched, transposed A
+]
+
+
+@pytest.mark.parametrize("a_shape,b_shape,ta,tb,path", MATMUL_CASES)
+def test_matmul_path(
+    be: CppBackend, a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool, path: str
+) -> None:
+    desc = library.matmul(a_shape, b_shape, ta, tb)
+    ins = [edge_array(a_shape, 11, 0.1), edge_array(b_shape, 12, 0.1)]
+    assert_same(desc, ins, be, path)
+
+
+def test_matmul_subnormal_products_are_not_flushed(be: CppBackend) -> None:
+    a = np.full((8, 16), 2.0**-70, np.float32)
+    b = np.full((16, 8), 2.0**-70, np.float32)  # products 2**-140: subnormal
+    torch.set_flush_denormal(True)
+    try:
+        got = be(library.matmul(a.shape, b.shape), [a, b])
+    finally:
+        torch.set_flush_denormal(False)
+    assert_same(library.matmul(a.shape, b.shape), [a, b], be)
+    assert (got.reshape(-1).view(np.uint32) == np.float32(16 * 2.0**-140).view(np.uint32)).all()
+
+
+@pytest.mark.parametrize(
+    "c_shape,alpha,beta,ta,tb",
+    [(None, 1.0, 1.0, False, False), ((5,), 0.5, 1.0, False, True), ((6, 5), 1.0, -2.0, True, False),
+     ((6, 1), 0.1, 0.3, True, True), ((6, 5), 2.0, 0.0, False, False)],
+)  # fmt: skip
+def test_gemm_epilogues(be: CppBackend, c_shape: tuple[int, ...] | None, alpha: float, beta: float, ta: bool, tb: bool) -> None:
+    a = edge_array((9, 6) if ta else (6, 9), 21, 0.2)
+    b = edge_array((5, 9) if tb else (9, 5), 22, 0.2)
+    ins = [a, b]
+    if c_shape is not None and beta != 0.0:
+        ins.append(edge_array(c_shape, 23, 0.3))
+    assert_same(library.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb), ins, be, "dot")
+
+
+def test_epilogue_reading_body_registers_goes_to_the_interpreter(be: CppBackend) -> None:
+    """An epilogue that reads r1 (the last A value) is outside what the GEMM models: the plan
+    must fall back to the interpreter, and the label ("matmul") must not fool it either way."""
+    mm = library.matmul((4, 6), (6, 3))
+    odd = program.KernelDesc(mm.out_shape, mm.K, mm.inputs, mm.prologue, mm.body, (Instr(Op.ADD, 0, 0, 1),), label="matmul")
+    assert live_in(odd.epilogue) == {0, 1}
+    assert_same(odd, [edge_array((4, 6), 31), edge_array((6, 3), 32)], be, "program")
+    exp_named_matmul = program.KernelDesc((5,), 1, (program.InputMap(5, (1,)),), library.map_unary("exp", (5,)).prologue, label="matmul")
+    assert_same(exp_named_matmul, [edge_array((5,), 33)], be, "program")
+
+
+def test_reduce_dot_runs_on_the_interpreter(be: CppBackend) -> None:
+    x, y = edge_array((5, 7, 3), 41), edge_array((5, 7, 3), 42)
+    for axes, mean in [((1,), False), ((2,), True), (None, False)]:
+        assert_same(library.reduce_dot(x.shape, axes, keepdims=True, mean=mean), [x, y], be, "program")
+
+
+# ======================================================================= folds
+
+
+@pytest.mark.parametrize("kind", library.REDUCE_KINDS)
+def test_reductions_every_kind_and_axes(be: CppBackend, kind: str) -> None:
+    x = edge_array((6, 11, 4), 51, 0.2)
+    fold = kind in ("sum", "mean", "max", "min")
+    for axes, keep in [((1, 2), False), ((2,), True), ((0,), False), (None, True)]:
+        desc = library.reduce(kind, x.shape, axes, keep)
+        assert_same(desc, [x], be, "fold" if fold else "program")
+
+
+def test_k1_reduction_keeps_raw_nan_payloads(be: CppBackend) -> None:
+    """K = 1: the spec's result is the loaded bits themselves (a NaN payload survives); the
+    reduce kernel canonicalises, so the plan must not use it."""
+    x = np.array([[0x7F800001], [0xFFC12345], [0x80000000]], np.uint32).view(np.float32)
+    for kind in ("sum", "max", "min"):
+        desc = library.reduce(kind, x.shape, (1,), False)
+        assert_same(desc, [x], be, "program")
+        assert be(desc, [x]).view(np.uint32)[0] == 0x7F800001
+
+
+def test_large_reductions_threaded(be: CppBackend) -> None:
+    x = edge_array((300, 257), 52, 0.01)
+    for kind, axes in [("sum", (1,)), ("max", (0,)), ("mean", None), ("min", (1,))]:
+        assert_same(library.reduce(kind, x.shape, axes, False), [x], be, "fold")
+
+
+# ======================================================================= elementwise
+
+
+@pytest.mark.parametrize("op", sorted(library.BINARY_CODE))
+def test_binary_same_shape_and_broadcast(be: CppBackend, op: str) -> None:
+    a, b = edge_array((4, 8), 61, 0.4), edge_array((4, 8), 62, 0.4)
+    fast = op in ("add", "sub", "mul", "div", "max", "min")
+    assert_same(library.binary(op, a.shape, b.shape), [a, b], be, "binary" if fast else "program")
+    c = edge_array((3, 1, 8), 63, 0.4)
+    assert_same(library.binary(op, c.shape, b.shape), [c, b], be, "program")
+    big = edge_array((1 << 17) + 5, 64, 0.05)
+    assert_same(library.binary(op, big.shape, big.shape), [big, big[::-1].copy()], be)
+
+
+UNARY = sorted(library.UNARY_CODE) + list(library.TRANSCENDENTAL_UNARY)
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_maps_on_edges_and_wide_range(be: CppBackend, name: str) -> None:
+    x = np.concatenate([EDGE_BITS.view(np.float32), edge_array((3000,), 71, 0.1, 10.0), edge_array((500,), 72, 0, 200.0)])
+    assert_same(library.map_unary(name, x.shape), [x], be, "program")
+
+
+@pytest.mark.parametrize("name", sorted(library.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"])
+def test_unary_grads(be: CppBackend, name: str) -> None:
+    x, g = edge_array((40, 30), 81, 0.2), edge_array((40, 30), 82, 0.2)
+    assert_same(library.unary_grad(name, x.shape), [x, g], be)
+
+
+def test_other_maps(be: CppBackend) -> None:
+    x = edge_array((9, 13), 91, 0.3)
+    assert_same(library.map_affine(x.shape, 0.3, -1.25), [x], be)
+    assert_same(library.clip(x.shape, -1.0, 2.0), [x], be)
+    assert_same(library.leaky_relu(x.shape, 0.01), [x], be)
+    cond = edge_array((9, 1), 92, 0.5)
+    assert_same(library.where(cond.shape, x.shape, (13,)), [cond, x, edge_array((13,), 93)], be)
+
+
+# ======================================================================= data movement
+
+
+def test_copies_gathers_and_scatter(be: CppBackend) -> None:
+    x = edge_array((3, 4, 5), 101)
+    assert_same(library.transpose(x.shape, (2, 0, 1)), [x], be)
+    assert_same(library.reshape(x.shape, (5, 12)), [x], be)
+    assert_same(library.expand((4, 1), (3, 4, 6)), [edge_array((4, 1), 102)], be)
+    assert_same(library.slice_(x.shape, [2, 0, 4], [None, 4, None], [-1, 2, -2]), [x], be)  # negative strides
+    v = edge_array((1001,), 104)
+    assert_same(library.slice_(v.shape, [1], [None], [2]), [v], be)  # linear map, address stride 2
+    assert_same(library.binary("mul", (600, 3), (1, 1)), [edge_array((600, 3), 105), np.float32([[0.5]])], be)  # stride 0
+    assert_same(library.binary("sub", (3, 1, 500), (3, 7, 500)), [edge_array((3, 1, 500), 106), edge_array((3, 7, 500), 107)], be)
+    # trailing size-1 output axes: runs follow the last axis of size > 1 (fill / strided runs)
+    assert_same(library.binary("sub", (60, 40, 1), (60, 1, 1)), [edge_array((60, 40, 1), 108), edge_array((60, 1, 1), 109)], be)
+    assert_same(library.transpose((50, 40, 1), (1, 0, 2)), [edge_array((50, 40, 1), 110)], be)
+    g = edge_array((7, 3), 103)
+    idx = np.array([0, 4, 4, 2, 0, 1, 4], np.float32)
+    assert_same(library.scatter_add(7, (3,), 5), [g, idx], be)
+
+
+# ======================================================================= compositions
+
+
+def test_compositions_softmax_norms_losses_optimizers(be: CppBackend) -> None:
+    x = edge_array((6, 10), 111, 0.05)
+    g = edge_array((6, 10), 112, 0.05)
+    run_composite(library.softmax(x.shape, -1), [x], be)
+    run_composite(library.log_softmax(x.shape, 0), [x], be)
+    run_composite(library.softmax_backward(x.shape, -1), [x, g], be)
+    run_composite(library.layer_norm(x.shape, 1, 1e-5, True, True), [x, edge_array((10,), 113), edge_array((10,), 114)], be)
+    _, m, s = library.layer_norm(x.shape, 1, 1e-5, False, False).run([x])
+    run_composite(library.layer_norm_backward(x.shape, 1), [x, edge_array((10,), 115), m, s, g], be)
+    labels = np.array([0, 3, 9, 2, 2, 7], np.float32)
+    run_composite(library.softmax_cross_entropy(x.shape, "mean"), [x, labels], be)
+    run_composite(library.softmax_cross_entropy_backward(x.shape, "mean"), [x, labels, np.ones(1, np.float32)], be)
+    p, buf = edge_array((5, 4), 116, 0.1), edge_array((5, 4), 117, 0.1)
+    run_composite(library.sgd(p.shape, 0.1, 0.9, 0.0, 1e-4, True, False), [p, g[:5, :4].copy(), buf], be)
+    v = np.abs(edge_array((5, 4), 118, 0.1))
+    run_composite(library.adam(p.shape, 1e-3, 3, (0.9, 0.999), 1e-8, 0.01, True), [p, g[:5, :4].copy(), buf, v], be)
+    run_composite(library.reduce_composite("log_sum_exp", x.shape, (1,), False), [x], be)
+    run_composite(library.matmul_backward((6, 10), (10, 3)), [x, edge_array((10, 3), 119), edge_array((6, 3), 120)], be)
+
+
+# ======================================================================= properties
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 20), k=st.integers(1, 40), n=st.integers(1, 20), batch=st.integers(1, 3),
+    ta=st.booleans(), tb=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_property_matmul_raw_bits(m: int, k: int, n: int, batch: int, ta: bool, tb: bool, seed: int) -> None:
+    be = CppBackend(threads=2)
+    rng = np.random.default_rng(seed)
+    a_shape = (batch, k, m) if ta else (batch, m, k)
+    b_shape = (n, k) if tb else (k, n)
+    raw = lambda s: rng.integers(0, 2**32, s, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    assert_same(library.matmul(a_shape, b_shape, ta, tb), [raw(a_shape), raw(b_shape)], be)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), kind=st.sampled_from(library.REDUCE_KINDS),
+    seed=st.integers(0, 2**16), data=st.data(),
+)  # fmt: skip
+def test_property_reductions_any_axes(shape: list[int], kind: str, seed: int, data: st.DataObject) -> None:
+    be = CppBackend(threads=2)
+    axes = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True))
+    x = edge_array(tuple(shape), seed, 0.3)
+    run_composite(library.reduce_composite(kind, shape, axes, data.draw(st.booleans())), [x], be)
+
+
+# ======================================================================= backend plumbing
+
+
+def test_bad_maps_are_refused_before_any_read() -> None:
+    """SAFETY: the interpreter re-checks LOAD address boxes (no out-of-bounds reads even if a
+    caller bypasses KernelDesc.validate)."""
+    x = torch.zeros(4, dtype=torch.int32)
+    maps = torch.tensor([[1, 0, 2, 0, 4]], dtype=torch.int64)  # 5 elements at offset 2: beyond 4
+    prog = torch.tensor([[int(Op.LOAD), 0, 0, 0, 0]], dtype=torch.int64)
+    empty = torch.zeros((0, 5), dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="leave"):
+        ck.run_program([x], maps, (5,), 1, (prog, empty, empty))
+
+
+def test_register_puts_the_torch_api_on_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verde_chain.repops import backend_cpu
+
+    want = ops.softmax(torch.from_numpy(edge_array((4, 9), 131, 0.1)))
+    monkeypatch.setitem(ops.BACKENDS, "cpu", ops.BACKENDS["cpu"])
+    backend_cpu.register()
+    assert ops.BACKENDS["cpu"] is backend_cpu.backend
+    got = ops.softmax(torch.from_numpy(edge_array((4, 9), 131, 0.1)))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_make_runner_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from verde_chain.graph import backend
+    from verde_chain.repops import backend_cpu
+
+    assert isinstance(backend.make_runner(), CppBackend)  # the default
+    assert backend.make_runner("cpp", threads=2).threads == 2  # type: ignore[attr-defined]
+
+    def broken(*a: object, **k: object) -> None:
+        raise BackendUnavailable("RepOps C++ kernels unavailable: no compiler (test)")
+
+    monkeypatch.setattr(backend_cpu, "CppBackend", broken)
+    monkeypatch.setattr(backend, "_warned", set())
+    assert backend.make_runner("cpp") is reference.run
+    assert "falling back to the numpy reference" in capsys.readouterr().err
+
+
+# ======================================================================= whole steps
+
+
+@pytest.mark.parametrize("example,steps", [("digits", 3), ("transformer", 2)])
+def test_commitments_identical_between_backends(example: str, steps: int) -> None:
+    from verde_chain.examples import EXAMPLES
+
+    job = EXAMPLES[example](steps=steps, checkpoint_interval=0)
+    runs = {
+        "reference": job.make_run(None, 0, reference.run, steps),
+        "cpp/1": job.make_run(None, 0, CppBackend(threads=1), steps),
+        "cpp/2": job.make_run(None, 0, CppBackend(threads=2), steps),
+    }
+    finals = {name: r.run() for name, r in runs.items()}
+    assert len(set(finals.values())) == 1, finals
+    ref = runs["reference"].commitments
+    assert all(r.commitments == ref for r in runs.values())
+    assert len(set(ref.values())) == steps + 1

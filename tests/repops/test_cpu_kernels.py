@@ -1,0 +1,486 @@
+"""RepOps C++ CPU kernels: bitwise equal across ISAs, threads and tiles, and to an exact reference.
+
+The reference here is written independently of the kernels: numpy, vectorised over output
+elements, k serial. fma is emulated exactly (float64 product is exact for binary32 inputs;
+TwoSum + round-to-odd makes the float64 sum round correctly to binary32), and that emulation is
+itself checked against Berkeley SoftFloat (softfloatpy). The kernels are also compared to
+``reference.run`` of the operator library's KernelDescs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verde_chain.errors import RepOpsError
+from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops import library, reference
+from verde_chain.repops.edges import edge_floats
+
+CANON = np.uint32(0x7FC00000)
+
+ISAS = [pytest.param(isa, id=isa) for isa in ck.ISAS]
+
+
+def need(isa: str) -> None:
+    if not ck.cpu_supports(isa):
+        pytest.skip(f"CPU lacks {isa}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_compiler() -> None:
+    # The kernels are compiled at first use; without a C++ compiler there is nothing to test.
+    import shutil
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the RepOps CPU kernels")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fp_env() -> None:
+    # The reference is numpy in this thread: it must not run under FTZ/DAZ.
+    torch.set_flush_denormal(False)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact reference
+# --------------------------------------------------------------------------------------------
+
+
+def bits(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.numpy()
+    return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+
+
+def canon(x: np.ndarray) -> np.ndarray:
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).copy()
+    b[np.isnan(x)] = CANON
+    return b.view(np.float32)
+
+
+def ref_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """a*b + c rounded once to binary32 (elementwise, float32 arrays)."""
+    with np.errstate(all="ignore"):
+        p = a.astype(np.float64) * b.astype(np.float64)  # exact: 24+24 bits
+        z = c.astype(np.float64)
+        s = p + z
+        v = s - p
+        err = (p - (s - v)) + (z - v)  # p + z == s + err exactly (finite s)
+        even = (s.view(np.uint64) & np.uint64(1)) == 0
+        fix = np.isfinite(s) & (err != 0) & even
+        # Round to odd: the exact value lies strictly between s and its neighbour towards err,
+        # and exactly one of the two is odd; odd rounding then rounds correctly to 24 bits.
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+        return s.astype(np.float32)
+
+
+def ref_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(..., M, K) @ (..., K, N) with acc = a0*b0, then acc = fma(a_k, b_k, acc)."""
+    a3, b3 = np.broadcast_arrays(a[..., :, :, None], b[..., None, :, :])  # (..., M, K, N)
+    with np.errstate(all="ignore"):
+        acc = (a3[..., 0, :].astype(np.float64) * b3[..., 0, :].astype(np.float64)).astype(np.float32)
+    for k in range(1, a.shape[-1]):
+        acc = ref_fma(a3[..., k, :], b3[..., k, :], acc)
+    return canon(acc)
+
+
+def ref_reduce(kind: str, x: np.ndarray, axis: int) -> np.ndarray:
+    xs = np.moveaxis(x, axis, -1)
+    acc = xs[..., 0].copy()
+    with np.errstate(all="ignore"):
+        for k in range(1, xs.shape[-1]):
+            v = xs[..., k]
+            if kind in ("sum", "mean"):
+                acc = (acc + v).astype(np.float32)
+            else:
+                nan = np.isnan(acc) | np.isnan(v)
+                eq = acc == v
+                signs = (bits(acc) & bits(v)) if kind == "max" else (bits(acc) | bits(v))
+                pick = np.where(acc > v, acc, v) if kind == "max" else np.where(acc < v, acc, v)
+                acc = np.where(eq, signs.view(np.float32), pick).astype(np.float32)
+                acc[nan] = np.float32(np.nan)
+        if kind == "mean":
+            acc = (acc / np.float32(xs.shape[-1])).astype(np.float32)
+    return canon(acc)
+
+
+def ref_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if op in ("max", "min"):
+            a, b = np.broadcast_arrays(a, b)
+            r = ref_reduce(op, np.stack([a, b], axis=-1), -1)
+        else:
+            ufuncs: dict[str, np.ufunc] = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+            r = ufuncs[op](a, b)
+    return canon(r.astype(np.float32))
+
+
+EDGE = edge_floats()
+
+
+def edge_matrix(shape: tuple[int, ...], seed: int, edge_fraction: float = 0.3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    mask = rng.random(shape) < edge_fraction
+    x[mask] = rng.choice(EDGE, size=int(mask.sum()))
+    return x
+
+
+def subnormal_matrix(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Tiny values whose products and sums stay subnormal or cross the normal boundary."""
+    rng = np.random.default_rng(seed)
+    mant = rng.integers(-(2**23) + 1, 2**23, size=shape).astype(np.float64)
+    return (mant * 2.0**-149 * 2.0 ** rng.integers(0, 4, size=shape)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# The reference itself
+# --------------------------------------------------------------------------------------------
+
+
+def test_reference_fma_matches_softfloat() -> None:
+    sf = pytest.importorskip("softfloatpy")
+    rng = np.random.default_rng(5)
+    n = 3000
+    a = edge_matrix((n,), 1, 0.2)
+    b = edge_matrix((n,), 2, 0.2)
+    c = edge_matrix((n,), 3, 0.2)
+    # Cancellation-heavy triples: c close to -a*b.
+    with np.errstate(all="ignore"):
+        c[:500] = -(a[:500].astype(np.float64) * b[:500]).astype(np.float32)
+    c[500:1000] = subnormal_matrix((500,), 4)
+    a[1000:1200] = subnormal_matrix((200,), 6)
+    b[1000:1200] = rng.uniform(0.5, 2, 200).astype(np.float32)
+    got = canon(ref_fma(a, b, c)).view(np.uint32)
+
+    def f(v: np.float32) -> object:
+        return sf.Float32.from_bytes(np.array([v], dtype=">f4").tobytes())
+
+    for i in range(n):
+        r = sf.f32_mul_add(f(a[i]), f(b[i]), f(c[i]))
+        want = int.from_bytes(r.to_bytes(), "big")
+        if (want & 0x7FFFFFFF) > 0x7F800000:
+            want = int(CANON)
+        assert got[i] == want, (i, a[i], b[i], c[i])
+
+
+# --------------------------------------------------------------------------------------------
+# MatMul
+# --------------------------------------------------------------------------------------------
+
+
+def assert_same_bits(got: torch.Tensor | np.ndarray, want: np.ndarray) -> None:
+    g = bits(got)
+    w = bits(want)
+    assert g.shape == w.shape
+    bad = np.flatnonzero(g.reshape(-1) != w.reshape(-1))
+    assert bad.size == 0, (
+        f"{bad.size} elements differ, first at {bad[:5]}: {g.reshape(-1)[bad[:5]]} vs {w.reshape(-1)[bad[:5]]}"
+    )
+
+
+MM_SHAPES = [(1, 1, 1), (1, 5, 1), (3, 1, 4), (7, 13, 5), (13, 64, 33), (25, 40, 70), (50, 300, 37)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m,k,n", MM_SHAPES)
+def test_matmul_matches_exact_reference(isa: str, m: int, k: int, n: int) -> None:
+    need(isa)
+    a = edge_matrix((m, k), m * 1000 + k, 0.1)
+    b = edge_matrix((k, n), n, 0.1)
+    want = ref_matmul(a, b)
+    for threads in (1, 2):
+        assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads), want)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_tiles_and_threads_do_not_change_bits(isa: str) -> None:
+    need(isa)
+    m, k, n = 61, 403, 75  # > 2^20 FMAs, so threads are really used
+    a = edge_matrix((m, k), 11, 0.05)
+    b = edge_matrix((k, n), 12, 0.05)
+    want = ref_matmul(a, b)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    # kc = 1 and 7: the accumulator is carried through memory between every K block.
+    for tile, threads in itertools.product([None, (1, 1, 1), (12, 7, 32), (24, 64, 16), (600, 1000, 600)], (1, 2, 3)):
+        assert_same_bits(ck.matmul(ta, tb, isa=isa, threads=threads, tile=tile), want)
+    # A stored transposed (the weight-gradient layout) is packed along its contiguous rows.
+    at = torch.from_numpy(np.ascontiguousarray(a.T))
+    for tile, threads in itertools.product([None, (1, 1, 1), (12, 7, 32), (600, 1000, 600)], (1, 2)):
+        assert_same_bits(ck.matmul(at, tb, trans_a=True, isa=isa, threads=threads, tile=tile), want)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
+def test_matmul_transposes(trans_a: bool, trans_b: bool) -> None:
+    m, k, n = 17, 29, 21
+    a = edge_matrix((m, k), 21, 0.1)
+    b = edge_matrix((k, n), 22, 0.1)
+    at = np.ascontiguousarray(a.T) if trans_a else a
+    bt = np.ascontiguousarray(b.T) if trans_b else b
+    want = ref_matmul(a, b)
+    for isa in ck.available_isas():
+        got = ck.matmul(torch.from_numpy(at), torch.from_numpy(bt), trans_a, trans_b, isa=isa, threads=2)
+        assert_same_bits(got, want)
+
+
+def test_matmul_batched_broadcast_and_vectors() -> None:
+    a = edge_matrix((2, 1, 5, 9), 31, 0.1)
+    b = edge_matrix((3, 9, 4), 32, 0.1)
+    want = ref_matmul(a, b)
+    for isa in ck.available_isas():
+        assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa), want)
+    v = edge_matrix((9,), 33, 0.1)
+    assert_same_bits(ck.matmul(torch.from_numpy(v), torch.from_numpy(b)), ref_matmul(v[None, :], b)[..., 0, :])
+    assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(v)), ref_matmul(a, v[:, None])[..., 0])
+    # Non-contiguous inputs (sliced views) are read through their strides.
+    big = edge_matrix((20, 30), 34, 0.1)
+    view = torch.from_numpy(big)[2:15:2, 1:28:3]
+    assert_same_bits(ck.matmul(view, torch.from_numpy(b[0])), ref_matmul(view.numpy(), b[0]))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_edge_values_nan_inf_and_cancellation(isa: str) -> None:
+    need(isa)
+    a = edge_matrix((14, 40), 41, 0.6)
+    b = edge_matrix((40, 35), 42, 0.6)
+    # Exact cancellation: row 0 . col 0 = x - x + y - y ... ends in +0 or -0 depending on order.
+    a[0, :] = 1.0
+    b[:, 0] = np.repeat(np.array([3.0, -3.0], dtype=np.float32), 20)
+    a[1, :] = -0.0
+    b[:, 1] = 0.0
+    want = ref_matmul(a, b)
+    assert np.isnan(want).any() and np.isinf(want).any()
+    assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=2), want)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_subnormals_survive_ftz(isa: str) -> None:
+    need(isa)
+    a = subnormal_matrix((20, 30), 51)
+    b = np.random.default_rng(52).uniform(-2, 2, (30, 40)).astype(np.float32)
+    want = ref_matmul(a, b)
+    assert (np.abs(want[want != 0]) < 1.1754944e-38).any(), "test must produce subnormal results"
+    torch.set_flush_denormal(True)
+    try:
+        got = ck.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=2)
+        mx = ck.worker_mxcsr(isa)
+    finally:
+        torch.set_flush_denormal(False)
+    assert_same_bits(got, want)
+    if mx >= 0:
+        assert mx & 0x8040 == 0, f"FTZ/DAZ still on in the worker: MXCSR=0x{mx:04x}"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 20),
+    k=st.integers(1, 40),
+    n=st.integers(1, 40),
+    seed=st.integers(0, 2**31),
+    threads=st.integers(1, 3),
+    raw=st.booleans(),
+)
+def test_matmul_property_all_isas(m: int, k: int, n: int, seed: int, threads: int, raw: bool) -> None:
+    rng = np.random.default_rng(seed)
+    if raw:  # any bit pattern: NaN payloads, signalling NaNs, subnormals, infinities
+        a = rng.integers(0, 2**32, (m, k), dtype=np.uint32).view(np.float32)
+        b = rng.integers(0, 2**32, (k, n), dtype=np.uint32).view(np.float32)
+    else:
+        a, b = edge_matrix((m, k), seed, 0.2), edge_matrix((k, n), seed + 1, 0.2)
+    want = ref_matmul(a, b)
+    for isa in ck.available_isas():
+        assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads), want)
+
+
+def test_batched_threads_take_whole_matrices() -> None:
+    # 8 (batch, column block) pairs >= 2 x threads: each thread packs its own B blocks.
+    a = edge_matrix((8, 64, 130), 141, 0.02)
+    b = edge_matrix((8, 130, 70), 142, 0.02)
+    want = ref_matmul(a, b)
+    for isa in ck.available_isas():
+        for threads in (1, 2, 4):
+            assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads), want)
+
+
+def test_isas_agree_on_a_larger_problem() -> None:
+    a = torch.randn(257, 511, generator=torch.Generator().manual_seed(1))
+    b = torch.randn(511, 300, generator=torch.Generator().manual_seed(2))
+    outs = [ck.matmul(a, b, isa=isa, threads=2) for isa in ck.available_isas()]
+    want = ref_matmul(a.numpy(), b.numpy())
+    for out in outs:
+        assert_same_bits(out, want)
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions and elementwise ops
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "min"])
+def test_reductions_match_reference(isa: str, kind: str) -> None:
+    need(isa)
+    x = edge_matrix((37, 70, 5), 61, 0.15)
+    x[3, :, 1] = np.float32(1e30) * np.where(np.arange(70) % 2 == 0, 1, -1)  # cancellation
+    x[4, :, 2] = -0.0
+    x[5, ::2, 3] = 0.0
+    x[5, 1::2, 3] = -0.0
+    fn = {"sum": ck.reduce_sum, "mean": ck.reduce_mean, "max": ck.reduce_max, "min": ck.reduce_min}[kind]
+    t = torch.from_numpy(x)
+    for axis in range(3):
+        want = ref_reduce(kind, x, axis)
+        for threads in (1, 2):
+            assert_same_bits(fn(t, axis, isa=isa, threads=threads), want)
+    # Two axes: k runs row-major over (0, 2), i.e. like reducing the flattened pair.
+    merged = ref_reduce(kind, np.transpose(x, (1, 0, 2)).reshape(70, -1), 1)
+    assert_same_bits(fn(t, (0, 2), isa=isa), merged)
+    assert_same_bits(fn(t, (2, 0), keepdim=True, isa=isa), merged.reshape(1, 70, 1))
+    assert_same_bits(fn(t, None, isa=isa), ref_reduce(kind, x.reshape(-1), 0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    seed=st.integers(0, 2**31),
+    kind=st.sampled_from(["sum", "mean", "max", "min"]),
+    axis_pick=st.integers(0, 2),
+)
+def test_reductions_property_raw_bits(shape: list[int], seed: int, kind: str, axis_pick: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 2**32, size=shape, dtype=np.uint32).view(np.float32)
+    mask = rng.random(shape) < 0.5  # repeated values: ties between equal values and between ±0
+    x[mask] = rng.choice(np.array([0.0, -0.0, rng.standard_normal()], dtype=np.float32), size=int(mask.sum()))
+    axis = axis_pick % len(shape)
+    want = ref_reduce(kind, x, axis)
+    fn = getattr(ck, f"reduce_{kind}")
+    for isa in ck.available_isas():
+        assert_same_bits(fn(torch.from_numpy(x), axis, isa=isa, threads=2), want)
+
+
+def test_reduction_large_uses_threads_and_vector_path() -> None:
+    x = edge_matrix((300, 1000), 71, 0.01)
+    t = torch.from_numpy(x)
+    for axis in (0, 1):
+        want = ref_reduce("sum", x, axis)
+        for isa in ck.available_isas():
+            assert_same_bits(ck.reduce_sum(t, axis, isa=isa, threads=2), want)
+
+
+@pytest.mark.parametrize("op", sorted(ck.BINARY_OPS))
+def test_binary_ops_broadcast(op: str) -> None:
+    a = edge_matrix((4, 1, 33), 81, 0.4)
+    b = edge_matrix((5, 33), 82, 0.4)
+    b[0, :] = -0.0
+    b[1, :] = 0.0
+    want = ref_binary(op, a, b)
+    for isa in ck.available_isas():
+        for threads in (1, 2):
+            assert_same_bits(ck.binary(op, torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads), want)
+
+
+def test_binary_large_threaded_subnormal() -> None:
+    a = subnormal_matrix((400_000,), 91)
+    b = np.random.default_rng(92).uniform(-1, 1, 400_000).astype(np.float32)
+    for op in ("add", "mul", "div"):
+        want = ref_binary(op, a, b)
+        for isa in ck.available_isas():
+            assert_same_bits(ck.binary(op, torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=2), want)
+
+
+# --------------------------------------------------------------------------------------------
+# Against the operator library's KernelDescs run on the vectorised reference
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,ta,tb",
+    [
+        ((6, 9), (9, 5), False, False),
+        ((9, 6), (5, 9), True, True),
+        ((2, 4, 7), (7, 3), False, False),
+        ((7,), (7, 4), False, False),
+        ((2, 4, 7), (7,), False, False),
+        ((4, 7), (1, 4), True, True),
+        ((7,), (4, 7), False, True),
+    ],
+)
+def test_matmul_matches_library_reference(a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool) -> None:
+    a = edge_matrix(a_shape, 101, 0.2)
+    b = edge_matrix(b_shape, 102, 0.2)
+    desc = library.matmul(a_shape, b_shape, ta, tb)
+    want = reference.run(desc, [a, b])
+    for isa in ck.available_isas():
+        assert_same_bits(ck.matmul(torch.from_numpy(a), torch.from_numpy(b), ta, tb, isa=isa), want)
+
+
+@pytest.mark.parametrize(
+    "c_shape,alpha,beta,ta,tb",
+    [(None, 1.0, 1.0, False, False), ((5,), 0.5, 1.0, False, True), ((6, 5), 1.0, -2.0, True, False),
+     ((6, 1), 0.1, 0.3, True, True), ((6, 5), 2.0, 0.0, False, False)],
+)  # fmt: skip
+def test_gemm_matches_library_reference(
+    c_shape: tuple[int, ...] | None, alpha: float, beta: float, ta: bool, tb: bool
+) -> None:
+    a = edge_matrix((9, 6) if ta else (6, 9), 131, 0.2)
+    b = edge_matrix((5, 9) if tb else (9, 5), 132, 0.2)
+    inputs = [a, b]
+    c = None
+    if c_shape is not None:
+        c = edge_matrix(c_shape, 133, 0.2)
+        if beta != 0.0:
+            inputs.append(c)
+    desc = library.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb)
+    want = reference.run(desc, inputs)
+    tc = None if c is None else torch.from_numpy(c)
+    for isa in ck.available_isas():
+        got = ck.gemm(torch.from_numpy(a), torch.from_numpy(b), tc, alpha, beta, ta, tb, isa=isa)
+        assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "min"])
+def test_reductions_match_spec_reference(kind: str) -> None:
+    x = edge_matrix((6, 11, 4), 111, 0.2)
+    for axes in [(1,), (0,), (1, 2), None]:
+        desc = library.reduce(kind, x.shape, axes, keepdims=False)
+        want = reference.run(desc, [x])
+        fn = getattr(ck, f"reduce_{kind}")
+        for isa in ck.available_isas():
+            assert_same_bits(fn(torch.from_numpy(x), axes, isa=isa), want)
+
+
+@pytest.mark.parametrize("op", sorted(ck.BINARY_OPS))
+def test_binary_matches_library_reference(op: str) -> None:
+    a = edge_matrix((3, 1, 8), 121, 0.4)
+    b = edge_matrix((4, 8), 122, 0.4)
+    want = reference.run(library.binary(op, a.shape, b.shape), [a, b])
+    for isa in ck.available_isas():
+        assert_same_bits(ck.binary(op, torch.from_numpy(a), torch.from_numpy(b), isa=isa), want)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+def test_errors() -> None:
+    f = torch.zeros(3, 4)
+    with pytest.raises(RepOpsError, match="inner dims"):
+        ck.matmul(f, f)
+    with pytest.raises(RepOpsError, match="K = 0"):
+        ck.matmul(torch.zeros(3, 0), torch.zeros(0, 2))
+    with pytest.raises(RepOpsError, match="float32"):
+        ck.matmul(f.double(), f.T.double())
+    with pytest.raises(RepOpsError, match="unknown op"):
+        ck.binary("pow", f, f)
+    with pytest.raises(RepOpsError, match="empty reduction"):
+        ck.reduce_sum(torch.zeros(3, 0), 1)
+    with pytest.raises(RepOpsError, match="unknown ISA"):
+        ck.cpu_supports("neon")
+    with pytest.raises(RepOpsError, match="threads"):
+        ck.matmul(f, f.T, threads=0)

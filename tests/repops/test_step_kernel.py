@@ -1,0 +1,283 @@
+"""The whole-step kernel (``StepPlan`` in kernels/repops_cpu.cpp, ``StepKernel`` in
+backend_cpu.py): one C++ call per training step must give exactly the bits of running the nodes
+one by one (which test_backend_cpu.py checks against the spec), on every ISA build and thread
+count, and refuse any node that would read or write outside its buffers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests.support.graph import Attention, Mixed, build
+from verde_chain.examples import EXAMPLES
+from verde_chain.graph.backend import make_runner
+from verde_chain.graph.executor import StepExecutor
+from verde_chain.graph.training import OptimizerSpec, TrainingProgram
+from verde_chain.repops import cpu_kernels as ck
+from verde_chain.repops.backend_cpu import CppBackend, StepKernel
+from verde_chain.repops.program import KernelDesc
+
+STEPS = 3
+
+
+def node_by_node(backend: CppBackend):  # type: ignore[no-untyped-def]
+    """The same backend without ``compile_step``: the executor then runs nodes one by one."""
+    return lambda desc, ins: backend(desc, ins)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def run_steps(graph, init, batches, runner, steps: int = STEPS):  # type: ignore[no-untyped-def]
+    """Every node output of steps 1..steps (plain steps, then one committed) and C_steps."""
+    ex = StepExecutor(graph, runner)
+    st = ex.initial_state(init)
+    outs = []
+    for s in range(1, steps):
+        res = ex.run_plain(st, batches(s))
+        outs.append(res.outputs)
+        st = res.state
+    last = ex.run_step(st, batches(steps))
+    outs.append(last.outputs)
+    return outs, last.commitment, ex
+
+
+def assert_same_steps(a, b) -> None:  # type: ignore[no-untyped-def]
+    (outs_a, c_a, _), (outs_b, c_b, _) = a, b
+    assert c_a == c_b
+    for s, (xa, xb) in enumerate(zip(outs_a, outs_b, strict=True)):
+        for d, (u, v) in enumerate(zip(xa, xb, strict=True)):
+            assert np.array_equal(bits(u), bits(v)), f"step {s + 1} node {d}"
+
+
+# ----------------------------------------------------------------------------- small graphs
+
+
+def _mlp() -> tuple[TrainingProgram, np.ndarray, np.ndarray]:
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    rng = np.random.default_rng(2)
+    return build(m, torch.zeros(6, 5), opt=OptimizerSpec("adam", lr=0.01)), rng.standard_normal((6, 5)), rng.integers(0, 3, 6)
+
+
+def _mixed(fuse: bool):  # type: ignore[no-untyped-def]
+    def make():  # type: ignore[no-untyped-def]
+        torch.manual_seed(3)
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((5, 6))
+        return build(Mixed(), torch.tensor(x, dtype=torch.float32), fuse=fuse), x, rng.integers(0, 4, 5)
+
+    return make
+
+
+def _attention():  # type: ignore[no-untyped-def]
+    torch.manual_seed(5)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 5, 4))
+    return build(Attention(), torch.tensor(x, dtype=torch.float32), "mse"), x, rng.standard_normal((2, 5, 3))
+
+
+def _embedding():  # type: ignore[no-untyped-def]
+    from verde_chain.graph.onnx_import import import_torch
+    from verde_chain.graph.training import LossSpec, build_training_graph
+
+    torch.manual_seed(7)
+    tokens = np.array([[0, 3, 3, 5], [1, 3, 0, 0]], dtype=np.int64)
+    model, _ = import_torch(nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 6)), torch.tensor(tokens), ["x"])
+    prog = build_training_graph(model, LossSpec("cross_entropy"), OptimizerSpec("sgd", lr=0.1, momentum=0.9))
+    return prog, tokens, np.array([[3, 3, 5, 1], [3, 0, 0, 2]])
+
+
+GRAPHS = {"mlp-adam": _mlp, "mixed-gelu": _mixed(True), "mixed-erf": _mixed(False), "attention": _attention,
+          "embedding-momentum": _embedding}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_small_graphs_fused_equal_node_by_node_and_the_reference(name: str) -> None:
+    prog, x, y = GRAPHS[name]()
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+
+    def batches(s: int) -> np.ndarray:  # a different batch each step (rolled samples)
+        return prog.batch(s, {"x": np.roll(x, s, axis=0)}, np.roll(y, s, axis=0))
+
+    backend = CppBackend(threads=1)
+    fused = run_steps(prog.graph, prog.initial_state(), batches, backend)
+    assert isinstance(fused[2].step_kernel(), StepKernel)  # the whole-step path really ran
+    assert_same_steps(fused, run_steps(prog.graph, prog.initial_state(), batches, node_by_node(backend)))
+    assert fused[1] == run_steps(prog.graph, prog.initial_state(), batches, make_runner("reference"))[1]
+
+
+# ----------------------------------------------------------------------------- the examples
+
+
+@pytest.fixture(scope="module")
+def transformer():  # type: ignore[no-untyped-def]
+    return EXAMPLES["transformer"](steps=STEPS)
+
+
+def test_transformer_every_kernel_kind_and_every_isa_and_thread_count(transformer) -> None:  # type: ignore[no-untyped-def]
+    job = transformer
+    graph = job.program.graph
+    backend = CppBackend(threads=1)
+    kinds = {backend.path(n.desc) for n in graph.nodes}
+    assert kinds == {"dot", "fold", "binary", "scatter", "jit", "program"}  # every node kind of the plan
+    base = run_steps(graph, job.init_state, job.batch, node_by_node(backend))
+    for isa in ck.available_isas():
+        for threads in (1, 2):
+            assert_same_steps(run_steps(graph, job.init_state, job.batch, CppBackend(isa=isa, threads=threads)), base)
+
+
+def test_digits_wide_parallel_maps_and_gemm_equal_one_thread() -> None:
+    """Nodes big enough that the plan splits GEMMs, folds and compiled maps across threads."""
+    job = EXAMPLES["digits"](steps=2, hidden=512, batch_size=256)
+    one = run_steps(job.program.graph, job.init_state, job.batch, CppBackend(threads=1), steps=2)
+    with_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = run_steps(job.program.graph, job.init_state, job.batch, CppBackend(threads=2), steps=2)
+    finally:
+        torch.set_num_threads(with_threads)
+    assert_same_steps(one, two)
+    assert_same_steps(one, run_steps(job.program.graph, job.init_state, job.batch, node_by_node(CppBackend(threads=1)), 2))
+
+
+def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) -> None:  # type: ignore[no-untyped-def]
+    job = transformer
+    ex = StepExecutor(job.program.graph, CppBackend(threads=1))
+    st0 = ex.initial_state(job.init_state)
+    res = ex.run_plain(st0, job.batch(1))
+    assert res.state.arena is not None
+    p = job.program.graph.states[0].producer
+    assert np.shares_memory(res.state.tensors[p], res.state.arena)
+    # a state rebuilt with another tensor (as the stale-state cheat does) must not run on the
+    # old arena: replace() drops it, and the next step packs the tensors it really has
+    stale = dataclasses.replace(res.state, tensors={**res.state.tensors, p: st0.tensors[p]})
+    assert stale.arena is None
+    a = ex.run_plain(stale, job.batch(2)).outputs
+    b = StepExecutor(job.program.graph, node_by_node(CppBackend(threads=1))).run_plain(stale, job.batch(2)).outputs
+    assert all(np.array_equal(bits(u), bits(v)) for u, v in zip(a, b))
+    # a tampered step runs node by node and has no arena
+    tampered = ex.run_plain(st0, job.batch(1), tamper=lambda d, out: out)
+    assert tampered.state.arena is None
+
+
+# ----------------------------------------------------------------------------- bad plans
+
+
+def _int64(rows) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1 if rows else 3)
+
+
+def test_plan_refuses_anything_outside_its_buffers() -> None:
+    ext = ck.extension(ck.best_isa())
+    plan = ext.StepPlan(64, 64, 16, *ck.DEFAULT_TILE)
+    with pytest.raises(RuntimeError, match="leaves buffer"):
+        plan.add_binary(_int64([(1, 60, 8), (1, 0, 8)]), 0, 8, 0)  # prev slice past the end
+    with pytest.raises(RuntimeError, match="unknown buffer"):
+        plan.add_binary(_int64([(3, 0, 8), (1, 0, 8)]), 0, 8, 0)
+    with pytest.raises(RuntimeError, match="leaves the arena"):
+        plan.add_binary(_int64([(1, 0, 8), (1, 8, 8)]), 60, 8, 0)
+    with pytest.raises(RuntimeError, match="output's size"):
+        plan.add_binary(_int64([(1, 0, 8), (2, 0, 4)]), 0, 8, 0)
+    with pytest.raises(RuntimeError, match="null map"):
+        plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 1)]), 0, 8, 0, 8)
+    with pytest.raises(RuntimeError, match="map input addresses"):
+        plan.add_jit(_int64([(1, 0, 8)]), _int64([(1, 1)]), 0, 8, 1234, 8)  # reads element 8 of 8
+    # a 4x4 @ 4x4 dot whose B offset runs past its input
+    from verde_chain.repops import library
+
+    desc: KernelDesc = library.matmul((4, 4), (4, 4))
+    backend = CppBackend(threads=1)
+    prep = backend._prepare(desc)
+    code = (prep.maps, prep.out_shape, desc.K, *prep.programs, 0)
+    offs = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="dot B addresses"):
+        plan.add_dot(_int64([(1, 0, 16), (1, 16, 16)]), *code, 0, 1, 4, 4, offs, 4, 1, offs + 1, 4, 1)
+    with pytest.raises(RuntimeError, match="input 1 addresses|elements, map says"):
+        plan.add_program(_int64([(1, 0, 16), (1, 16, 8)]), *code)  # B only 8 elements
+    assert len(plan) == 0  # nothing half-added
+    plan.add_binary(_int64([(1, 0, 8), (2, 0, 8)]), 0, 8, 2)
+    with pytest.raises(RuntimeError, match="previous arena has 63 elements"):
+        plan.run(torch.zeros(63), torch.zeros(16), 1)
+    with pytest.raises(RuntimeError, match="batch must be a contiguous CPU float32"):
+        plan.run(torch.zeros(64), torch.zeros(16, dtype=torch.float64), 1)
+    prev, batch = torch.arange(64, dtype=torch.float32), torch.full((16,), 2.0)
+    assert torch.equal(plan.run(prev, batch, 1)[:8], prev[:8] * 2.0)
+
+
+# ----------------------------------------------------------------------------- scatter-add
+
+
+def _scatter_case(P: int, row: tuple[int, ...], V: int, seed: int) -> tuple[KernelDesc, list[np.ndarray]]:
+    """library.scatter_add with indices that hit, miss (out of range, negative, non-integral, NaN,
+    -0 which matches row 0), repeat, and gradients full of ±0 / NaN / ±inf."""
+    from verde_chain.repops import library
+    from verde_chain.repops.edges import edge_array
+
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, V, P).astype(np.float32)
+    odd = np.array([-0.0, -1.0, float(V), V + 3.0, 0.5, np.nan, np.inf], dtype=np.float32)
+    pick = rng.random(P) < 0.3
+    idx[pick] = rng.choice(odd, int(pick.sum()))
+    g = edge_array((P, *row), seed + 1, frac=0.4)
+    zeros = rng.random(g.shape) < 0.2  # many signed zeros: the -0 / +0 rule of the chain
+    g[zeros] = np.where(rng.random(int(zeros.sum())) < 0.5, np.float32(-0.0), np.float32(0.0))
+    flat = g.reshape(P, -1)
+    flat[:, 0] = -0.0  # a column of -0 stays -0 until a miss adds +0: the rule the kernel must keep
+    if P > 2:
+        idx[-1] = idx[0] = 0.0  # row 0 matched first and last (no trailing miss) ...
+        idx[1] = -1.0  # ... with a miss between
+    return library.scatter_add(P, row, V), [g.reshape(-1), idx]
+
+
+@pytest.mark.parametrize("P,row,V", [(1, (3,), 4), (2, (1,), 1), (7, (5,), 3), (40, (33,), 6), (128, (4, 8), 38), (300, (17,), 50)])
+def test_scatter_add_kernel_equals_the_reference(P: int, row: tuple[int, ...], V: int) -> None:
+    from verde_chain.repops import reference
+
+    for seed in range(3):
+        desc, ins = _scatter_case(P, row, V, 10 * seed + P)
+        expected = bits(reference.run(desc, ins))
+        for isa in ck.available_isas():
+            backend = CppBackend(isa=isa, threads=2)
+            assert backend.path(desc) == "scatter"
+            assert np.array_equal(bits(backend(desc, ins)), expected), (isa, seed)
+
+
+def test_scatter_add_in_the_step_plan_equals_the_interpreter(transformer) -> None:  # type: ignore[no-untyped-def]
+    """The transformer's embedding backward runs on the scatter kernel in the whole-step plan and
+    gives the interpreter's bits (the same graph with the scatter plan turned off)."""
+    import verde_chain.repops.backend_cpu as bc
+
+    job = transformer
+    graph = job.program.graph
+    scatter_nodes = [n for n in graph.nodes if CppBackend(threads=1).path(n.desc) == "scatter"]
+    assert scatter_nodes, "the transformer has an embedding backward"
+    fused = run_steps(graph, job.init_state, job.batch, CppBackend(threads=1))
+    orig = bc._is_scatter_add
+    bc._is_scatter_add = lambda desc: False
+    try:
+        interpreted_backend = CppBackend(threads=1)
+        assert interpreted_backend.path(scatter_nodes[0].desc) == "program"
+        assert_same_steps(fused, run_steps(graph, job.init_state, job.batch, interpreted_backend))
+    finally:
+        bc._is_scatter_add = orig
+
+
+def test_a_scatter_lookalike_with_other_maps_stays_on_the_interpreter() -> None:
+    """Only library.scatter_add's exact program and maps take the kernel."""
+    import dataclasses as dc
+
+    from verde_chain.repops import reference
+
+    desc, ins = _scatter_case(9, (4,), 5, 3)
+    shifted = dc.replace(desc, inputs=(dc.replace(desc.inputs[0], offset=0), dc.replace(desc.inputs[1], numel=10)))
+    assert CppBackend(threads=1).path(shifted) == "program"
+    other_body = dc.replace(desc, body=desc.body[:-1] + (dc.replace(desc.body[-1], b=5),))
+    assert CppBackend(threads=1).path(other_body) == "program"
+    ins2 = [ins[0], np.concatenate([ins[1], np.zeros(1, np.float32)])]
+    assert np.array_equal(bits(CppBackend(threads=1)(shifted, ins2)), bits(reference.run(shifted, ins2)))

@@ -1,0 +1,1 @@
+"""Code the tests share (and a benchmark or two): never imported by ``verde_chain``."""

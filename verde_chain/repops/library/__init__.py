@@ -1,0 +1,101 @@
+"""The RepOps operator library: every operator as primitive kernels and their compositions.
+
+The canonical semantics — the instruction set (``isa``), its arithmetic (``fp32``), the kernel
+descriptor and its interpreter (``program``), the transcendental programs — live one level up in
+``verde_chain.repops``. This package builds operators *out of* them: a primitive is one
+:class:`~verde_chain.repops.program.KernelDesc` (one node of a training graph), a high-level
+operator a :class:`Composite` of primitives, exactly as it is committed. ``docs/repops-spec.md``
+lists every program and composition; this package is the executable form of that document.
+
+Modules, by unit (primitives return a ``KernelDesc``, compositions a ``Composite``)::
+
+    shapes       strides, broadcasting, axes                          (helpers)
+    asm          instruction helpers for hand-written programs        (helpers)
+    exact        exact rational constants rounded to binary32 once    (helpers)
+    maps         elementwise: unary / binary / comparison / where / unary gradients
+    reductions   sum mean max min prod sumsq l1 l2 meansq, dot reductions
+    linalg       matmul, Gemm
+    movement     strided copy, transpose, reshape, expand, slice
+    indexing     gather, gather_elements, scatter_add
+    composite    Node, Composite, Builder; reductions over any axes (reduce_nodes)
+    nn           softmax, log_softmax, layer_norm (+ backward)
+    losses       NLL, softmax cross-entropy (+ backward)
+    optimizers   SGD, Adam/AdamW, ONNX Momentum/Adam
+    backward     backward of broadcasting binaries and matmul
+
+Adding an operator is a change to the module of its unit (and a line in this file's exports);
+see "Adding an operator" in docs/repops-spec.md for the whole list (graph layer, tests).
+
+Everything public is re-exported here, so callers write ``from verde_chain.repops import
+library`` and ``library.matmul(...)``, ``library.softmax(...)``.
+"""
+
+from verde_chain.repops.library.asm import I, const, coord, load, loadidx, transcendental
+from verde_chain.repops.library.backward import binary_backward, matmul_backward, sum_to_shape
+from verde_chain.repops.library.composite import (
+    Builder,
+    Composite,
+    Node,
+    Runner,
+    reduce_composite,
+    reduce_nodes,
+    single,
+)
+from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
+from verde_chain.repops.library.indexing import gather, gather_elements, scatter_add
+from verde_chain.repops.library.linalg import gemm, matmul
+from verde_chain.repops.library.losses import nll_loss, softmax_cross_entropy, softmax_cross_entropy_backward
+from verde_chain.repops.library.maps import (
+    BINARY_CODE,
+    GRAD_CODE,
+    TRANSCENDENTAL_GRAD,
+    TRANSCENDENTAL_UNARY,
+    UNARY_CODE,
+    binary,
+    clip,
+    elementwise,
+    gelu,
+    leaky_relu,
+    map_affine,
+    map_unary,
+    unary_code,
+    unary_grad,
+    where,
+)
+from verde_chain.repops.library.movement import expand, reshape, slice_, strided_copy, transpose
+from verde_chain.repops.library.nn import (
+    layer_norm,
+    layer_norm_backward,
+    log_softmax,
+    log_softmax_backward,
+    softmax,
+    softmax_backward,
+)
+from verde_chain.repops.library.optimizers import AdamConstants, adam, adam_constants, onnx_adam, onnx_momentum, sgd
+from verde_chain.repops.library.reductions import REDUCE_KINDS, reduce, reduce_dot
+from verde_chain.repops.library.shapes import (
+    Shape,
+    as_shape,
+    broadcast_axes,
+    broadcast_map,
+    broadcast_shapes,
+    c_strides,
+    linear_k_stride,
+    normalize_axes,
+    numel,
+    reduced_shape,
+)
+
+__all__ = [
+    "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
+    "AdamConstants", "Builder", "Composite", "I", "Node", "Runner", "Shape", "adam", "adam_constants",
+    "as_shape", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes", "c_strides",
+    "clip", "const", "coord", "elementwise", "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q",
+    "gather", "gather_elements", "gelu", "gemm", "layer_norm", "layer_norm_backward", "leaky_relu",
+    "linear_k_stride", "load", "loadidx", "log_softmax", "log_softmax_backward", "map_affine", "map_unary",
+    "matmul", "matmul_backward", "nll_loss", "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "reduce",
+    "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "scatter_add", "sgd",
+    "single", "slice_", "softmax", "softmax_backward", "softmax_cross_entropy",
+    "softmax_cross_entropy_backward", "strided_copy", "sum_to_shape", "transcendental", "transpose",
+    "unary_code", "unary_grad", "where",
+]  # fmt: skip

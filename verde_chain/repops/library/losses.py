@@ -1,0 +1,153 @@
+"""Losses as compositions: ONNX NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, forward
+and backward.
+
+Labels are float32 integral values (class ids) read with LOADIDX, so a label out of range gives
+NaN rather than reading another class. Shapes follow ONNX: scores (N, C, d..), labels (N, d..),
+optional class weights (C,).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verde_chain.errors import RepOpsError
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library.asm import I, const, coord, load, loadidx
+from verde_chain.repops.library.composite import Builder, Composite
+from verde_chain.repops.library.nn import log_softmax, softmax
+from verde_chain.repops.library.shapes import Shape, as_shape, c_strides, numel
+from verde_chain.repops.program import InputMap, KernelDesc
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_reduction(op: str, reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise RepOpsError(f"{op}: reduction {reduction!r} not in mean/sum/none")
+
+
+def _nll_tail(
+    b: Builder, lsm: int, lab: int, wts: int | None, ss: Shape, reduction: str, ignore_index: int | None
+) -> int:
+    """Append the NLL nodes for log-probabilities ``lsm`` (N, C, d..); returns the loss value."""
+    _check_reduction("nll", reduction)
+    C = ss[1]
+    lshape = (ss[0],) + ss[2:]
+    weights = wts is not None
+    inner = c_strides(ss)
+    rest = numel(ss[2:])
+    # nll[n, d] = -lsm[n, label[n,d], d] : data map strides (N: C*rest, d..: inner) ; idx stride rest
+    dmap = InputMap(numel(ss), (inner[0],) + inner[2:], 0, 0, rest)
+    lmap = InputMap(numel(lshape), c_strides(lshape))
+    maps = [dmap, lmap]
+    # registers: r1 = label (kept to the end for the weight lookup), r0 = -lsm[label] (* W[label]),
+    # r2 = W[label]; r7 = "label is ignored" and r6 = +0, high enough to stay clear of both
+    code: list[Instr] = [load(1, 1)]
+    if ignore_index is not None:
+        code += [const(7, float(ignore_index)), I(Op.EQ, 7, 1, 7)]  # r7 = label == ignore_index
+    code += [loadidx(0, 1, 0), I(Op.NEG, 0, 0)]  # r0 = -lsm[n, label, d]
+    if weights:
+        maps.append(InputMap(C, (0,) * len(lshape), 0, 0, 1))
+        code += [loadidx(2, 1, 2), I(Op.MUL, 0, 0, 2)]  # r0 *= W[label]
+    if ignore_index is not None:
+        code += [const(6, 0.0), I(Op.SELECT, 0, 7, 6, 0)]  # ignored: +0
+    nll_desc = KernelDesc(lshape, 1, tuple(maps), tuple(code), label="nll")
+    nll = b.node(nll_desc, *([lsm, lab] + ([wts] if wts is not None else [])))
+    if reduction == "none":
+        return nll
+    if reduction == "sum":
+        return b.reduce("sum", nll, None, keepdims=False)
+    if not weights and ignore_index is None:
+        return b.reduce("mean", nll, None, keepdims=False)
+    # w[n, d] = W[label] (or 1), +0 where ignored; inputs (labels[, W]) -> r0 = label[, r1 = W]
+    lmap0 = InputMap(numel(lshape), c_strides(lshape))
+    wmaps: tuple[InputMap, ...]
+    if weights:
+        wmaps = (lmap0, InputMap(C, (0,) * len(lshape), 0, 0, 1))
+        wcode: list[Instr] = [load(0, 0), loadidx(1, 0, 1)]  # r1 = W[label]
+    else:
+        wmaps = (lmap0,)
+        wcode = [load(0, 0), const(1, 1.0)]
+    if ignore_index is not None:
+        wcode += [
+            const(7, float(ignore_index)),
+            I(Op.EQ, 7, 0, 7),  # r7 = label == ignore_index
+            const(6, 0.0),
+            I(Op.SELECT, 1, 7, 6, 1),  # ignored: +0
+        ]
+    wcode.append(I(Op.MOV, 0, 1))
+    wdesc = KernelDesc(lshape, 1, wmaps, tuple(wcode), label="ce_weight")
+    w = b.node(wdesc, lab, wts) if wts is not None else b.node(wdesc, lab)
+    num = b.reduce("sum", nll, None, keepdims=False)
+    den = b.reduce("sum", w, None, keepdims=False)
+    return b.binary("div", num, den)
+
+
+def nll_loss(
+    logp_shape: Sequence[int], reduction: str = "mean", weights: bool = False, ignore_index: int | None = None
+) -> Composite:
+    """ONNX NegativeLogLikelihoodLoss. inputs (log_prob (N,C,d..), labels (N,d..) as float32
+    integral values[, weights (C,)]) -> loss. The nodes are those of ``softmax_cross_entropy``
+    after its log_softmax."""
+    ss = as_shape(logp_shape)
+    if len(ss) < 2:
+        raise RepOpsError(f"nll_loss: log-probabilities must be (N, C, ...), got {ss}")
+    lshape = (ss[0],) + ss[2:]
+    b = Builder("nll_loss", ss, lshape, *([(ss[1],)] if weights else []))
+    return b.build(_nll_tail(b, 0, 1, 2 if weights else None, ss, reduction, ignore_index))
+
+
+def softmax_cross_entropy(
+    scores_shape: Sequence[int],
+    reduction: str = "mean",
+    weights: bool = False,
+    ignore_index: int | None = None,
+) -> Composite:
+    """ONNX SoftmaxCrossEntropyLoss. inputs (scores (N,C,d..), labels (N,d..) as float32
+    integral values[, weights (C,)]); outputs (loss, log_prob).
+
+    lsm = log_softmax over axis 1; nll = -lsm[n, label, d..] (LOADIDX); with weights w = W[label]
+    (LOADIDX), nll *= w; ignored labels give nll = +0 and w = +0. mean = sum(nll) / sum(w), or
+    reduce_mean(nll) when neither weights nor ignore_index are given.
+    """
+    ss = as_shape(scores_shape)
+    if len(ss) < 2:
+        raise RepOpsError(f"softmax_cross_entropy: scores must be (N, C, ...), got {ss}")
+    _check_reduction("softmax_cross_entropy", reduction)
+    C = ss[1]
+    lshape = (ss[0],) + ss[2:]
+    ins = [ss, lshape] + ([(C,)] if weights else [])
+    b = Builder("softmax_cross_entropy", *ins)
+    x, lab = 0, 1
+    (lsm,) = b.inline(log_softmax(ss, 1), x)
+    loss = _nll_tail(b, lsm, lab, 2 if weights else None, ss, reduction, ignore_index)
+    return b.build(loss, lsm)
+
+
+def softmax_cross_entropy_backward(scores_shape: Sequence[int], reduction: str = "mean") -> Composite:
+    """inputs (scores, labels, g (scalar, or per-sample for 'none')) -> dscores.
+
+    p = softmax(scores) (composition above); dx = (p - onehot) * g [/ fl32(N*d..) for mean],
+    onehot = EQ(label, COORD(axis 1)).
+    """
+    ss = as_shape(scores_shape)
+    lshape = (ss[0],) + ss[2:]
+    gshape = lshape if reduction == "none" else ()
+    b = Builder("softmax_cross_entropy_backward", ss, lshape, gshape)
+    x, lab, g = b.inputs()
+    (p,) = b.inline(softmax(ss, 1), x)
+    code = [
+        load(0, 0),  # r0 = p
+        load(1, 1),  # r1 = label
+        load(2, 2),  # r2 = g
+        coord(3, 1),  # r3 = this element's class c
+        I(Op.EQ, 4, 1, 3),  # r4 = onehot = (label == c)
+        I(Op.SUB, 0, 0, 4),
+        I(Op.MUL, 0, 0, 2),  # (p - onehot) * g
+    ]
+    if reduction == "mean":
+        code += [const(5, float(numel(lshape))), I(Op.DIV, 0, 0, 5)]  # / fl32(N*d..)
+    lab_map = InputMap(numel(lshape), (c_strides(lshape)[0], 0) + c_strides(lshape)[1:])
+    g_map = InputMap(1, (0,) * len(ss)) if reduction != "none" else lab_map
+    desc = KernelDesc(ss, 1, (InputMap(numel(ss), c_strides(ss)), lab_map, g_map), tuple(code), label="ce_bwd")
+    return b.build(b.node(desc, p, lab, g))

@@ -1,0 +1,159 @@
+"""Elementwise (map) kernels: one output element from the same-position (broadcast) inputs.
+
+``elementwise`` is the one constructor: input t, numpy-broadcast to the output shape, is loaded
+into r_t, then the operator's code runs and r0 is the result. Unary, binary and gradient
+operators are tables of such code (``UNARY_CODE``, ``BINARY_CODE``, ``GRAD_CODE``); a new
+pointwise operator is one entry in a table (or, with parameters, one small function below).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verde_chain.errors import RepOpsError
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library.asm import I, const, load, transcendental
+from verde_chain.repops.library.shapes import as_shape, broadcast_map, broadcast_shapes
+from verde_chain.repops.program import KernelDesc
+
+
+def elementwise(
+    label: str, in_shapes: Sequence[Sequence[int]], code: Sequence[Instr], out_shape: Sequence[int] | None = None
+) -> KernelDesc:
+    """Map kernel: input t (numpy-broadcast to the output) -> r_t, then ``code``; result r0."""
+    shapes = [as_shape(s) for s in in_shapes]
+    out = as_shape(out_shape) if out_shape is not None else broadcast_shapes(label, *shapes)
+    if out_shape is not None:
+        broadcast_shapes(label, out, *shapes)
+    maps = tuple(broadcast_map(s, out) for s in shapes)
+    pro = tuple(load(t, t) for t in range(len(shapes))) + tuple(code)
+    return KernelDesc(out, 1, maps, pro, label=label)
+
+
+# ----------------------------------------------------------------------- unary: x in r0
+
+UNARY_CODE: dict[str, tuple[Instr, ...]] = {
+    "identity": (),
+    "neg": (I(Op.NEG, 0, 0),),
+    "abs": (I(Op.ABS, 0, 0),),
+    "sqrt": (I(Op.SQRT, 0, 0),),
+    "floor": (I(Op.FLOOR, 0, 0),),
+    "ceil": (I(Op.NEG, 0, 0), I(Op.FLOOR, 0, 0), I(Op.NEG, 0, 0)),  # -floor(-x)
+    "round": (I(Op.RINT, 0, 0),),
+    # relu(x) = MAX(x, +0): relu(-0) = +0, relu(NaN) = NaN (canonical)
+    "relu": (const(1, 0.0), I(Op.MAX, 0, 0, 1)),
+    "reciprocal": (const(1, 1.0), I(Op.DIV, 0, 1, 0)),
+    "square": (I(Op.MUL, 0, 0, 0),),
+}
+TRANSCENDENTAL_UNARY = ("exp", "log", "tanh", "erf", "sigmoid", "gelu_erf", "gelu_tanh", "rsqrt")
+
+
+def unary_code(name: str) -> tuple[Instr, ...]:
+    if name in UNARY_CODE:
+        return UNARY_CODE[name]
+    if name in TRANSCENDENTAL_UNARY:
+        return transcendental(name)
+    raise RepOpsError(
+        f"map_unary: unknown op {name!r}; supported: {sorted(UNARY_CODE) + list(TRANSCENDENTAL_UNARY)}"
+    )
+
+
+def map_unary(name: str, shape: Sequence[int]) -> KernelDesc:
+    return elementwise(name, [shape], unary_code(name))
+
+
+def map_affine(shape: Sequence[int], mul: float = 1.0, add: float = 0.0) -> KernelDesc:
+    """y = x*mul + add (MUL then ADD, two roundings; either step omitted when neutral)."""
+    code: list[Instr] = []
+    if mul != 1.0:
+        code += [const(1, mul), I(Op.MUL, 0, 0, 1)]
+    if add != 0.0:
+        code += [const(1, add), I(Op.ADD, 0, 0, 1)]
+    return elementwise("affine", [shape], code)
+
+
+def clip(shape: Sequence[int], lo: float | None, hi: float | None) -> KernelDesc:
+    """MIN(MAX(x, lo), hi); NaN stays NaN."""
+    code: list[Instr] = []
+    if lo is not None:
+        code += [const(1, lo), I(Op.MAX, 0, 0, 1)]
+    if hi is not None:
+        code += [const(1, hi), I(Op.MIN, 0, 0, 1)]
+    return elementwise("clip", [shape], code)
+
+
+def leaky_relu(shape: Sequence[int], alpha: float) -> KernelDesc:
+    """x if x >= 0 (i.e. not x < 0) else x*alpha; NaN -> NaN."""
+    code = (
+        const(1, 0.0),
+        I(Op.LT, 2, 0, 1),  # r2 = x < 0
+        const(3, alpha),
+        I(Op.MUL, 3, 0, 3),  # r3 = x * alpha
+        I(Op.SELECT, 0, 2, 3, 0),  # r0 = r2 ? r3 : x
+    )
+    return elementwise("leaky_relu", [shape], code)
+
+
+def gelu(shape: Sequence[int], approximate: str = "none") -> KernelDesc:
+    """GELU, exact (erf) form or ``approximate="tanh"``: one transcendental program each."""
+    return map_unary("gelu_tanh" if approximate == "tanh" else "gelu_erf", shape)
+
+
+# ----------------------------------------------------------------------- binary: a in r0, b in r1
+
+BINARY_CODE: dict[str, tuple[Instr, ...]] = {
+    "add": (I(Op.ADD, 0, 0, 1),),
+    "sub": (I(Op.SUB, 0, 0, 1),),
+    "mul": (I(Op.MUL, 0, 0, 1),),
+    "div": (I(Op.DIV, 0, 0, 1),),
+    "max": (I(Op.MAX, 0, 0, 1),),
+    "min": (I(Op.MIN, 0, 0, 1),),
+    "lt": (I(Op.LT, 0, 0, 1),),
+    "gt": (I(Op.LT, 0, 1, 0),),
+    "eq": (I(Op.EQ, 0, 0, 1),),
+    # a <= b as MAX(a < b, a == b): both are 0.0 / 1.0, so MAX is OR (false on NaN)
+    "le": (I(Op.LT, 2, 0, 1), I(Op.EQ, 3, 0, 1), I(Op.MAX, 0, 2, 3)),
+    "ge": (I(Op.LT, 2, 1, 0), I(Op.EQ, 3, 0, 1), I(Op.MAX, 0, 2, 3)),
+}
+
+
+def binary(op: str, a_shape: Sequence[int], b_shape: Sequence[int]) -> KernelDesc:
+    if op not in BINARY_CODE:
+        raise RepOpsError(f"binary: unknown op {op!r}; supported: {sorted(BINARY_CODE)}")
+    return elementwise(op, [a_shape, b_shape], BINARY_CODE[op])
+
+
+def where(cond_shape: Sequence[int], x_shape: Sequence[int], y_shape: Sequence[int]) -> KernelDesc:
+    """x where cond != 0.0 (NaN counts as true) else y."""
+    return elementwise("where", [cond_shape, x_shape, y_shape], (I(Op.SELECT, 0, 0, 1, 2),))
+
+
+# ----------------------------------------------------------------------- gradients of unary maps
+
+GRAD_CODE: dict[str, tuple[Instr, ...]] = {
+    # inputs: r0 = forward input x (or output y, see the name), r1 = upstream gradient g
+    # relu'(x) * g = g if 0 < x else +0 (x = -0, +0, NaN give +0)
+    "relu_grad": (const(2, 0.0), I(Op.LT, 3, 2, 0), I(Op.SELECT, 0, 3, 1, 2)),
+    # from y = tanh(x): g * (1 - y*y)
+    "tanh_grad_y": (I(Op.MUL, 2, 0, 0), const(3, 1.0), I(Op.SUB, 2, 3, 2), I(Op.MUL, 0, 1, 2)),
+    # from y = sigmoid(x): g * (y * (1 - y))
+    "sigmoid_grad_y": (const(3, 1.0), I(Op.SUB, 2, 3, 0), I(Op.MUL, 2, 0, 2), I(Op.MUL, 0, 1, 2)),
+    # from y = exp(x): g * y
+    "exp_grad_y": (I(Op.MUL, 0, 1, 0),),
+    # from x: g / x
+    "log_grad": (I(Op.DIV, 0, 1, 0),),
+    # from y = sqrt(x): g / (y + y)
+    "sqrt_grad_y": (I(Op.ADD, 2, 0, 0), I(Op.DIV, 0, 1, 2)),
+}
+TRANSCENDENTAL_GRAD = ("gelu_erf_grad", "gelu_tanh_grad")
+
+
+def unary_grad(name: str, shape: Sequence[int]) -> KernelDesc:
+    """Backward of a unary map: inputs (x or y as named, g) -> dx."""
+    if name in GRAD_CODE:
+        code = GRAD_CODE[name]
+    elif name in TRANSCENDENTAL_GRAD:
+        code = transcendental(name)
+    else:
+        raise RepOpsError(f"unary_grad: unknown {name!r}; supported: {sorted(GRAD_CODE) + list(TRANSCENDENTAL_GRAD)}")
+    return elementwise(name, [shape, shape], code)

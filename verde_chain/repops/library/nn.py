@@ -1,0 +1,133 @@
+"""Normalisation layers as compositions: softmax, log-softmax, layer norm, and their backward.
+
+Each forward is the node sequence a training graph commits to (max-subtracted softmax, two-pass
+layer norm with the variance as a mean of squares in dot order); each ``*_backward`` is the
+vector-Jacobian product from the forward's saved outputs. A new normalisation (BatchNorm,
+RMSNorm) belongs here, as a forward and backward pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library.asm import I, const, transcendental
+from verde_chain.repops.library.composite import Builder, Composite
+from verde_chain.repops.library.shapes import Shape, as_shape, normalize_axes
+
+
+def _norm_axes(shape: Shape, axis: int | Sequence[int]) -> tuple[int, ...]:
+    return normalize_axes("axis", [axis] if isinstance(axis, int) else axis, len(shape))
+
+
+def softmax(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
+    """m = max; e = exp(x - m) (one node); s = sum(e); y = e / s."""
+    b = Builder("softmax", shape)
+    (x,) = b.inputs()
+    ax = _norm_axes(b.shape(x), axis)
+    m = b.reduce("max", x, ax)
+    e = b.map("sub_exp", (I(Op.SUB, 0, 0, 1),) + transcendental("exp"), x, m)
+    s = b.reduce("sum", e, ax)
+    return b.build(b.binary("div", e, s))
+
+
+def log_softmax(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
+    """m = max; d = x - m; s = sum(exp(d)); y = d - log(s)."""
+    b = Builder("log_softmax", shape)
+    (x,) = b.inputs()
+    ax = _norm_axes(b.shape(x), axis)
+    d = b.binary("sub", x, b.reduce("max", x, ax))
+    s = b.reduce("sum", b.unary("exp", d), ax)
+    return b.build(b.binary("sub", d, b.unary("log", s)))
+
+
+def softmax_backward(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
+    """inputs (y, g): s = sum(g*y) (dot order), dx = y * (g - s)."""
+    b = Builder("softmax_backward", shape, shape)
+    y, g = b.inputs()
+    s = b.reduce_dot(g, y, _norm_axes(b.shape(y), axis))
+    # r0 = y, r1 = g, r2 = s
+    return b.build(b.map("softmax_bwd", (I(Op.SUB, 1, 1, 2), I(Op.MUL, 0, 0, 1)), y, g, s))
+
+
+def log_softmax_backward(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
+    """inputs (y, g): s = sum(g); dx = g - exp(y) * s."""
+    b = Builder("log_softmax_backward", shape, shape)
+    y, g = b.inputs()
+    s = b.reduce("sum", g, _norm_axes(b.shape(y), axis))
+    e = b.unary("exp", y)
+    # r0 = exp(y), r1 = g, r2 = s
+    return b.build(b.map("log_softmax_bwd", (I(Op.MUL, 0, 0, 2), I(Op.SUB, 0, 1, 0)), e, g, s))
+
+
+def layer_norm(
+    shape: Sequence[int], axis: int = -1, eps: float = 1e-5, scale: bool = True, bias: bool = True
+) -> Composite:
+    """inputs (x[, scale][, bias]); outputs (y, mean, inv_std), all statistics keepdims.
+
+    mean = reduce_mean(x); c = x - mean; var = reduce_meansq(c) (MUL/FMA chain, / fl32(K));
+    inv_std = 1 / sqrt(var + eps); y = ((c * inv_std) * scale) + bias.
+    """
+    shp = as_shape(shape)
+    ax0 = axis + len(shp) if axis < 0 else axis
+    nshape = shp[ax0:]
+    ins = [shp] + ([nshape] if scale else []) + ([nshape] if bias else [])
+    b = Builder("layer_norm", *ins)
+    x = 0
+    ax = tuple(range(ax0, len(shp)))
+    mean = b.reduce("mean", x, ax)
+    c = b.binary("sub", x, mean)
+    var = b.reduce("meansq", c, ax)
+    inv_std = (
+        const(1, eps),
+        I(Op.ADD, 0, 0, 1),  # var + eps
+        I(Op.SQRT, 0, 0),
+        const(1, 1.0),
+        I(Op.DIV, 0, 1, 0),  # 1 / sqrt(var + eps)
+    )
+    istd = b.map("inv_std", inv_std, var)
+    # ln_affine reads c (r0), inv_std (r1), then scale and bias in the next registers if present
+    args = [c, istd]
+    code = [I(Op.MUL, 0, 0, 1)]
+    if scale:
+        args.append(1)
+        code.append(I(Op.MUL, 0, 0, 2))
+    if bias:
+        args.append(2 if scale else 1)
+        code.append(I(Op.ADD, 0, 0, len(args) - 1))
+    y = b.map("ln_affine", code, *args)
+    return b.build(y, mean, istd)
+
+
+def layer_norm_backward(shape: Sequence[int], axis: int = -1) -> Composite:
+    """inputs (x, scale, mean, inv_std, g) -> (dx, dscale, dbias).
+
+    xhat = (x - mean) * inv_std; gs = g * scale; a = mean(gs); bb = mean(gs * xhat) (dot order);
+    dx = ((gs - a) - xhat * bb) * inv_std; dscale = sum_batch(g * xhat) (dot); dbias = sum_batch(g).
+    """
+    shp = as_shape(shape)
+    ax0 = axis + len(shp) if axis < 0 else axis
+    nshape = shp[ax0:]
+    stat = shp[:ax0] + (1,) * (len(shp) - ax0)
+    b = Builder("layer_norm_backward", shp, nshape, stat, stat, shp)
+    x, sc, mean, istd, g = b.inputs()
+    nax = tuple(range(ax0, len(shp)))
+    bax = tuple(range(ax0))
+    xhat = b.map("xhat", (I(Op.SUB, 0, 0, 1), I(Op.MUL, 0, 0, 2)), x, mean, istd)
+    gs = b.binary("mul", g, sc)
+    a = b.reduce("mean", gs, nax)
+    bb = b.reduce_dot(gs, xhat, nax, mean=True)
+    dx_code: tuple[Instr, ...] = (  # r0 = gs, r1 = a, r2 = xhat, r3 = bb, r4 = inv_std
+        I(Op.SUB, 0, 0, 1),  # gs - a
+        I(Op.MUL, 5, 2, 3),  # r5 = xhat * bb (r5: the first register above the inputs)
+        I(Op.SUB, 0, 0, 5),
+        I(Op.MUL, 0, 0, 4),  # * inv_std
+    )
+    dx = b.map("ln_dx", dx_code, gs, a, xhat, bb, istd)
+    if bax:
+        dscale = b.view(b.reduce_dot(g, xhat, bax, keepdims=False), nshape)
+        dbias = b.view(b.reduce("sum", g, bax, keepdims=False), nshape)
+    else:
+        dscale = b.binary("mul", g, xhat)
+        dbias = b.unary("identity", g)
+    return b.build(dx, dscale, dbias)
