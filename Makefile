@@ -20,6 +20,8 @@ setup: $(PYSTAMP) $(NPMSTAMP) $(SOLCX_BINARY_PATH)/solc-v0.8.28
 $(PYSTAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['hf'])" \
+	  | xargs $(PY) -m pip install --quiet --disable-pip-version-check --no-deps
 	touch $@
 
 $(NPMSTAMP): package.json package-lock.json

@@ -76,6 +76,22 @@ class Spec:
     interval: tuple[float, float]  # where the random samples go
     fn: MP | None = None  # one-input function
     grad_terms: Callable[[mpfr], tuple[mpfr, mpfr]] | None = None  # gradient = sum of terms
+    fn2: Callable[[mpfr, mpfr], mpfr] | None = None  # two-operand function f(x, y)
+    domain: float | None = None  # the error bound is claimed for |x| <= domain only
+
+
+# the second operand of two-operand functions when a caller gives none: a fixed cycle of
+# exponents (small integers, halves, thirds, negatives, and large ones that overflow)
+Y_CYCLE = np.array([2.0, 3.0, 0.5, -1.0, -0.5, 1.5, -2.5, 7.0, 0.1, -3.0, 1 / 3, 24.5, -40.0, 1.0, 0.0],
+                   dtype=np.float32).view(np.uint32)
+
+
+def default_second(x_bits: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    return np.resize(Y_CYCLE, x_bits.shape).astype(np.uint32)
+
+
+def _trig_grad(fn: MP, sign: int) -> Callable[[mpfr], tuple[mpfr, mpfr]]:
+    return lambda x: (sign * fn(x), mpfr(0))
 
 
 SPECS: list[Spec] = [
@@ -89,6 +105,11 @@ SPECS: list[Spec] = [
     Spec("rsqrt", (0.0, 16.0), gmpy2.rec_sqrt),
     Spec("gelu_erf_grad", (-15.0, 6.0), grad_terms=_gelu_erf_grad_terms),
     Spec("gelu_tanh_grad", (-12.0, 6.0), grad_terms=_gelu_tanh_grad_terms),
+    Spec("sin", (-100.0, 100.0), gmpy2.sin, domain=2.0**17),
+    Spec("cos", (-100.0, 100.0), gmpy2.cos, domain=2.0**17),
+    Spec("sin_grad", (-100.0, 100.0), grad_terms=_trig_grad(gmpy2.cos, 1), domain=2.0**17),
+    Spec("cos_grad", (-100.0, 100.0), grad_terms=_trig_grad(gmpy2.sin, -1), domain=2.0**17),
+    Spec("pow", (0.0, 16.0), fn2=lambda x, y: x**y),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
@@ -139,6 +160,10 @@ def _error(got: float, exact: mpfr, scale: mpfr | None) -> float:
 
 def exact_values(spec: Spec, x: float, g: float) -> tuple[mpfr, mpfr | None]:
     xm = mpfr(x)
+    if spec.fn2 is not None:
+        if math.isnan(x) or math.isnan(g):  # C99: pow(x, 0) = 1 and pow(1, y) = 1 even for NaN
+            return (mpfr(1) if (g == 0 or x == 1) else mpfr("nan")), None
+        return spec.fn2(xm, mpfr(g)), None
     if spec.fn is not None:
         if math.isnan(x):
             return mpfr("nan"), None
@@ -146,8 +171,8 @@ def exact_values(spec: Spec, x: float, g: float) -> tuple[mpfr, mpfr | None]:
     assert spec.grad_terms is not None
     if math.isnan(x) or math.isnan(g):
         return mpfr("nan"), None
-    if math.isinf(x):
-        return mpfr(g if x > 0 else 0.0), None
+    if math.isinf(x):  # gelu's limits; periodic functions have none
+        return (mpfr("nan") if spec.domain is not None else mpfr(g if x > 0 else 0.0)), None
     a, b = spec.grad_terms(xm)
     gm = mpfr(g)
     return gm * (a + b), abs(gm) * (abs(a) + abs(b))
@@ -177,6 +202,8 @@ def measure(
     spec = BY_NAME[name]
     if spec.grad_terms is not None and g_bits is None:
         g_bits = np.full(x_bits.shape, 0x3F800000, dtype=np.uint32)
+    if spec.fn2 is not None and g_bits is None:
+        g_bits = default_second(x_bits)
     inputs = (x_bits,) if g_bits is None else (x_bits, g_bits)
     out = transcendental.evaluate(name, *inputs)
     with np.errstate(invalid="ignore"):  # signalling NaN patterns widen with a warning
@@ -186,6 +213,10 @@ def measure(
     errs = np.empty(len(xs))
     with CTX:
         for i in range(len(xs)):
+            if spec.domain is not None and not abs(xs[i]) <= spec.domain:
+                errs[i] = 0.0  # outside the claimed domain (inf and NaN are checked as edges)
+                if not math.isinf(xs[i]):
+                    continue
             exact, scale = exact_values(spec, float(xs[i]), float(gs[i]))
             errs[i] = _error(float(got[i]), exact, scale)
     return errs, out
@@ -197,7 +228,7 @@ def run(name: str, step: int, n_random: int) -> Row:
     x = samples(spec, step, n_random)
     errs, _ = measure(name, x)
     i = int(np.argmax(errs))
-    over = int(np.sum(errs > 0.5)) if spec.fn is not None else -1
+    over = int(np.sum(errs > 0.5)) if spec.grad_terms is None else -1
     return Row(name, len(x), float(errs[i]), float(x.view(np.float32)[i]), over, time.time() - t0)
 
 
@@ -211,7 +242,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.names:
         row = run(name, args.step, args.random)
-        metric = "" if BY_NAME[name].fn is not None else " (mixed)"
+        metric = " (mixed)" if BY_NAME[name].grad_terms is not None else ""
         cr = f"{row.over_half / row.n:.2%}" if row.over_half >= 0 else "n/a"
         print(
             f"| {name} | {row.n} | {row.max_err:.3f}{metric} | {row.where:.9g} | {cr} | "

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from verde_chain.agents.catalog import JOB_KINDS
 from verde_chain.agents.system import HELPER_CONTRACTS, deploy_full_system
 from verde_chain.agents.system import SYSTEM_CONTRACTS as MARKET_SYSTEM
 from verde_chain.chain.anvil import Anvil, install_signal_cleanup
@@ -123,7 +124,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cheat-level", type=int, choices=(1, 2, 4), default=None,
                    help="where the cheat is caught: 4 one-step proof (a flipped bit, default), "
                         "2 node reveal (a lazy trainer), 1 timeout (a cheater that never answers)")
-    p.add_argument("--job", choices=("digits", "transformer"), default="digits")
+    p.add_argument("--job", choices=JOB_KINDS, default="digits")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: 100 digits, 8 transformer)")
     p.add_argument("--out", type=Path, default=Path("build") / "demo", help="output directory (bisection.png, state)")
     p.add_argument("--explorer", action="store_true", help="serve the live explorer of this run and print its URL")

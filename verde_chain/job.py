@@ -86,7 +86,7 @@ class JobSpec:
                f32_bits(o.beta1), f32_bits(o.beta2), f32_bits(o.eps))
         return abi_encode(SPEC_TYPES, [
             self.name, self.kind, self.model_hash, self.graph_root, self.num_nodes, self.initial_commitment,
-            self.dataset_root, self.batch_root, self.seed, self.batch_size, self.loss.kind, self.loss.output,
+            self.dataset_root, self.batch_root, self.seed, self.batch_size, self.loss.name, self.loss.output,
             opt, self.steps, self.checkpoint_interval, list(self.frozen),
         ])
 

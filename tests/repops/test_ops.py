@@ -104,7 +104,7 @@ for _u in list(library.UNARY_CODE) + list(library.TRANSCENDENTAL_UNARY):
         return library.single(library.map_unary(name, (6,))), [arr(draw, (6,))]
     CASES[f"unary_{_u}"] = _un
 
-for _g in list(library.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"]:
+for _g in list(library.GRAD_CODE) + list(library.TRANSCENDENTAL_GRAD):
     def _gr(draw: st.DrawFn, name: str = _g) -> tuple[library.Composite, list[np.ndarray]]:
         return library.single(library.unary_grad(name, (5,))), [arr(draw, (5,)), arr(draw, (5,))]
     CASES[f"grad_{_g}"] = _gr
@@ -206,6 +206,57 @@ def _gather_el(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
 def _scatter(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     idx = ints(draw, (5,), -1, 4)
     return library.single(library.scatter_add(5, (2,), 4), [(5, 2), (5,)]), [arr(draw, (5, 2)), idx]
+
+
+@case("concat_slice_grad_trilu")
+def _lm_movement(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    b = library.Builder("lm_move", (2, 3, 4), (2, 1, 4), (2, 2, 4))
+    x, y, z = b.inputs()
+    axis = draw(st.sampled_from([1, -2]))
+    c = b.node(library.concat([(2, 3, 4), (2, 1, 4), (2, 2, 4)], axis), x, y, z)
+    start, end, step = draw(st.sampled_from([((0, 1, 0), (2, 3, 4), (1, 1, 2)), ((1, 2, 3), (-3, -4, -5), (-1, -1, -2)),
+                                             ((0, 0, 1), (2, 3, 3), (1, 2, 1))]))
+    sl = b.node(library.slice_((2, 3, 4), start, end, step), x)
+    back = b.node(library.slice_grad((2, 3, 4), start, end, step), sl)
+    k, upper = draw(st.integers(-2, 3)), draw(st.booleans())
+    tri = b.node(library.trilu((2, 3, 4), k, upper), x)
+    return b.build(c, back, tri), [arr(draw, (2, 3, 4)), arr(draw, (2, 1, 4)), arr(draw, (2, 2, 4))]
+
+
+@case("gather_grads")
+def _gather_grads(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    axis = draw(st.sampled_from([0, 1, 2]))
+    ds = (3, 4, 2)
+    js = (2, 3)
+    gshape = ds[:axis] + js + ds[axis + 1 :]
+    idx = ints(draw, js, 0, ds[axis] - 1)
+    b = library.Builder("gather_grads", gshape, js, (3, 2, 2), (3, 2, 2))
+    g, i, ge, ie = b.inputs()
+    d1 = b.node(library.gather_grad(ds, js, axis), g, i)
+    d2 = b.node(library.gather_elements_grad((3, 4, 2), (3, 2, 2), 1), ge, ie)
+    return b.build(d1, d2), [arr(draw, gshape), idx, arr(draw, (3, 2, 2)), ints(draw, (3, 2, 2), 0, 3)]
+
+
+@case("minmax_where_pow_grads")
+def _bin_grads(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    sa, sb = bcast_pair(draw)
+    out = tuple(int(d) for d in np.broadcast_shapes(sa, sb))
+    op, wrt = draw(st.sampled_from(["max", "min"])), draw(st.integers(0, 1))
+    expo = draw(st.sampled_from([2.0, 3.0, 0.5, -1.0, -2.0, 0.0, 1.0, 1.5, -0.7]))
+    b = library.Builder("bin_grads", sa, sb, out)
+    x, y, g = b.inputs()
+    mm = b.node(library.minmax_grad(op, sa, sb, wrt), x, y, g)
+    wg = b.node(library.where_grad(sa, out, draw(st.sampled_from([1, 2]))), x, g)
+    pc = b.node(library.pow_const(sa, expo), x)
+    return b.build(mm, wg, pc), [arr(draw, sa), arr(draw, sb), arr(draw, out)]
+
+
+@case("rms_norm")
+def _rms(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    shape, axis = draw(st.sampled_from([((2, 4), -1), ((2, 2, 3), 1), ((3,), 0)]))
+    comp = (library.rms_norm(shape, axis, 1e-6, draw(st.booleans())) if draw(st.booleans())
+            else library.rms_norm_backward(shape, axis))
+    return comp, [arr(draw, s) for s in comp.in_shapes]
 
 
 @case("softmax_family")
@@ -528,3 +579,81 @@ def test_torch_linear_backward() -> None:
         rda, rdb = rops.apply(library.matmul_backward(sa, sb, ta, tb), a, b, g)
         torch.testing.assert_close(rda, da, **TOL_RED)
         torch.testing.assert_close(rdb, db, **TOL_RED)
+
+
+def test_torch_lm_operators_forward_and_backward() -> None:
+    """The operators language models need, against torch (values and autograd)."""
+    from verde_chain.repops import reference
+
+    def run(comp: library.Composite, *xs: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.from_numpy(o) for o in comp.run([x.numpy() for x in xs])]
+
+    def one(desc: Any, *xs: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(reference.run(desc, [x.numpy().reshape(-1) for x in xs]).reshape(desc.out_shape))
+
+    x, y = _t(3, 5), _t(5, seed=1)
+    g = _t(3, 5, seed=2)
+    exact = {"rtol": 0, "atol": 0}
+    # sin / cos and their gradients, pow with constant and tensor exponents
+    for name, f in (("sin", torch.sin), ("cos", torch.cos)):
+        torch.testing.assert_close(one(library.map_unary(name, (3, 5)), x * 7), f(x * 7), **TOL_TR)
+        (dx,) = _grads(f, x, g=g)
+        torch.testing.assert_close(one(library.unary_grad(f"{name}_grad", (3, 5)), x, g), dx, **TOL_TR)
+    for c in (2.0, 3.0, 0.5, -1.0, 1.7):
+        base = x.abs() + 0.1 if c in (0.5, 1.7) else x
+        torch.testing.assert_close(one(library.pow_const((3, 5), c), base), torch.pow(base, c), **TOL_TR)
+    torch.testing.assert_close(one(library.binary("pow", (3, 5), (5,)), x.abs(), y), torch.pow(x.abs(), y), **TOL_TR)
+    # comparisons, logic and isnan as 0.0 / 1.0
+    a = torch.tensor([0.0, 1.0, float("nan"), -2.0])
+    b = torch.tensor([0.0, 2.0, float("nan"), -2.0])
+    torch.testing.assert_close(one(library.binary("ne", (4,), (4,)), a, b), (a != b).float(), **exact)
+    torch.testing.assert_close(one(library.map_unary("isnan", (4,)), a), torch.isnan(a).float(), **exact)
+    p, q = torch.tensor([0.0, 1.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, 1.0, 1.0])
+    for op, f in (("and", torch.logical_and), ("or", torch.logical_or), ("xor", torch.logical_xor)):
+        torch.testing.assert_close(one(library.binary(op, (4,), (4,)), p, q), f(p, q).float(), **exact)
+    torch.testing.assert_close(one(library.map_unary("not", (4,)), p), torch.logical_not(p).float(), **exact)
+    # max / min gradients (ties split as torch does), where's gradients
+    xt = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+    yt = torch.tensor([2.0, 2.0, 2.0])
+    gt = _t(2, 3, seed=3)
+    for op, f in (("max", torch.maximum), ("min", torch.minimum)):
+        da, db = _grads(f, xt, yt, g=gt)
+        torch.testing.assert_close(one(library.minmax_grad(op, (2, 3), (3,), 0), xt, yt, gt), da, **exact)
+        full_db = one(library.minmax_grad(op, (2, 3), (3,), 1), xt, yt, gt)
+        torch.testing.assert_close(full_db.sum(0), db, **TOL)
+    cond = torch.tensor([1.0, 0.0, 1.0])
+    dxw, dyw = _grads(lambda u, v: torch.where(cond.bool(), u, v), xt, yt.expand(2, 3).clone(), g=gt)
+    torch.testing.assert_close(one(library.where_grad((3,), (2, 3), 1), cond, gt), dxw, **exact)
+    torch.testing.assert_close(one(library.where_grad((3,), (2, 3), 2), cond, gt), dyw, **exact)
+    # concat, slice and its gradient, trilu
+    u, v = _t(2, 3, 4, seed=4), _t(2, 2, 4, seed=5)
+    torch.testing.assert_close(one(library.concat([(2, 3, 4), (2, 2, 4)], 1), u, v), torch.cat([u, v], 1), **exact)
+    (du,) = _grads(lambda t: t[:, 1:, ::2], u, g=_t(2, 2, 2, seed=6))
+    torch.testing.assert_close(one(library.slice_grad((2, 3, 4), (0, 1, 0), (2, 3, 4), (1, 1, 2)), _t(2, 2, 2, seed=6)),
+                               du, **exact)
+    for k in (-1, 0, 2):
+        torch.testing.assert_close(one(library.trilu((2, 3, 4), k, True), u), torch.triu(u, k), **exact)
+        torch.testing.assert_close(one(library.trilu((2, 3, 4), k, False), u), torch.tril(u, k), **exact)
+    # gather on a middle axis and gather_elements, forward and backward
+    data, idx = _t(3, 4, 2, seed=7), torch.tensor([[3, 0, 3], [1, 1, 2]])
+    want = torch.index_select(data, 1, idx.reshape(-1)).reshape(3, 2, 3, 2)
+    torch.testing.assert_close(one(library.gather((3, 4, 2), (2, 3), 1), data, idx.float()), want, **exact)
+    gg = _t(3, 2, 3, 2, seed=8)
+    (dd,) = _grads(lambda t: torch.index_select(t, 1, idx.reshape(-1)).reshape(3, 2, 3, 2), data, g=gg)
+    torch.testing.assert_close(one(library.gather_grad((3, 4, 2), (2, 3), 1), gg, idx.float()), dd, **TOL)
+    eidx = torch.tensor([[[0, 1], [3, 3]], [[2, 2], [1, 0]], [[0, 0], [0, 0]]])
+    ge = _t(3, 2, 2, seed=9)
+    (de,) = _grads(lambda t: torch.gather(t, 1, eidx), data, g=ge)
+    torch.testing.assert_close(one(library.gather_elements_grad((3, 4, 2), (3, 2, 2), 1), ge, eidx.float()), de, **TOL)
+    # RMSNorm as Llama writes it, forward and backward
+    h, w, gy = _t(2, 3, 8, seed=10), _t(8, seed=11), _t(2, 3, 8, seed=12)
+
+    def llama_rms(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return s * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    yr, inv = run(library.rms_norm((2, 3, 8), -1, 1e-6), h, w)
+    torch.testing.assert_close(yr, llama_rms(h, w), **TOL_RED)
+    dh, dw = _grads(llama_rms, h, w, g=gy)
+    rdh, rdw = run(library.rms_norm_backward((2, 3, 8), -1), h, w, inv, gy)
+    torch.testing.assert_close(rdh, dh, **TOL_RED)
+    torch.testing.assert_close(rdw, dw, **TOL_RED)

@@ -15,7 +15,7 @@ from verde_chain.agents.errors import AgentError
 from verde_chain.job import Job, load_job, save_job
 from verde_chain.market.types import JobTerms
 
-JOB_KINDS = ("digits", "transformer")
+JOB_KINDS = ("digits", "transformer", "llama", "llama-inference")
 
 
 def build_job(kind: str, steps: int, seed: int = 7) -> Job:
@@ -29,6 +29,14 @@ def build_job(kind: str, steps: int, seed: int = 7) -> Job:
 
         return transformer_job(steps=steps, batch_size=2, context=8, dim=8, heads=2,
                                checkpoint_interval=max(1, steps // 4), seed=seed)
+    if kind in ("llama", "llama-inference"):
+        from verde_chain.examples.lm import LMConfig, lm_job
+
+        # the tiny Llama (2 layers, hidden 64, vocabulary 128, sequence 16), batch 2;
+        # an inference job is one batch of prompts per job (its C_T commits to its last batch)
+        inference = kind == "llama-inference"
+        return lm_job(LMConfig("llama"), "inference" if inference else "train", steps=1 if inference else steps,
+                      checkpoint_interval=max(1, steps // 4), seed=seed)
     raise AgentError(f"unknown job kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
 
 

@@ -109,12 +109,15 @@ def check_fault(job: Job, f: OutputFault) -> OutputFault:
     return f
 
 
-def draw_fault(job: Job, seed: int, honest_result: bytes | None = None) -> OutputFault:
+def draw_fault(job: Job, seed: int, honest_result: bytes | None = None, node: int | None = None) -> OutputFault:
     """A cheat site drawn from `seed` that changes the final commitment (a flip in a value nothing
     later reads, e.g. the reported loss of the last step, would change C_s but not C_T, and nobody
-    could tell the cheater from an honest trainer at the market's level)."""
+    could tell the cheater from an honest trainer at the market's level); `node` fixes the node
+    (an inference job's logits)."""
     rng = random.Random(seed)
     nodes = [n for n in job.program.graph.nodes if not n.label.startswith("batch:")]
+    if node is not None:
+        nodes = [job.program.graph.nodes[node]]
     want = honest_result or honest_world(job).step_commitment(job.spec.steps)
     for _ in range(64):
         node = rng.choice(nodes)

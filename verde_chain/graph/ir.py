@@ -4,9 +4,11 @@ A :class:`Model` is a static-shape, float32 dataflow graph of high-level ops (th
 ``OPS``). Values are named; every value has one role:
 
     input   fed per step from the batch (float32; integer ONNX inputs become float32 integral
-            values, e.g. token ids and class labels, because RepOps indexes with LOADIDX on floats)
+            values, e.g. token ids and class labels, because RepOps indexes with LOADIDX on floats;
+            a batch refuses integers that are negative or not below 2**24)
     param   trainable initializer (part of the state, updated by the optimizer)
-    const   non-trainable float initializer (part of the state, carried unchanged)
+    const   non-trainable tensor: a frozen initializer or a folded constant (mask, positions)
+            that reaches the data path (part of the state, carried unchanged)
     tmp     produced by an op
 
 Scalar float constants never become tensors: binary ops with one are ``scalar`` ops whose
@@ -24,20 +26,30 @@ import numpy as np
 from verde_chain.graph.errors import GraphError
 from verde_chain.repops.library.shapes import Shape
 
+EXACT_INT = 2**24  # binary32 holds every integer of smaller magnitude exactly
+
 # op name -> attributes it takes (documentation and a guard against typos)
 OPS: dict[str, tuple[str, ...]] = {
     "matmul": (),
     "gemm": ("alpha", "beta", "trans_a", "trans_b"),
-    "binary": ("op",),  # add sub mul div, numpy broadcasting
+    "binary": ("op",),  # add sub mul div max min pow, comparisons, logic; numpy broadcasting
     "scalar": ("op", "value", "reverse"),  # x op c (reverse: c op x)
-    "unary": ("fn",),  # relu tanh exp log sqrt erf sigmoid neg gelu_erf gelu_tanh identity
+    "unary": ("fn",),  # relu tanh exp log sqrt erf sigmoid neg gelu_* sin cos reciprocal isnan not ...
+    "pow_const": ("exponent",),  # x ** c for a constant c
+    "where": ("consts",),  # where(c, x, y); consts: {operand index: float} for constant branches
     "softmax": ("axis",),
     "log_softmax": ("axis",),
     "layer_norm": ("axis", "eps"),
+    "rms_norm": ("axis", "eps"),
     "reduce": ("kind", "axes", "keepdims"),  # sum mean max
     "transpose": ("perm",),
     "reshape": ("shape",),  # a free view
-    "gather": (),  # embedding lookup: data (V, D...) param, indices from the batch, axis 0
+    "expand": ("shape",),
+    "slice": ("starts", "ends", "steps"),  # one (start, end, step) per axis, python-slice semantics
+    "concat": ("axis",),
+    "trilu": ("k", "upper"),
+    "gather": ("axis",),  # ONNX Gather: data, indices (integers as binary32)
+    "gather_elements": ("axis",),
 }
 
 
@@ -47,6 +59,7 @@ class Value:
     shape: Shape
     role: str  # input | param | const | tmp
     data: np.ndarray | None = None  # float32, for param / const
+    dtype: str = "float"  # float | int | bool, all held as binary32 (integers exact below 2**24)
 
     @property
     def numel(self) -> int:

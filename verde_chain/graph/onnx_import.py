@@ -1,18 +1,24 @@
 """ONNX forward graph (opsets 13-21, float32, static shapes) -> :class:`verde_chain.graph.ir.Model`.
 
-This module is the importer's core (static values, attribute checks, graph inputs, the entry
-points); each op's handler lives with its IR operator in ``graph/operators`` and is looked up in
-``operators.ONNX_IMPORTERS``.
+This module is the importer's core (static values, folding, attribute checks, graph inputs, the
+entry points); each op's handler lives with its IR operator in ``graph/operators`` and is looked
+up in ``operators.ONNX_IMPORTERS``.
 
 Supported ops: ``supported_ops()`` (Constant and the registered importers; docs/training.md
-lists them), plus initializers. Anything else — ops, attributes, dtypes, dynamic dimensions —
-raises :class:`UnsupportedModelError` naming the node.
+lists them), plus initializers and static folding. Anything else — ops, attributes, dtypes,
+dynamic dimensions — raises :class:`UnsupportedModelError` naming the node.
 
-Initializers and Constant nodes are *static*: integer ones only feed shape/axes arguments; float
-ones with one element become CONST immediates of ``scalar`` ops; other float ones become
-trainable parameters, except the names in ``frozen`` (state carried unchanged). Binary ops whose
-operands are both static are folded at import with numpy binary32 arithmetic (IEEE, correctly
-rounded, so the folded constant is reproducible; it is committed in C_0 anyway).
+Float initializers are trainable parameters, except the names in ``frozen`` (``import_torch``
+freezes the module's buffers); one with a single element read as the scalar operand of an
+arithmetic op is a CONST immediate instead. Every other initializer, every Constant and every
+node whose inputs are all static is *static*: a node of static inputs is evaluated at
+import (``graph/folding.py``), and so are Shape and Size. A static float with one element used
+by an arithmetic op becomes a CONST immediate (a ``scalar`` op); any other static tensor that
+reaches the data path becomes a ``const`` value (state carried unchanged, committed in C_0).
+
+Values have a dtype: ``float``, or ``int`` / ``bool`` held as binary32 (integers below 2**24,
+booleans 0.0 / 1.0; docs/repops-spec.md). Integer and boolean tensors may be moved, compared,
+selected and used as indices; arithmetic on them is refused (it is folded when static).
 """
 
 from __future__ import annotations
@@ -27,14 +33,38 @@ import onnx
 from onnx import numpy_helper
 
 from verde_chain.graph.errors import UnsupportedModelError
+from verde_chain.graph.folding import SHAPE_OPS, fold
 from verde_chain.graph.fusion import fuse_gelu
-from verde_chain.graph.ir import Model, OpNode, Value
+from verde_chain.graph.ir import EXACT_INT, Model, OpNode, Value
 from verde_chain.graph.operators import ONNX_IMPORTERS
 from verde_chain.repops.library.shapes import Shape
 
 MIN_OPSET, MAX_OPSET = 13, 21
 FLOAT = onnx.TensorProto.FLOAT
 INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+
+
+def dtype_of(arr: np.ndarray) -> str:
+    """The IR dtype of a numpy array: float, int or bool."""
+    if arr.dtype == np.bool_:
+        return "bool"
+    if np.issubdtype(arr.dtype, np.integer):
+        return "int"
+    return "float"
+
+
+def as_f32(arr: np.ndarray, who: str) -> np.ndarray:
+    """A static tensor as binary32: floats rounded once (float32 already), integers exact below
+    2**24 (refused beyond), booleans 0.0 / 1.0."""
+    a = np.asarray(arr)
+    if np.issubdtype(a.dtype, np.integer):
+        if a.size and int(np.abs(a).max()) >= EXACT_INT:
+            raise UnsupportedModelError(who, f"integer tensor with values up to {int(np.abs(a).max())}",
+                                        "integers below 2**24 (exact in binary32)")
+        return a.astype(np.float32)
+    if a.dtype not in (np.float32, np.bool_):
+        raise UnsupportedModelError(who, f"tensor of dtype {a.dtype}", "float32, integers, booleans")
+    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 class Importer:
@@ -45,7 +75,10 @@ class Importer:
         self.proto = model
         self.frozen = set(frozen)
         self.name = name
-        self.static: dict[str, np.ndarray] = {}
+        self.static: dict[str, Any] = {}  # name -> array (or list of arrays: an ONNX sequence)
+        self.params: dict[str, np.ndarray] = {}  # trainable initializers, made values on first use
+        self.sequences: dict[str, tuple[str, int, list[int]]] = {}  # SplitToSequence: (input, axis, sizes)
+        self._consts: dict[tuple[str, tuple[int, ...], bytes], str] = {}  # const values by content
         self.model = Model(values={}, ops=[], inputs=[], outputs=[])
         self.opset = 0
 
@@ -54,9 +87,13 @@ class Importer:
         self._check_opset()
         g = self.proto.graph
         for init in g.initializer:
-            self.static[init.name] = numpy_helper.to_array(init)
+            arr = numpy_helper.to_array(init)
+            if arr.dtype == np.float32 and init.name not in self.frozen:
+                self.params[init.name] = arr
+            else:
+                self.static[init.name] = arr
         for inp in g.input:
-            if inp.name in self.static:
+            if inp.name in self.static or inp.name in self.params:
                 continue
             self._graph_input(inp)
         for node in g.node:
@@ -95,7 +132,7 @@ class Importer:
                     inp.name, f"dynamic dimension {d.dim_param or '?'!r}", "static shapes (export with fixed sizes)"
                 )
             dims.append(int(d.dim_value))
-        self.model.add_value(Value(inp.name, tuple(dims), "input"))
+        self.model.add_value(Value(inp.name, tuple(dims), "input", dtype="int" if tt.elem_type in INT_TYPES else "float"))
         self.model.inputs.append(inp.name)
         self.model.integer_inputs[inp.name] = tt.elem_type in INT_TYPES
 
@@ -115,24 +152,52 @@ class Importer:
         return {**allowed, **got}
 
     def value(self, name: str, node: onnx.NodeProto) -> str:
-        """Make sure a float tensor named ``name`` exists as a model value (creating params)."""
+        """Make sure a tensor named ``name`` exists as a model value: a parameter on its first
+        use, or a static tensor that reaches the data path as a ``const`` value."""
         if name in self.model.values:
             return name
-        if name in self.static:
-            arr = self.static[name]
+        if name in self.params:
+            arr = self.params[name]
             if arr.dtype != np.float32:
-                raise UnsupportedModelError(self.who(node), f"tensor {name!r} has dtype {arr.dtype}", "float32 data")
-            role = "const" if name in self.frozen else "param"
-            shape = tuple(int(d) for d in arr.shape)
-            self.model.add_value(Value(name, shape, role, np.ascontiguousarray(arr, dtype=np.float32)))
+                raise UnsupportedModelError(self.who(node), f"parameter {name!r} has dtype {arr.dtype}", "float32")
+            self.model.add_value(Value(name, tuple(int(d) for d in arr.shape), "param", np.ascontiguousarray(arr)))
+            return name
+        if name in self.static and isinstance(self.static[name], np.ndarray):
+            arr = self.static[name]
+            data = as_f32(arr, self.who(node))
+            # equal constants (each layer's copy of the mask or the rotary tables) share one value
+            key = (dtype_of(arr), data.shape, data.tobytes())
+            if key in self._consts:
+                return self._consts[key]
+            self._consts[key] = name
+            self.model.add_value(Value(name, tuple(int(d) for d in arr.shape), "const", data, dtype_of(arr)))
             return name
         raise UnsupportedModelError(self.who(node), f"input {name!r} is not produced by any supported node")
 
     def float_input(self, name: str, node: onnx.NodeProto) -> str:
-        v = self.model.values.get(name)
-        if v is not None and v.role == "input" and self.model.integer_inputs.get(name):
-            raise UnsupportedModelError(self.who(node), f"integer input {name!r} used as data", "indices only (Gather)")
-        return self.value(name, node)
+        """A value that arithmetic may read: float, not an integer or boolean tensor."""
+        v = self.value(name, node)
+        if self.model.values[v].dtype != "float":
+            raise UnsupportedModelError(self.who(node), f"{self.model.values[v].dtype} tensor {name!r} used as "
+                                        "float data", "integers as indices; booleans in Where and logic")
+        return v
+
+    def scalar_const(self, name: str) -> float | None:
+        """The value of a one-element float constant (a static tensor, or an initializer not
+        yet used as a tensor), which an arithmetic op takes as a CONST immediate; else None."""
+        arr = self.static.get(name)
+        if arr is None and name in self.params and name not in self.model.values:
+            arr = self.params[name]
+        if isinstance(arr, np.ndarray) and arr.size == 1 and arr.dtype == np.float32:
+            return float(arr.reshape(()))
+        return None
+
+    def dtype(self, name: str) -> str:
+        if name in self.model.values:
+            return self.model.values[name].dtype
+        if name in self.params:
+            return "float"
+        return dtype_of(np.asarray(self.static[name]))
 
     def ints(self, name: str, node: onnx.NodeProto, what: str) -> list[int]:
         arr = self.static.get(name)
@@ -140,18 +205,21 @@ class Importer:
             raise UnsupportedModelError(self.who(node), f"{what} {name!r} must be a constant")
         return [int(x) for x in np.asarray(arr).reshape(-1)]
 
-    def emit(self, node: onnx.NodeProto, ir_op: str, inputs: list[str], out_shape: Shape, **attrs: Any) -> None:
-        out = node.output[0]
-        self.model.add_value(Value(out, tuple(int(d) for d in out_shape), "tmp"))
+    def emit(self, node: onnx.NodeProto, ir_op: str, inputs: list[str], out_shape: Shape, dtype: str = "float",
+             output: str | None = None, **attrs: Any) -> None:
+        out = output or node.output[0]
+        self.model.add_value(Value(out, tuple(int(d) for d in out_shape), "tmp", dtype=dtype))
         self.model.ops.append(OpNode(ir_op, tuple(inputs), out, attrs, self.who(node)))
 
     def shape(self, name: str) -> Shape:
         if name in self.model.values:
             return self.model.values[name].shape
-        return tuple(int(d) for d in self.static[name].shape)
+        if name in self.params:
+            return tuple(int(d) for d in self.params[name].shape)
+        return tuple(int(d) for d in np.shape(self.static[name]))
 
     def is_static(self, name: str) -> bool:
-        return name in self.static and name not in self.model.values
+        return name in self.static
 
     def broadcast(self, a: Shape, b: Shape, node: onnx.NodeProto) -> Shape:
         """The numpy broadcast of two shapes, or the node's error."""
@@ -167,10 +235,34 @@ class Importer:
         if node.op_type == "Constant":
             self._constant(node)
             return
+        if self._fold(node):
+            return
         handler = ONNX_IMPORTERS.get(node.op_type)
         if handler is None:
             raise UnsupportedModelError(self.who(node), f"op {node.op_type!r} is not supported", supported_ops())
         handler(self, node)
+
+    def _fold(self, node: onnx.NodeProto) -> bool:
+        """Evaluate the node now if everything it reads is static (graph/folding.py)."""
+        if node.op_type in SHAPE_OPS and node.input[0] not in self.static:
+            known = node.input[0] in self.model.values or node.input[0] in self.params
+            if not known:
+                return False
+            ins: list[Any] = [np.broadcast_to(np.float32(0), self.shape(node.input[0]))]
+        elif node.input and all(not n or n in self.static for n in node.input):
+            ins = [self.static[n] if n else None for n in node.input]
+        else:
+            return False
+        try:
+            outs = fold(node, ins, self.opset)
+        except UnsupportedModelError:
+            raise
+        except Exception as exc:  # onnx.reference raises whatever numpy raises
+            raise UnsupportedModelError(self.who(node), f"cannot fold on its constant inputs: {exc}") from exc
+        for name, arr in zip(node.output, outs):
+            if name:
+                self.static[name] = arr if isinstance(arr, list) else np.asarray(arr)
+        return True
 
     def _constant(self, node: onnx.NodeProto) -> None:
         a = self.attrs(node)

@@ -28,7 +28,7 @@ import numpy as np
 from verde_chain.graph.autodiff import differentiate, lower_forward
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import GraphError, ShapeMismatchError
-from verde_chain.graph.ir import Model
+from verde_chain.graph.ir import EXACT_INT, Model
 from verde_chain.graph.structure import TrainingGraph
 from verde_chain.repops import library
 from verde_chain.repops.isa import Op
@@ -43,10 +43,20 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 class LossSpec:
     kind: str = "cross_entropy"  # cross_entropy (integer labels, mean) | mse (mean)
     output: str = ""  # model output the loss reads ("" = the first output)
+    # cross_entropy: labels equal to this contribute nothing and the mean is over the others
+    # (next-token prediction marks the last position of every sequence so, as torch's -100)
+    ignore_index: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in LOSSES:
             raise GraphError(f"loss {self.kind!r} not supported; supported: {LOSSES}")
+        if self.ignore_index is not None and self.kind != "cross_entropy":
+            raise GraphError("ignore_index is a cross_entropy option")
+
+    @property
+    def name(self) -> str:
+        """The loss as the job spec states it: the kind, and its ignore index if it has one."""
+        return self.kind if self.ignore_index is None else f"{self.kind}(ignore_index={self.ignore_index})"
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,16 @@ class OptimizerSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_integers(name: str, arr: np.ndarray) -> None:
+    """Refuse integer data that binary32 cannot carry exactly, or that is negative."""
+    a = np.asarray(arr, dtype=np.float64)
+    bad = ~np.isfinite(a) | (a != np.floor(a)) | (a < 0) | (a >= EXACT_INT)
+    if bad.any():
+        v = a.reshape(-1)[int(np.argmax(bad.reshape(-1)))]
+        raise ShapeMismatchError(f"integer input {name!r} holds {v!r}: token ids must be integers in [0, 2**24)",
+                                 field=name)
 
 
 def adam_param_desc(shape: tuple[int, ...], eps: float, decay: float) -> KernelDesc:
@@ -137,7 +157,13 @@ class TrainingProgram:
         return out
 
     def batch(self, step: int, inputs: dict[str, np.ndarray], target: np.ndarray | None = None) -> np.ndarray:
-        """The packed batch tensor of step ``step`` (1-based); inference ignores ``target``."""
+        """The packed batch tensor of step ``step`` (1-based); inference ignores ``target``.
+
+        Integer model inputs (token ids) travel as binary32 integers: each must be integral and in
+        [0, 2**24), where binary32 holds it exactly (else :class:`ShapeMismatchError`)."""
+        for name, arr in inputs.items():
+            if self.model.integer_inputs.get(name):
+                check_integers(name, arr)
         fields = dict(inputs)
         if self.loss is not None:
             if target is None:
@@ -182,10 +208,12 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
     if loss.kind == "cross_entropy":
         scores = b.view(out, (n_rows, n_cls))
         labels = b.view(target, (n_rows,))
-        (loss_ref,) = b.composite(library.softmax_cross_entropy((n_rows, n_cls), "mean"), scores, labels, want=[0], label="ce")
+        ign = loss.ignore_index
+        ce = library.softmax_cross_entropy((n_rows, n_cls), "mean", ignore_index=ign)
+        (loss_ref,) = b.composite(ce, scores, labels, want=[0], label="ce")
         seed = b.constant(1.0, ())
         (dscores,) = b.composite(
-            library.softmax_cross_entropy_backward((n_rows, n_cls), "mean"), scores, labels, seed, label="ce_bwd"
+            library.softmax_cross_entropy_backward((n_rows, n_cls), "mean", ign), scores, labels, seed, label="ce_bwd"
         )
         dout = b.view(dscores, out_shape)
     else:

@@ -60,6 +60,24 @@ LOG_POLY = [0.3333331346511841, -0.25000011920928955, 0.20002073049545288, -0.16
             0.14220233261585236, -0.12408196926116943, 0.11886204034090042,
             -0.11660660803318024, 0.06733010709285736]  # c3..c11
 
+# sin / cos: x = k pi/2 + r with k = rint(x 2/pi) and r kept as a pair (rh, rl):
+# pi/2 = PIO2_1 + PIO2_2 + PIO2_3 (+ 1.06e-23), each the binary32 nearest to what is left.
+# x - k PIO2_1 is exact in one FMA (both are multiples of 2^-23 or finer, and |x - k PIO2_1| < 2),
+# k PIO2_2 is split exactly by FMA, k PIO2_3 is a correction: the pair's absolute error is about
+# |k| 2^-73, so the result keeps ~1 ulp for |x| <= TRIG_DOMAIN (beyond it the programs stay
+# deterministic but lose accuracy; docs/repops-transcendentals.md).
+TWO_OVER_PI = 0.6366197466850281
+PIO2_1 = 1.5707963705062866
+PIO2_2 = -4.371138828673793e-08
+PIO2_3 = -1.7151245100058819e-15
+TRIG_DOMAIN = 2.0**17
+# |r| <= pi/4: sin r = r + r^3 S(r^2), cos r = 1 - r^2/2 + r^4 C(r^2); Taylor coefficients
+# rounded to binary32 (truncation below 2^-37 relative on |r| <= pi/4)
+SIN_POLY = [-0.1666666716337204, 0.008333333767950535, -0.00019841270113829523,
+            2.7557318844628753e-06, -2.5052107943679403e-08]
+COS_POLY = [0.0416666679084301, -0.0013888889225199819, 2.4801587642286904e-05,
+            -2.755731998149713e-07, 2.0876755879584152e-09]
+
 # tanh(x) ~ x + x^3 * sum c_k x^(2k-2), |x| <= 0.625 (rel. error 2^-32.4)
 TANH_SMALL = 0.625
 TANH_POLY = [-0.3333333134651184, 0.13333222270011902, -0.053948450833559036,
@@ -213,8 +231,9 @@ def _sigmoid_parts(b: ProgramBuilder, a_neg: V, a_neg_lo: V | None = None) -> tu
 
 # ----------------------------------------------------------------------------- functions
 
-def _log(b: ProgramBuilder, x: V) -> V:
-    """log(x) = e ln2 + log1p(f), x = (1+f) 2**e with 1+f in [sqrt(1/2), sqrt(2)]."""
+def _log_parts(b: ProgramBuilder, x: V) -> tuple[V, V, V]:
+    """log(x) = h + (t + s) (unevaluated): e ln2 + log1p(f), x = (1+f) 2**e with 1+f in
+    [sqrt(1/2), sqrt(2)]; h + t = e LN2_HI + f exactly, s the small part."""
     e = b.unary(Op.GETEXP, x)
     m = b.unary(Op.GETMANT, x)
     big = b.lt(b.k(SQRT2), m)  # 1.0 when m > sqrt 2: use m/2 and e+1 instead
@@ -225,6 +244,12 @@ def _log(b: ProgramBuilder, x: V) -> V:
     s = b.fma(b.mul(f, z), b.horner(f, LOG_POLY), b.mul(e, b.k(LN2_LO)))
     s = b.fma(z, b.k(-0.5), s)  # small part: -f^2/2 + f^3 P(f) + e LN2_LO
     h, t = b.two_sum(b.mul(e, b.k(LN2_HI)), f)  # e LN2_HI exact (|e| <= 150, 15-bit LN2_HI)
+    return h, t, s
+
+
+def _log(b: ProgramBuilder, x: V) -> V:
+    """log(x) from its parts, one final rounding; the edges (0, inf, x < 0) explicitly."""
+    h, t, s = _log_parts(b, x)
     res = b.add(h, b.add(t, s))
     # x = 0 or inf: e = -+inf makes h = -+inf, which is the answer (TwoSum's error term is NaN)
     finite = b.lt(b.unary(Op.ABS, h), b.kbits(INF_BITS))
@@ -397,6 +422,90 @@ def _gelu_erf_grad(b: ProgramBuilder, x: V, g: V) -> V:
     return b.fma(g, dh, b.mul(g, dl))  # one rounding for the product with the upstream grad
 
 
+def _trig_parts(b: ProgramBuilder, x: V) -> tuple[V, V, V, V]:
+    """(s, c, q, x): sin and cos of the reduced argument r = x - k pi/2 and the quadrant
+    q = k mod 4 (0..3, an exact binary32 integer; NaN for x = +-inf or NaN)."""
+    k = b.unary(Op.RINT, b.mul(x, b.k(TWO_OVER_PI)))
+    nk = _neg(b, k)
+    r1 = b.fma(nk, b.k(PIO2_1), x)  # exact (see PIO2_1)
+    th = b.mul(k, b.k(PIO2_2))
+    tl = b.fma(k, b.k(PIO2_2), _neg(b, th))  # k PIO2_2 = th + tl exactly
+    rh, re = b.two_sum(r1, _neg(b, th))
+    rl = b.fma(nk, b.k(PIO2_3), b.sub(re, tl))
+    z = b.mul(rh, rh)
+    zl = b.fma(rh, rh, _neg(b, z))  # rh^2 = z + zl exactly
+    # sin(rh + rl) = rh + rh z S(z) + rl (1 - z/2)
+    small = b.fma(b.mul(rh, z), b.horner(z, SIN_POLY), rl)
+    s = b.add(rh, b.fma(b.mul(rl, z), b.k(-0.5), small))
+    # cos(rh + rl) = (1 - z/2) + (z^2 C(z) - zl/2 - rh rl), with 1 - z/2 = w + its exact error
+    hz = b.mul(z, b.k(0.5))
+    w = b.sub(b.k(1.0), hz)
+    err = b.sub(b.sub(b.k(1.0), w), hz)  # exact: w >= 0.69 (Sterbenz), and the rest cancels
+    tail = b.fma(b.mul(z, z), b.horner(z, COS_POLY), b.fma(_neg(b, rh), rl, b.mul(zl, b.k(-0.5))))
+    c = b.add(w, b.add(err, tail))
+    q = b.sub(k, b.mul(b.unary(Op.FLOOR, b.mul(k, b.k(0.25))), b.k(4.0)))
+    return s, c, q, x
+
+
+def _by_quadrant(b: ProgramBuilder, q: V, v0: V, v1: V, v2: V, v3: V) -> V:
+    eq = [b.emit(Op.EQ, q, b.k(float(i))) for i in range(3)]
+    return b.select(eq[0], v0, b.select(eq[1], v1, b.select(eq[2], v2, v3)))
+
+
+def _sin(b: ProgramBuilder, x: V) -> V:
+    """sin x by quadrant: s, c, -s, -c; sin(-0) = -0."""
+    s, c, q, _ = _trig_parts(b, x)
+    return _keep_zero(b, x, _by_quadrant(b, q, s, c, _neg(b, s), _neg(b, c)))
+
+
+def _cos(b: ProgramBuilder, x: V) -> V:
+    """cos x by quadrant: c, -s, -c, s."""
+    s, c, q, _ = _trig_parts(b, x)
+    return _by_quadrant(b, q, c, _neg(b, s), _neg(b, c), s)
+
+
+def _sin_grad(b: ProgramBuilder, x: V, g: V) -> V:
+    return b.mul(g, _cos(b, x))
+
+
+def _cos_grad(b: ProgramBuilder, x: V, g: V) -> V:
+    return _neg(b, b.mul(g, _sin(b, x)))
+
+
+def _pow(b: ProgramBuilder, x: V, y: V) -> V:
+    """x**y (C99 pow) = exp(y log|x|) with log|x| as a pair and y log|x| split exactly, then the
+    sign and the special cases: y = +-0 -> 1 (even for NaN x); x = 1 -> 1 (even for NaN y);
+    |x| = 1 and y = +-inf -> 1; finite x < 0 with non-integral y -> NaN; x < 0 (or -0, -inf) with an odd
+    integral y -> the magnitude negated. Everything else (zeros, infinities, overflow, gradual
+    underflow) falls out of exp and log (log|0| = -inf, exp(-inf) = 0, ...)."""
+    one = b.k(1.0)
+    zero = b.k(0.0)
+    inf = b.kbits(INF_BITS)
+    a = b.unary(Op.ABS, x)
+    h, t, s = _log_parts(b, a)
+    lo = b.add(t, s)
+    hi = b.add(h, lo)
+    lo = b.add(b.sub(h, hi), lo)  # Fast2Sum: log|x| = hi + lo
+    finite = b.lt(b.unary(Op.ABS, h), inf)
+    hi = b.select(finite, hi, h)  # |x| = 0 or inf: log is -+inf exactly, no low part
+    lo = b.select(finite, lo, zero)
+    ph = b.mul(y, hi)
+    pl = b.fma(y, lo, b.fma(y, hi, _neg(b, ph)))  # y log|x| = ph + pl
+    pl = b.select(b.lt(b.unary(Op.ABS, ph), inf), pl, zero)
+    mag = _exp(b, ph, pl)
+    unit_inf = b.min(b.emit(Op.EQ, a, one), b.emit(Op.EQ, b.unary(Op.ABS, y), inf))
+    mag = b.select(unit_inf, one, mag)
+    y_int = b.emit(Op.EQ, b.unary(Op.FLOOR, y), y)
+    half = b.mul(y, b.k(0.5))
+    y_odd = b.min(y_int, b.sub(one, b.emit(Op.EQ, b.unary(Op.FLOOR, half), half)))
+    negative = b.max(b.lt(x, zero), b.lt(b.div(one, x), zero))  # x < 0, -0 or -inf
+    res = b.select(b.min(negative, y_odd), _neg(b, mag), mag)
+    finite_neg = b.min(b.lt(x, zero), b.lt(b.kbits(INF_BITS | 0x80000000), x))  # -inf < x < 0
+    res = b.select(b.min(finite_neg, b.sub(one, y_int)), b.kbits(NAN_BITS), res)
+    res = b.select(b.emit(Op.EQ, x, one), one, res)
+    return b.select(b.emit(Op.EQ, y, zero), one, res)
+
+
 def _rsqrt(b: ProgramBuilder, x: V) -> V:
     """1/sqrt(x) = 1 / fl(sqrt(x)): two correct roundings (< 1.5 ulp); rsqrt(+-0) = +inf (IEEE
     rSqrt; the ABS turns sqrt(-0) = -0 into +0), rsqrt(x<0) = NaN, rsqrt(inf) = 0."""
@@ -432,10 +541,16 @@ PROGRAM_BUILDERS: dict[str, Callable[[], list[Instr]]] = {
     "gelu_erf_grad": _two(_gelu_erf_grad),
     "gelu_tanh_grad": _two(_gelu_tanh_grad),
     "rsqrt": _one(_rsqrt),
+    "sin": _one(_sin),
+    "cos": _one(_cos),
+    "sin_grad": _two(_sin_grad),
+    "cos_grad": _two(_cos_grad),
+    "pow": _two(_pow),
 }
 
 PROGRAMS: dict[str, list[Instr]] = {name: build() for name, build in PROGRAM_BUILDERS.items()}
-N_INPUTS = {name: (2 if name.endswith("_grad") else 1) for name in PROGRAMS}
+BINARY_PROGRAMS = ("pow",)  # two operands (x in r0, y in r1) that are not a gradient
+N_INPUTS = {name: (2 if name.endswith("_grad") or name in BINARY_PROGRAMS else 1) for name in PROGRAMS}
 
 
 def run_program(program: list[Instr], *inputs: npt.ArrayLike) -> U32:

@@ -1,5 +1,5 @@
-"""Normalisation IR ops: ``softmax`` / ``log_softmax`` (one axis) and ``layer_norm`` (scale and
-bias), each lowered to the operator library's composition and differentiated by its backward
+"""Normalisation IR ops: ``softmax`` / ``log_softmax`` (one axis), ``layer_norm`` (scale and
+bias) and ``rms_norm`` (scale; made by ``graph/fusion.py`` from the exported pattern), each lowered to the operator library's composition and differentiated by its backward
 composition."""
 
 from __future__ import annotations
@@ -67,6 +67,13 @@ def _fw_layer_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     return Saved(y, {"mean": mean, "istd": istd})
 
 
+@lowering("rms_norm")
+def _fw_rms_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    comp = library.rms_norm(ins[0].shape, op.attrs["axis"], op.attrs["eps"], scale=True)
+    y, inv = b.composite(comp, *ins, label="rms_norm")
+    return Saved(y, {"inv": inv})
+
+
 # ----------------------------------------------------------------------- backward
 
 
@@ -83,6 +90,18 @@ def _bw_layer_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref
     want = [i for i in range(3) if need[i]]
     res = b.composite(comp, x, scale, s.extra["mean"], s.extra["istd"], g, want=want, label="layer_norm_bwd")
     out: Grads = [None, None, None]
+    for i, r in zip(want, res):
+        out[i] = r
+    return out
+
+
+@vjp("rms_norm")
+def _bw_rms_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    x, scale = ins
+    comp = library.rms_norm_backward(x.shape, op.attrs["axis"])
+    want = [i for i in range(2) if need[i]]
+    res = b.composite(comp, x, scale, s.extra["inv"], g, want=want, label="rms_norm_bwd")
+    out: Grads = [None, None]
     for i, r in zip(want, res):
         out[i] = r
     return out

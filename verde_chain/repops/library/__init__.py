@@ -12,13 +12,13 @@ Modules, by unit (primitives return a ``KernelDesc``, compositions a ``Composite
     shapes       strides, broadcasting, axes                          (helpers)
     asm          instruction helpers for hand-written programs        (helpers)
     exact        exact rational constants rounded to binary32 once    (helpers)
-    maps         elementwise: unary / binary / comparison / where / unary gradients
+    maps         elementwise: unary / binary / comparison / logic / where / pow / their gradients
     reductions   sum mean max min prod sumsq l1 l2 meansq, dot reductions
     linalg       matmul, Gemm
-    movement     strided copy, transpose, reshape, expand, slice
-    indexing     gather, gather_elements, scatter_add
+    movement     strided copy, transpose, reshape, expand, slice (+ grad), concat, trilu
+    indexing     gather, gather_elements, scatter_add (their backward)
     composite    Node, Composite, Builder; reductions over any axes (reduce_nodes)
-    nn           softmax, log_softmax, layer_norm (+ backward)
+    nn           softmax, log_softmax, layer_norm, rms_norm (+ backward)
     losses       NLL, softmax cross-entropy (+ backward)
     optimizers   SGD, Adam/AdamW, ONNX Momentum/Adam
     backward     backward of broadcasting binaries and matmul
@@ -42,7 +42,7 @@ from verde_chain.repops.library.composite import (
     single,
 )
 from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
-from verde_chain.repops.library.indexing import gather, gather_elements, scatter_add
+from verde_chain.repops.library.indexing import gather, gather_elements, gather_elements_grad, gather_grad, scatter_add
 from verde_chain.repops.library.linalg import gemm, matmul
 from verde_chain.repops.library.losses import nll_loss, softmax_cross_entropy, softmax_cross_entropy_backward
 from verde_chain.repops.library.maps import (
@@ -58,16 +58,31 @@ from verde_chain.repops.library.maps import (
     leaky_relu,
     map_affine,
     map_unary,
+    minmax_grad,
+    pow_const,
+    pow_const_code,
     unary_code,
     unary_grad,
     where,
+    where_grad,
 )
-from verde_chain.repops.library.movement import expand, reshape, slice_, strided_copy, transpose
+from verde_chain.repops.library.movement import (
+    concat,
+    expand,
+    reshape,
+    slice_,
+    slice_grad,
+    strided_copy,
+    transpose,
+    trilu,
+)
 from verde_chain.repops.library.nn import (
     layer_norm,
     layer_norm_backward,
     log_softmax,
     log_softmax_backward,
+    rms_norm,
+    rms_norm_backward,
     softmax,
     softmax_backward,
 )
@@ -90,12 +105,13 @@ __all__ = [
     "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
     "AdamConstants", "Builder", "Composite", "I", "Node", "Runner", "Shape", "adam", "adam_constants",
     "as_shape", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes", "c_strides",
-    "clip", "const", "coord", "elementwise", "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q",
-    "gather", "gather_elements", "gelu", "gemm", "layer_norm", "layer_norm_backward", "leaky_relu",
-    "linear_k_stride", "load", "loadidx", "log_softmax", "log_softmax_backward", "map_affine", "map_unary",
-    "matmul", "matmul_backward", "nll_loss", "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "reduce",
-    "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "scatter_add", "sgd",
-    "single", "slice_", "softmax", "softmax_backward", "softmax_cross_entropy",
-    "softmax_cross_entropy_backward", "strided_copy", "sum_to_shape", "transcendental", "transpose",
-    "unary_code", "unary_grad", "where",
+    "clip", "concat", "const", "coord", "elementwise", "expand", "f32_of_fraction", "f32_of_sqrt_fraction",
+    "f32q", "gather", "gather_elements", "gather_elements_grad", "gather_grad", "gelu", "gemm", "layer_norm",
+    "layer_norm_backward", "leaky_relu", "linear_k_stride", "load", "loadidx", "log_softmax",
+    "log_softmax_backward", "map_affine", "map_unary", "matmul", "matmul_backward", "minmax_grad", "nll_loss",
+    "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "pow_const", "pow_const_code", "reduce",
+    "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "rms_norm",
+    "rms_norm_backward", "scatter_add", "sgd", "single", "slice_", "slice_grad", "softmax", "softmax_backward",
+    "softmax_cross_entropy", "softmax_cross_entropy_backward", "strided_copy", "sum_to_shape", "transcendental",
+    "transpose", "trilu", "unary_code", "unary_grad", "where", "where_grad",
 ]  # fmt: skip

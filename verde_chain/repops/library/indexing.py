@@ -62,24 +62,15 @@ def gather_elements(data_shape: Sequence[int], idx_shape: Sequence[int], axis: i
     return KernelDesc(js, 1, (dmap, imap), _load_at_index(ds[ax]), label="gather_elements")
 
 
-def scatter_add(idx_numel: int, row_shape: Sequence[int], num_rows: int) -> KernelDesc:
-    """Embedding backward: out[v, d] = sum_{p ascending} (idx[p] == v ? g[p, d] : +0).
+def _scatter_program(axis: int) -> tuple[tuple[Instr, ...], tuple[Instr, ...]]:
+    """The sum over k = p of ``idx[p] == c[axis] ? g[p] : +0`` (ascending p; a run of misses adds
+    +0). Input 0 is g, input 1 the indices.
 
-    Inputs: g of shape (P, *row_shape), idx of P float32 integral values. k = p. The first term is
-    the selected value itself; non-matching rows add +0, so an all-miss row is +0.
-
-    Registers: r2 = v (this output row, set once by the prologue and read by every body step),
-    r5 = +0 (likewise), r1/r3/r4/r6 the per-k index, match flag, g value and selected term.
-    """
-    rs = as_shape(row_shape)
-    P = int(idx_numel)
-    row = numel(rs)
-    out = (int(num_rows),) + rs
-    gmap = InputMap(P * row, (0,) + c_strides(rs), row)
-    imap = InputMap(P, (0,) * len(out), 1)
+    Registers: r2 = c[axis] (set once by the prologue and read by every body step), r5 = +0
+    (likewise), r1/r3/r4/r6 the per-k index, match flag, g value and selected term."""
     pro = (
         load(1, 1),  # r1 = idx[0]
-        coord(2, 0),  # r2 = v
+        coord(2, axis),  # r2 = v
         I(Op.EQ, 3, 1, 2),  # r3 = idx[0] == v
         load(4, 0),  # r4 = g[0, d]
         const(5, 0.0),
@@ -92,4 +83,46 @@ def scatter_add(idx_numel: int, row_shape: Sequence[int], num_rows: int) -> Kern
         I(Op.SELECT, 6, 3, 4, 5),  # r6 = r3 ? g[p, d] : +0
         I(Op.ADD, 0, 0, 6),  # acc += r6
     )
+    return pro, body
+
+
+def scatter_add(idx_numel: int, row_shape: Sequence[int], num_rows: int, pre_shape: Sequence[int] = ()) -> KernelDesc:
+    """Gather's backward: out[pre, v, d] = sum_{p ascending} (idx[p] == v ? g[pre, p, d] : +0).
+
+    Inputs: g of shape (*pre_shape, P, *row_shape), idx of P float32 integral values. k = p. The
+    first term is the selected value itself; non-matching rows add +0, so an all-miss row is +0.
+    Indices are compared as they are: callers pass non-negative ones (a batch's integer inputs
+    are checked to be, static ones are wrapped when the model is imported). With no
+    ``pre_shape`` this is the embedding backward (Gather on axis 0).
+    """
+    rs, ps = as_shape(row_shape), as_shape(pre_shape)
+    P = int(idx_numel)
+    row = numel(rs)
+    out = ps + (int(num_rows),) + rs
+    gst = c_strides(ps + (P,) + rs)
+    gmap = InputMap(P * row * numel(ps), gst[: len(ps)] + (0,) + c_strides(rs), row)
+    imap = InputMap(P, (0,) * len(out), 1)
+    pro, body = _scatter_program(len(ps))
     return KernelDesc(out, P, (gmap, imap), pro, body if P > 1 else (), label="scatter_add")
+
+
+def gather_grad(data_shape: Sequence[int], idx_shape: Sequence[int], axis: int = 0) -> KernelDesc:
+    """Backward of ``gather`` on any axis: inputs (g, indices) -> d data (``scatter_add`` with the
+    axes before ``axis`` as its leading block)."""
+    ds = as_shape(data_shape)
+    ax = axis + len(ds) if axis < 0 else axis
+    return scatter_add(numel(as_shape(idx_shape)), ds[ax + 1 :], ds[ax], ds[:ax])
+
+
+def gather_elements_grad(data_shape: Sequence[int], idx_shape: Sequence[int], axis: int = 0) -> KernelDesc:
+    """Backward of ``gather_elements``: inputs (g, indices), both of the indices' shape, ->
+    d data: out[c] = sum_{j ascending} (idx[c, axis=j] == c[axis] ? g[c, axis=j] : +0). The
+    indices must match the data on every axis but ``axis`` (ONNX allows them shorter)."""
+    ds, js = as_shape(data_shape), as_shape(idx_shape)
+    ax = axis + len(ds) if axis < 0 else axis
+    if len(js) != len(ds) or not 0 <= ax < len(ds) or any(j != d for i, (j, d) in enumerate(zip(js, ds)) if i != ax):
+        raise RepOpsError(f"gather_elements_grad: indices {js} must match data {ds} except on axis {axis}")
+    jst = c_strides(js)
+    m = InputMap(numel(js), tuple(0 if d == ax else jst[d] for d in range(len(js))), jst[ax])
+    pro, body = _scatter_program(ax)
+    return KernelDesc(ds, js[ax], (m, m), pro, body if js[ax] > 1 else (), label="gather_elements_grad")

@@ -124,11 +124,15 @@ def softmax_cross_entropy(
     return b.build(loss, lsm)
 
 
-def softmax_cross_entropy_backward(scores_shape: Sequence[int], reduction: str = "mean") -> Composite:
+def softmax_cross_entropy_backward(
+    scores_shape: Sequence[int], reduction: str = "mean", ignore_index: int | None = None
+) -> Composite:
     """inputs (scores, labels, g (scalar, or per-sample for 'none')) -> dscores.
 
     p = softmax(scores) (composition above); dx = (p - onehot) * g [/ fl32(N*d..) for mean],
-    onehot = EQ(label, COORD(axis 1)).
+    onehot = EQ(label, COORD(axis 1)). With ``ignore_index``: ignored positions get +0, and the
+    mean divides by the number of the others (a sum of the forward's weights w, one node)
+    instead of fl32(N*d..).
     """
     ss = as_shape(scores_shape)
     lshape = (ss[0],) + ss[2:]
@@ -145,9 +149,20 @@ def softmax_cross_entropy_backward(scores_shape: Sequence[int], reduction: str =
         I(Op.SUB, 0, 0, 4),
         I(Op.MUL, 0, 0, 2),  # (p - onehot) * g
     ]
-    if reduction == "mean":
-        code += [const(5, float(numel(lshape))), I(Op.DIV, 0, 0, 5)]  # / fl32(N*d..)
     lab_map = InputMap(numel(lshape), (c_strides(lshape)[0], 0) + c_strides(lshape)[1:])
     g_map = InputMap(1, (0,) * len(ss)) if reduction != "none" else lab_map
-    desc = KernelDesc(ss, 1, (InputMap(numel(ss), c_strides(ss)), lab_map, g_map), tuple(code), label="ce_bwd")
-    return b.build(b.node(desc, p, lab, g))
+    maps = [InputMap(numel(ss), c_strides(ss)), lab_map, g_map]
+    args = [p, lab, g]
+    if ignore_index is None:
+        if reduction == "mean":
+            code += [const(5, float(numel(lshape))), I(Op.DIV, 0, 0, 5)]  # / fl32(N*d..)
+    else:
+        if reduction == "mean":  # r5 = the count of positions not ignored
+            kept = b.map("ce_kept", (const(1, float(ignore_index)), I(Op.EQ, 1, 0, 1), const(2, 1.0),
+                                     I(Op.SUB, 0, 2, 1)), lab)  # 1 - (label == ignore_index)
+            args.append(b.reduce("sum", kept, None, keepdims=False))
+            maps.append(InputMap(1, (0,) * len(ss)))
+            code += [load(5, 3), I(Op.DIV, 0, 0, 5)]
+        code += [const(6, float(ignore_index)), I(Op.EQ, 7, 1, 6), const(6, 0.0), I(Op.SELECT, 0, 7, 6, 0)]
+    desc = KernelDesc(ss, 1, tuple(maps), tuple(code), label="ce_bwd")
+    return b.build(b.node(desc, *args))

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from verde_chain.errors import RepOpsError
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.asm import I, const, load, transcendental
 from verde_chain.repops.library.shapes import as_shape, broadcast_map, broadcast_shapes
 from verde_chain.repops.program import KernelDesc
+
+F32 = np.float32
 
 
 def elementwise(
@@ -44,8 +48,11 @@ UNARY_CODE: dict[str, tuple[Instr, ...]] = {
     "relu": (const(1, 0.0), I(Op.MAX, 0, 0, 1)),
     "reciprocal": (const(1, 1.0), I(Op.DIV, 0, 1, 0)),
     "square": (I(Op.MUL, 0, 0, 0),),
+    # booleans are binary32 0.0 / 1.0 (docs/repops-spec.md, "Integers and booleans")
+    "isnan": (I(Op.EQ, 1, 0, 0), const(2, 1.0), I(Op.SUB, 0, 2, 1)),  # 1 - (x == x)
+    "not": (const(1, 0.0), I(Op.EQ, 0, 0, 1)),  # x == 0 (NaN counts as true, as in SELECT)
 }
-TRANSCENDENTAL_UNARY = ("exp", "log", "tanh", "erf", "sigmoid", "gelu_erf", "gelu_tanh", "rsqrt")
+TRANSCENDENTAL_UNARY = ("exp", "log", "tanh", "erf", "sigmoid", "gelu_erf", "gelu_tanh", "rsqrt", "sin", "cos")
 
 
 def unary_code(name: str) -> tuple[Instr, ...]:
@@ -94,6 +101,27 @@ def leaky_relu(shape: Sequence[int], alpha: float) -> KernelDesc:
     return elementwise("leaky_relu", [shape], code)
 
 
+def pow_const_code(exponent: float) -> tuple[Instr, ...]:
+    """x**c for a constant c, x in r0: the exponents torch computes without pow() by the same
+    roundings (2: x*x, 3: (x*x)*x, -1: 1/x, -2: 1/(x*x), 0.5: sqrt), 1 and 0 exactly, any
+    other c the ``pow`` program with c in r1."""
+    c = float(F32(exponent))
+    special: dict[float, tuple[Instr, ...]] = {
+        1.0: (),
+        0.0: (const(0, 1.0),),  # pow(x, 0) = 1, NaN included
+        2.0: (I(Op.MUL, 0, 0, 0),),
+        3.0: (I(Op.MUL, 1, 0, 0), I(Op.MUL, 0, 1, 0)),
+        0.5: (I(Op.SQRT, 0, 0),),
+        -1.0: (const(1, 1.0), I(Op.DIV, 0, 1, 0)),
+        -2.0: (I(Op.MUL, 0, 0, 0), const(1, 1.0), I(Op.DIV, 0, 1, 0)),
+    }
+    return special.get(c, (const(1, c),) + transcendental("pow"))
+
+
+def pow_const(shape: Sequence[int], exponent: float) -> KernelDesc:
+    return elementwise("pow_const", [shape], pow_const_code(exponent))
+
+
 def gelu(shape: Sequence[int], approximate: str = "none") -> KernelDesc:
     """GELU, exact (erf) form or ``approximate="tanh"``: one transcendental program each."""
     return map_unary("gelu_tanh" if approximate == "tanh" else "gelu_erf", shape)
@@ -114,6 +142,12 @@ BINARY_CODE: dict[str, tuple[Instr, ...]] = {
     # a <= b as MAX(a < b, a == b): both are 0.0 / 1.0, so MAX is OR (false on NaN)
     "le": (I(Op.LT, 2, 0, 1), I(Op.EQ, 3, 0, 1), I(Op.MAX, 0, 2, 3)),
     "ge": (I(Op.LT, 2, 1, 0), I(Op.EQ, 3, 0, 1), I(Op.MAX, 0, 2, 3)),
+    "ne": (I(Op.EQ, 2, 0, 1), const(3, 1.0), I(Op.SUB, 0, 3, 2)),  # 1 - (a == b): true on NaN
+    # logical ops on booleans (0.0 / 1.0): MIN is AND, MAX is OR, and 'a != b' is XOR
+    "and": (I(Op.MIN, 0, 0, 1),),
+    "or": (I(Op.MAX, 0, 0, 1),),
+    "xor": (I(Op.EQ, 2, 0, 1), const(3, 1.0), I(Op.SUB, 0, 3, 2)),
+    "pow": transcendental("pow"),  # C99 pow (docs/repops-transcendentals.md)
 }
 
 
@@ -144,8 +178,10 @@ GRAD_CODE: dict[str, tuple[Instr, ...]] = {
     "log_grad": (I(Op.DIV, 0, 1, 0),),
     # from y = sqrt(x): g / (y + y)
     "sqrt_grad_y": (I(Op.ADD, 2, 0, 0), I(Op.DIV, 0, 1, 2)),
+    # from y = 1/x: -(g * (y * y)), torch's order
+    "reciprocal_grad_y": (I(Op.MUL, 2, 0, 0), I(Op.MUL, 0, 1, 2), I(Op.NEG, 0, 0)),
 }
-TRANSCENDENTAL_GRAD = ("gelu_erf_grad", "gelu_tanh_grad")
+TRANSCENDENTAL_GRAD = ("gelu_erf_grad", "gelu_tanh_grad", "sin_grad", "cos_grad")
 
 
 def unary_grad(name: str, shape: Sequence[int]) -> KernelDesc:
@@ -157,3 +193,38 @@ def unary_grad(name: str, shape: Sequence[int]) -> KernelDesc:
     else:
         raise RepOpsError(f"unary_grad: unknown {name!r}; supported: {sorted(GRAD_CODE) + list(TRANSCENDENTAL_GRAD)}")
     return elementwise(name, [shape, shape], code)
+
+
+# ----------------------------------------------------------------------- gradients of binary maps
+
+
+def minmax_grad(op: str, a_shape: Sequence[int], b_shape: Sequence[int], wrt: int) -> KernelDesc:
+    """Gradient of ``max``/``min`` (a in r0, b in r1, g in r2) w.r.t. operand ``wrt``, as torch
+    splits it: g where that operand alone wins, g/2 on a tie, +0 where it loses (a NaN operand
+    wins: it is what the forward returned)."""
+    if op not in ("max", "min"):
+        raise RepOpsError(f"minmax_grad: {op!r} is not max or min")
+    mine, other = (0, 1) if wrt == 0 else (1, 0)
+    wins = I(Op.LT, 3, other, mine) if op == "max" else I(Op.LT, 3, mine, other)
+    code = (
+        wins,  # r3 = this operand wins strictly
+        I(Op.EQ, 4, 0, 1),  # r4 = tie
+        I(Op.EQ, 5, mine, mine),
+        const(6, 1.0),
+        I(Op.SUB, 5, 6, 5),  # r5 = this operand is NaN
+        I(Op.MAX, 3, 3, 5),
+        const(6, 0.5),
+        I(Op.MUL, 6, 2, 6),  # r6 = g/2
+        const(7, 0.0),
+        I(Op.SELECT, 6, 4, 6, 7),  # tie ? g/2 : +0
+        I(Op.SELECT, 0, 3, 2, 6),  # wins ? g : (tie ? g/2 : +0)
+    )
+    out = broadcast_shapes(f"{op}_grad", a_shape, b_shape)
+    return elementwise(f"{op}_grad", [a_shape, b_shape, out], code, out)
+
+
+def where_grad(cond_shape: Sequence[int], g_shape: Sequence[int], branch: int) -> KernelDesc:
+    """Gradient of ``where(c, x, y)`` w.r.t. x (branch 1: SELECT(c, g, +0)) or y (branch 2:
+    SELECT(c, +0, g)); inputs (c, g), the output has g's shape."""
+    code = (const(2, 0.0), I(Op.SELECT, 0, 0, 1, 2) if branch == 1 else I(Op.SELECT, 0, 0, 2, 1))
+    return elementwise("where_grad", [cond_shape, g_shape], code, g_shape)

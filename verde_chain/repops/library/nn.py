@@ -2,8 +2,8 @@
 
 Each forward is the node sequence a training graph commits to (max-subtracted softmax, two-pass
 layer norm with the variance as a mean of squares in dot order); each ``*_backward`` is the
-vector-Jacobian product from the forward's saved outputs. A new normalisation (BatchNorm,
-RMSNorm) belongs here, as a forward and backward pair.
+vector-Jacobian product from the forward's saved outputs (RMSNorm likewise). A new
+normalisation (BatchNorm) belongs here, as a forward and backward pair.
 """
 
 from __future__ import annotations
@@ -60,6 +60,17 @@ def log_softmax_backward(shape: Sequence[int], axis: int | Sequence[int] = -1) -
     return b.build(b.map("log_softmax_bwd", (I(Op.MUL, 0, 0, 2), I(Op.SUB, 0, 1, 0)), e, g, s))
 
 
+def _inv_sqrt_code(eps: float) -> tuple[Instr, ...]:
+    """r0 = 1 / sqrt(r0 + eps): the statistic of layer norm (variance) and RMS norm (mean square)."""
+    return (
+        const(1, eps),
+        I(Op.ADD, 0, 0, 1),  # var + eps
+        I(Op.SQRT, 0, 0),
+        const(1, 1.0),
+        I(Op.DIV, 0, 1, 0),  # 1 / sqrt(var + eps)
+    )
+
+
 def layer_norm(
     shape: Sequence[int], axis: int = -1, eps: float = 1e-5, scale: bool = True, bias: bool = True
 ) -> Composite:
@@ -78,14 +89,7 @@ def layer_norm(
     mean = b.reduce("mean", x, ax)
     c = b.binary("sub", x, mean)
     var = b.reduce("meansq", c, ax)
-    inv_std = (
-        const(1, eps),
-        I(Op.ADD, 0, 0, 1),  # var + eps
-        I(Op.SQRT, 0, 0),
-        const(1, 1.0),
-        I(Op.DIV, 0, 1, 0),  # 1 / sqrt(var + eps)
-    )
-    istd = b.map("inv_std", inv_std, var)
+    istd = b.map("inv_std", _inv_sqrt_code(eps), var)
     # ln_affine reads c (r0), inv_std (r1), then scale and bias in the next registers if present
     args = [c, istd]
     code = [I(Op.MUL, 0, 0, 1)]
@@ -131,3 +135,47 @@ def layer_norm_backward(shape: Sequence[int], axis: int = -1) -> Composite:
         dscale = b.binary("mul", g, xhat)
         dbias = b.unary("identity", g)
     return b.build(dx, dscale, dbias)
+
+
+def rms_norm(shape: Sequence[int], axis: int = -1, eps: float = 1e-6, scale: bool = True) -> Composite:
+    """RMSNorm (ONNX RMSNormalization, Llama's LlamaRMSNorm): inputs (x[, scale]); outputs
+    (y, inv_rms), the statistic keepdims.
+
+    ms = reduce_meansq(x) over the axes from ``axis`` on (MUL/FMA chain, / fl32(K));
+    inv_rms = 1 / sqrt(ms + eps); y = (x * inv_rms) * scale (one node).
+    """
+    shp = as_shape(shape)
+    ax0 = axis + len(shp) if axis < 0 else axis
+    b = Builder("rms_norm", shp, *([shp[ax0:]] if scale else []))
+    x = 0
+    inv = b.map("inv_rms", _inv_sqrt_code(eps), b.reduce("meansq", x, tuple(range(ax0, len(shp)))))
+    code = [I(Op.MUL, 0, 0, 1)] + ([I(Op.MUL, 0, 0, 2)] if scale else [])
+    y = b.map("rms_affine", code, *([x, inv, 1] if scale else [x, inv]))
+    return b.build(y, inv)
+
+
+def rms_norm_backward(shape: Sequence[int], axis: int = -1) -> Composite:
+    """inputs (x, scale, inv_rms, g) -> (dx, dscale).
+
+    xhat = x * inv_rms; gs = g * scale; a = mean(gs * xhat) (dot order);
+    dx = (gs - xhat * a) * inv_rms; dscale = sum_batch(g * xhat) (dot).
+    """
+    shp = as_shape(shape)
+    ax0 = axis + len(shp) if axis < 0 else axis
+    nshape = shp[ax0:]
+    stat = shp[:ax0] + (1,) * (len(shp) - ax0)
+    b = Builder("rms_norm_backward", shp, nshape, stat, shp)
+    x, sc, inv, g = b.inputs()
+    nax = tuple(range(ax0, len(shp)))
+    bax = tuple(range(ax0))
+    xhat = b.binary("mul", x, inv)
+    gs = b.binary("mul", g, sc)
+    a = b.reduce_dot(gs, xhat, nax, mean=True)
+    dx_code: tuple[Instr, ...] = (  # r0 = gs, r1 = xhat, r2 = a, r3 = inv_rms
+        I(Op.MUL, 4, 1, 2),  # r4 = xhat * a
+        I(Op.SUB, 0, 0, 4),
+        I(Op.MUL, 0, 0, 3),  # * inv_rms
+    )
+    dx = b.map("rms_dx", dx_code, gs, xhat, a, inv)
+    dscale = b.view(b.reduce_dot(g, xhat, bax, keepdims=False), nshape) if bax else b.binary("mul", g, xhat)
+    return b.build(dx, dscale)
