@@ -120,8 +120,8 @@ def draw_fault(job: Job, seed: int, honest_result: bytes | None = None, node: in
         nodes = [job.program.graph.nodes[node]]
     want = honest_result or honest_world(job).step_commitment(job.spec.steps)
     for _ in range(64):
-        node = rng.choice(nodes)
-        f = OutputFault(rng.randint(1, job.spec.steps), node.index, rng.randrange(node.desc.numel), rng.randrange(31))
+        site = rng.choice(nodes)
+        f = OutputFault(rng.randint(1, job.spec.steps), site.index, rng.randrange(site.desc.numel), rng.randrange(31))
         if TrainingWorld.from_job(job, f).step_commitment(job.spec.steps) != want:
             return f
     raise StrategyError(f"no cheat site found from seed {seed} that changes C_T")
