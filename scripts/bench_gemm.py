@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from verde_chain.repops import cpu_kernels
+from verde_chain.repops.backends.cpu import extension as cpu_ext
 
 
 def best_of(fns: list[Callable[[], object]], repeat: int, budget_s: float = 20.0) -> list[float]:
@@ -41,13 +41,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--isa", default=None, help=f"one of {cpu_kernels.ISAS}; default: best available")
+    ap.add_argument("--isa", default=None, help=f"one of {cpu_ext.ISAS}; default: best available")
     ap.add_argument("--tile", type=int, nargs=3, default=None, metavar=("MC", "KC", "NC"))
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
 
-    isa = args.isa or cpu_kernels.best_isa()
-    cpu_kernels.extension(isa)  # build outside the timings
+    isa = args.isa or cpu_ext.best_isa()
+    cpu_ext.extension(isa)  # build outside the timings
     rows = []
     gen = torch.Generator().manual_seed(0)
     for n in args.sizes:
@@ -58,7 +58,7 @@ def main() -> None:
             t_torch, t_rep = best_of(
                 [
                     functools.partial(torch.matmul, a, b),
-                    functools.partial(cpu_kernels.matmul, a, b, isa=isa, threads=t, tile=args.tile),
+                    functools.partial(cpu_ext.matmul, a, b, isa=isa, threads=t, tile=args.tile),
                 ],
                 args.repeat,
             )

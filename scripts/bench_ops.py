@@ -1,6 +1,6 @@
 """Where a training step's time goes: RepOps (C++ backend) vs torch eager, per op family.
 
-    .venv/bin/python scripts/bench_ops.py [--threads 1] [--steps 20] [--backend cpp] [--configs ...] [--json]
+    .venv/bin/python scripts/bench_ops.py [--threads 1] [--steps 20] [--backend cpu] [--configs ...] [--json]
 
 For the digits MLP, the tiny transformer block and digits-wide (the MLP at hidden 1024, batch
 512; see bench_training.CONFIGS), forward + backward + optimizer:
@@ -38,7 +38,7 @@ from bench_training import CONFIGS, median_time, torch_step_fn
 from verde_chain.examples import EXAMPLES
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.structure import GraphNode
-from verde_chain.repops.backend_cpu import CppBackend
+from verde_chain.repops.backends.cpu.backend import CpuBackend
 
 FAMILIES = ("matmul", "elementwise/transcendental", "reductions", "softmax/layernorm/loss", "optimizer", "data movement")
 _COMPOSITE = {"softmax", "softmax_bwd", "layer_norm", "layer_norm_bwd", "ce", "ce_bwd", "log_softmax", "nll"}
@@ -108,7 +108,7 @@ def repops_breakdown(config: str, steps: int, threads: int, backend: str) -> tup
     run.run()
     wall = (time.perf_counter() - t0) / steps
     if kernel is not None:
-        assert isinstance(runner, CppBackend)
+        assert isinstance(runner, CpuBackend)
         for node, s in zip(graph.nodes, kernel.node_times):
             spent[family_of_node(node, runner.plan(node.desc).kind)] += float(s)
     fams = {f: 1e3 * spent[f] / steps for f in FAMILIES}
@@ -159,7 +159,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--backend", default="cpp")
+    p.add_argument("--backend", default="cpu")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()

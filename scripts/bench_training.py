@@ -1,6 +1,6 @@
 """Training-step cost of RepOps vs plain torch eager FP32, commitment share.
 
-    .venv/bin/python scripts/bench_training.py [--threads 1] [--steps 30] [--backend cpp]
+    .venv/bin/python scripts/bench_training.py [--threads 1] [--steps 30] [--backend cpu]
                                                [--interval 100]
                                                [--configs ...] [--json]
 
@@ -225,7 +225,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--backend", default="cpp")
+    p.add_argument("--backend", default="cpu")
     p.add_argument("--interval", type=int, default=ex.DEFAULT_CHECKPOINT_INTERVAL,
                    help="checkpoint interval of the commitment-share run")
     p.add_argument("--run-steps", type=int, default=1000, help="steps of the runs that measure the commitment share")

@@ -6,20 +6,21 @@ Usage (on a machine with a CUDA-enabled torch and nvcc):
     python scripts/gpu_check.py [--out summary.json] [--sizes 1024 4096] [--quick]
 
 Steps, each timed and recorded (a failing step is reported, later steps still run if they can):
-  1. JIT-build kernels/repops_cuda.cu + kernels/repops_cuda_binding.cpp with
-     torch.utils.cpp_extension.load (verde_chain.repops.backend_cuda.build_extension:
+  1. JIT-build kernels/cuda/repops_cuda.cu + kernels/cuda/repops_cuda_binding.cpp with
+     torch.utils.cpp_extension.load (verde_chain.repops.backends.cuda.extension.build_extension:
      --fmad=false -ftz=false -prec-div=true -prec-sqrt=true, no fast math; arch = the device's
      compute capability), cached under build/native/. If that fails (say nvcc's CUDA major
      version differs from torch's), the .cu alone is built with nvcc as a shared library and
      called through ctypes ("build_mode" in the summary).
   2. "compare": GEMMs on random, edge-value (±0, subnormal, ±inf, NaN, max finite,
      cancellation), transposed, batched and broadcast inputs; bits vs
-     verde_chain.repops.cpu_kernels.matmul (the CPU kernels, themselves tested against the spec).
+     verde_chain.repops.backends.cpu.extension.matmul (the CPU kernels, themselves tested against
+     the spec).
   3. "families": the CUDA backend (GEMM + program interpreter) on every RepOps op family
      (family_cases(): every instruction on all edge pairs, maps, transcendentals, grads,
      binaries, matmul/gemm epilogues, reductions, softmax, layer_norm, losses, gather/scatter,
      optimizers, ...), node by node, bits vs the CPU C++ backend; plus larger shapes.
-  4. "training": the digits example, 5 steps, make_runner("cuda") vs make_runner("cpp"):
+  4. "training": the digits example, 5 steps, make_runner("cuda") vs make_runner("cpu"):
      every step commitment C_0..C_T must agree. Both run whole steps (compile_step): on CUDA
      every node of a step works in one device arena, one upload / one download per step.
   5. "step_timing": seconds per training step (median of --reps plain steps after warm-up)
@@ -48,8 +49,11 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import torch
 
-from verde_chain.repops import backend_cuda, library, program, reference
-from verde_chain.repops.backend_cuda import CUDA_FLAGS, CtypesCuda, CudaBackend, build_extension, cuda_status  # noqa: F401
+from verde_chain.repops import library, program, reference
+from verde_chain.repops.backends.cuda import backend as cuda_backend
+from verde_chain.repops.backends.cuda.backend import CudaBackend
+from verde_chain.repops.backends.cuda.extension import CUDA_FLAGS, CtypesCuda, build_extension, cuda_status  # noqa: F401
+from verde_chain.repops.backends.cuda.step import CudaStepKernel
 from verde_chain.repops.edges import EDGE_BITS, edge_array, edge_floats
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op
 
@@ -115,14 +119,14 @@ def cases(quick: bool) -> list[tuple[str, torch.Tensor, torch.Tensor, bool, bool
 
 
 def compare(ext: Any, quick: bool) -> list[dict[str, Any]]:
-    from verde_chain.repops import cpu_kernels
+    from verde_chain.repops.backends.cpu import extension as cpu_ext
 
     rows = []
     threads = max(1, len(os.sched_getaffinity(0)))
     for name, a, b, ta, tb in cases(quick):
         row: dict[str, Any] = {"case": name, "shape_a": list(a.shape), "shape_b": list(b.shape), "trans": [ta, tb]}
         try:
-            want = cpu_kernels.matmul(a, b, ta, tb, threads=threads).numpy().view(np.uint32)
+            want = cpu_ext.matmul(a, b, ta, tb, threads=threads).numpy().view(np.uint32)
             got = cuda_matmul(ext, a.cuda(), b.cuda(), ta, tb).cpu().numpy().view(np.uint32)
             diff = np.flatnonzero(want.reshape(-1) != got.reshape(-1))
             row["mismatches"] = int(diff.size)
@@ -336,6 +340,30 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
     cases.append(
         _one(library.scatter_add(7, (3,), 5), edge_array((7, 3), s + 103), np.array([0, 4, 4, 2, 0, 1, 4], np.float32))
     )
+    # the language models' operators: concat, trilu, slice and gather backward (a leading block),
+    # gather_elements backward, pow by a constant, max/min and where gradients, rms_norm
+    cases.append(_one(library.concat([(3, 2, 5), (3, 4, 5)], 1), edge_array((3, 2, 5), s + 140), edge_array((3, 4, 5), s + 141)))
+    cases.append(_one(library.trilu((2, 5, 6), 1, True), edge_array((2, 5, 6), s + 142)))
+    cases.append(_one(library.trilu((5, 6), -1, False), edge_array((5, 6), s + 143)))
+    sliced = library.slice_(xt.shape, [2, 0, 4], ends, [-1, 2, -2]).out_shape
+    cases.append(_one(library.slice_grad(xt.shape, [2, 0, 4], ends, [-1, 2, -2]), edge_array(sliced, s + 144)))
+    ig = np.array([3, 0, -1, 2.5, 7], np.float32)
+    cases.append(_one(library.gather_grad((3, 4, 5), ig.shape, 1), edge_array((3, 5, 5), s + 145), ig))
+    cases.append(_one(library.gather_elements_grad((2, 4), (2, 3), 1), edge_array((2, 3), s + 146), ie))
+    for exponent in (2.0, 3.0, 0.5, -0.5, -2.0, 1.5):
+        cases.append(_one(library.pow_const(xt.shape, exponent), xt))
+    xa, xb, xg = edge_array((6, 10), s + 147, 0.3), edge_array((1, 10), s + 148, 0.3), edge_array((6, 10), s + 149)
+    xb[0, :3] = xa[0, :3]  # ties: the gradient is split
+    for op in ("max", "min"):
+        for wrt in (0, 1):
+            cases.append(_one(library.minmax_grad(op, xa.shape, xb.shape, wrt), xa, xb, xg))
+    cw = edge_array((6, 1), s + 150, 0.5)
+    for branch in (1, 2):
+        cases.append(_one(library.where_grad(cw.shape, xg.shape, branch), cw, xg))
+    xn, sn = edge_array((6, 10), s + 151, 0.05), edge_array((10,), s + 152, 0.05)
+    cases.append(("rms_norm", library.rms_norm(xn.shape, -1, 1e-6, True), [xn, sn]))
+    _, inv_rms = library.rms_norm(xn.shape, -1, 1e-6, False).run([xn])
+    cases.append(("rms_norm_backward", library.rms_norm_backward(xn.shape, -1), [xn, sn, inv_rms, xg]))
     # compositions: softmax family, layer norm, losses, optimizers, backward passes
     cases.append(("softmax", library.softmax(xs.shape, -1), [xs]))
     cases.append(("log_softmax", library.log_softmax(xs.shape, 0), [xs]))
@@ -463,11 +491,12 @@ def check_families(candidate: Runner, expected: Runner, cases: list[Case]) -> li
 
 def families(cuda: Runner, quick: bool) -> dict[str, Any]:
     """The CUDA backend vs the CPU C++ backend (the numpy reference if that cannot build)."""
-    from verde_chain.repops.backend_cpu import BackendUnavailable, CppBackend
+    from verde_chain.repops.backends import BackendUnavailable
+    from verde_chain.repops.backends.cpu.backend import CpuBackend
 
     try:
-        expected: Runner = CppBackend()
-        against = "cpp"
+        expected: Runner = CpuBackend()
+        against = "cpu"
     except BackendUnavailable:
         expected, against = reference.run, "reference"
     rows = check_families(cuda, expected, family_cases(0, big=not quick) + family_cases(1))
@@ -479,22 +508,22 @@ def families(cuda: Runner, quick: bool) -> dict[str, Any]:
 
 
 def training(steps: int = 5) -> dict[str, Any]:
-    """digits, `steps` steps: every commitment C_0..C_T on make_runner("cuda") vs ("cpp")."""
+    """digits, `steps` steps: every commitment C_0..C_T on make_runner("cuda") vs ("cpu")."""
     from verde_chain.examples import EXAMPLES
     from verde_chain.graph.backend import make_runner
 
     job = EXAMPLES["digits"](steps=steps)
     out: dict[str, Any] = {"example": "digits", "steps": steps}
     commits = {}
-    for name in ("cuda", "cpp"):
+    for name in ("cuda", "cpu"):
         t0 = time.perf_counter()
         run = job.make_run(None, 0, make_runner(name), steps)
         out[f"C_T_{name}"] = "0x" + run.run().hex()
         out[f"{name}_s"] = round(time.perf_counter() - t0, 2)
         commits[name] = [run.commitments[s].hex() for s in range(steps + 1)]
         if name == "cuda":
-            out["cuda_whole_step"] = isinstance(run.exec.step_kernel(), backend_cuda.CudaStepKernel)
-    out["identical"] = out["C_T_cuda"] == out["C_T_cpp"] and commits["cuda"] == commits["cpp"]
+            out["cuda_whole_step"] = isinstance(run.exec.step_kernel(), CudaStepKernel)
+    out["identical"] = out["C_T_cuda"] == out["C_T_cpu"] and commits["cuda"] == commits["cpu"]
     return out
 
 
@@ -515,10 +544,10 @@ def step_timing(cuda: Runner, reps: int = 20) -> dict[str, Any]:
         job = make_job()
         row: dict[str, Any] = {}
         commits = {}
-        for name, runner in (("cuda", cuda), ("cpu", make_runner("cpp"))):
+        for name, runner in (("cuda", cuda), ("cpu", make_runner("cpu"))):
             ex = StepExecutor(job.program.graph, runner)
             if name == "cuda":
-                row["whole_step"] = isinstance(ex.step_kernel(), backend_cuda.CudaStepKernel)
+                row["whole_step"] = isinstance(ex.step_kernel(), CudaStepKernel)
             st: PlainState = ex.initial_state(job.init_state)
             times = []
             for s in range(1, reps + 3):
@@ -579,12 +608,12 @@ def main() -> int:
         if ext is not None:
             _timed_step(summary, "compare", lambda: compare(ext, args.quick))
             cuda_be = CudaBackend(ext=ext)
-            # make_runner("cuda") reaches the backend through backend_cuda.default_backend: point
+            # make_runner("cuda") reaches the backend through cuda_backend.default_backend: point
             # it at the extension built above (whichever build mode succeeded).
-            backend_cuda.default_backend = lambda: cuda_be  # type: ignore[assignment]
+            cuda_backend.default_backend = lambda: cuda_be  # type: ignore[assignment]
             _timed_step(summary, "families", lambda: families(cuda_be, args.quick))
             _timed_step(summary, "training", lambda: training(args.steps))
-            _timed_step(summary, "step_timing", lambda: step_timing(backend_cuda.CudaRunner(), args.reps))
+            _timed_step(summary, "step_timing", lambda: step_timing(cuda_backend.CudaRunner(), args.reps))
             _timed_step(summary, "bench", lambda: bench(ext, args.sizes))
         rows = summary.get("compare", [])
         fam = summary.get("families", {})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -94,3 +97,20 @@ def deploy(w3: Web3, artifacts: dict[str, Artifact]) -> Callable[..., Any]:
 
 # tests/ape runs under `ape test` (its plugin supplies `project`/`accounts`); see test_ape_toolchain.
 collect_ignore = ["ape"]
+
+
+@pytest.fixture(scope="session")
+def script() -> Callable[[str], ModuleType]:
+    """``script("gpu_check")``: scripts/gpu_check.py imported as a module (scripts are no package)."""
+    loaded: dict[str, ModuleType] = {}
+
+    def load(name: str) -> ModuleType:
+        if name not in loaded:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            loaded[name] = mod
+        return loaded[name]
+
+    return load

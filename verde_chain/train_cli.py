@@ -40,8 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="directory for checkpoints, commitments and the job bundle")
     p.add_argument("--resume", action="store_true", help="continue from the latest verified checkpoint in --out")
     p.add_argument("--backend", default=DEFAULT_BACKEND,
-                   help="RepOps backend: cpp (C++ kernels; default, falls back to reference if it cannot build), "
-                   "reference (numpy) or a registered one")
+                   help="RepOps backend: cpu (C++ kernels; default, falls back to reference if it cannot build), "
+                   "reference (numpy), cuda, or a registered one")
     p.add_argument("--json", action="store_true", help="print one JSON summary line at the end")
 
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
+import {SourceKind} from "./SourceKind.sol";
+
 /// @title GameTypes — the dispute game's enums and structs (twin: verde_chain/dispute/types.py)
 /// @notice Levels of one game (each bound to the one above, see docs/protocol.md "Dispute game"):
 ///
@@ -43,16 +45,12 @@ enum Resolution {
     EmptyProgram //   the element's program has no steps and the final state is the initial one
 }
 
-/// @notice Where a node's input comes from, as fixed by the client's graph commitment
-///         (Python: verde_chain.graph.structure.SourceKind, same numbers).
-enum InputKind {
-    NodeOutput, //         output of node `index` < d of the same step (in C_hi)
-    PrevStepNodeOutput, // output of node `index` of the previous step (in C_lo, agreed)
-    Batch //               tensor `index` of the step's batch (in the job's batchRoot)
-}
-
+/// @notice Where a node's input comes from: a SourceKind (dispute/SourceKind.sol, generated from
+///         verde_chain/graph/structure.py) and an index. NodeOutput: output of node `index` < d of
+///         the same step (in C_hi); PrevStepNodeOutput: output of node `index` of the previous step
+///         (in C_lo, agreed); Batch: tensor `index` of the step's batch (in the job's batchRoot).
 struct InputSource {
-    InputKind kind;
+    SourceKind kind;
     uint32 index;
 }
 

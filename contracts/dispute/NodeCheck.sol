@@ -3,7 +3,8 @@ pragma solidity 0.8.28;
 
 import {Merkle} from "../commit/Merkle.sol";
 import {TensorCommit} from "../commit/TensorCommit.sol";
-import {Game, InputKind, InputSource, InputProof, NodeReveal} from "./GameTypes.sol";
+import {Game, InputSource, InputProof, NodeReveal} from "./GameTypes.sol";
+import {SourceKind} from "./SourceKind.sol";
 import {
     NodeMismatch,
     InputCountMismatch,
@@ -53,14 +54,14 @@ library NodeCheck {
         InputProof calldata p
     ) internal view {
         bytes32 justified;
-        if (src.kind == InputKind.Batch) {
+        if (src.kind == SourceKind.Batch) {
             // SAFETY: the batch of step s is leaf s - 1 of the job's batch list; no other batch fits.
             Merkle.verify(g.batchRoot, keccak256(abi.encode(p.batchRoots)), g.step - 1, g.numSteps, p.proof);
             if (src.index >= p.batchRoots.length) revert BatchIndexOutOfRange(src.index, p.batchRoots.length);
             justified = p.batchRoots[src.index];
         } else {
             bytes32 root;
-            if (src.kind == InputKind.NodeOutput) {
+            if (src.kind == SourceKind.NodeOutput) {
                 // INVARIANT: same-step inputs come from earlier nodes, which the challenger
                 // accepted by descending to the first node where it disagrees.
                 if (src.index >= d) revert SourceNotEarlier(i, src.index, d);

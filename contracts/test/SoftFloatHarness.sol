@@ -2,6 +2,7 @@
 pragma solidity 0.8.28;
 
 import {F32, SoftFloat32} from "../vm/SoftFloat32.sol";
+import {Instructions} from "../vm/Instructions.sol";
 
 /// @notice Exposes SoftFloat32 to differential tests (batched, so thousands of TestFloat cases
 ///         go through one eth_call) and to the gas benchmark.
@@ -17,25 +18,7 @@ import {F32, SoftFloat32} from "../vm/SoftFloat32.sol";
 ///      `gasleft()` reads; op NOP (an adapter that copies a) measures the same window with no work,
 ///      and the benchmark subtracts it, so the figure is the op's internal call plus its body.
 contract SoftFloatHarness {
-    uint8 internal constant ADD = 0;
-    uint8 internal constant SUB = 1;
-    uint8 internal constant MUL = 2;
-    uint8 internal constant DIV = 3;
-    uint8 internal constant FMA = 4;
-    uint8 internal constant SQRT = 5;
-    uint8 internal constant MAX = 6;
-    uint8 internal constant MIN = 7;
-    uint8 internal constant LT = 8;
-    uint8 internal constant EQ = 9;
-    uint8 internal constant SELECT = 10;
-    uint8 internal constant RINT = 11;
-    uint8 internal constant LDEXP = 12;
-    uint8 internal constant GETEXP = 13;
-    uint8 internal constant GETMANT = 14;
-    uint8 internal constant NEG = 15;
-    uint8 internal constant ABS = 16;
-    uint8 internal constant MOV = 21;
-    uint8 internal constant FLOOR = 22;
+    // RepOps opcodes: Instructions.<OP>; the harness's own codes (conversions, NOP) below.
     uint8 internal constant LE = 100;
     uint8 internal constant FROM_I32 = 101;
     uint8 internal constant FROM_U32 = 102;
@@ -49,37 +32,38 @@ contract SoftFloatHarness {
 
     /// @notice Number of operands an op reads (0 if the op is unknown).
     function arity(uint8 op) public pure returns (uint256) {
-        if (op == FMA || op == SELECT) return 3;
-        if (op == SQRT) return 1;
-        if (op <= EQ || op == LDEXP || op == LE || op == LDEXP_INT) return 2;
-        if (op == RINT || (op >= GETEXP && op <= ABS) || op == MOV || op == FLOOR) return 1;
+        if (op == Instructions.FMA || op == Instructions.SELECT) return 3;
+        if (op == Instructions.SQRT) return 1;
+        if (op <= Instructions.EQ || op == Instructions.LDEXP || op == LE || op == LDEXP_INT) return 2;
+        bool rounding = op == Instructions.RINT || op == Instructions.FLOOR;
+        if (rounding || (op >= Instructions.GETEXP && op <= Instructions.ABS) || op == Instructions.MOV) return 1;
         if (op >= FROM_I32 && op <= TO_I32) return 1;
         return 0;
     }
 
     /// @dev The adapter for `op`; reverts UnknownOp for a code it does not know.
     function _fn(uint8 op) internal pure returns (function(uint32, uint32, uint32) pure returns (uint32)) {
-        if (op == ADD) return _add;
-        if (op == SUB) return _sub;
-        if (op == MUL) return _mul;
-        if (op == DIV) return _div;
-        if (op == FMA) return _fma;
-        if (op == SQRT) return _sqrt;
-        if (op == MAX) return _max;
-        if (op == MIN) return _min;
-        if (op == LT) return _lt;
-        if (op == EQ) return _eq;
+        if (op == Instructions.ADD) return _add;
+        if (op == Instructions.SUB) return _sub;
+        if (op == Instructions.MUL) return _mul;
+        if (op == Instructions.DIV) return _div;
+        if (op == Instructions.FMA) return _fma;
+        if (op == Instructions.SQRT) return _sqrt;
+        if (op == Instructions.MAX) return _max;
+        if (op == Instructions.MIN) return _min;
+        if (op == Instructions.LT) return _lt;
+        if (op == Instructions.EQ) return _eq;
         if (op == LE) return _le;
-        if (op == RINT) return _rint;
-        if (op == FLOOR) return _floor;
-        if (op == LDEXP) return _ldexpF;
+        if (op == Instructions.RINT) return _rint;
+        if (op == Instructions.FLOOR) return _floor;
+        if (op == Instructions.LDEXP) return _ldexpF;
         if (op == LDEXP_INT) return _ldexpInt;
-        if (op == SELECT) return _select;
-        if (op == MOV) return _mov;
-        if (op == GETEXP) return _getexp;
-        if (op == GETMANT) return _getmant;
-        if (op == NEG) return _neg;
-        if (op == ABS) return _abs;
+        if (op == Instructions.SELECT) return _select;
+        if (op == Instructions.MOV) return _mov;
+        if (op == Instructions.GETEXP) return _getexp;
+        if (op == Instructions.GETMANT) return _getmant;
+        if (op == Instructions.NEG) return _neg;
+        if (op == Instructions.ABS) return _abs;
         if (op == FROM_I32) return _fromInt32;
         if (op == FROM_U32) return _fromUint32;
         if (op == TO_I32) return _toInt32;

@@ -2,6 +2,7 @@
 pragma solidity 0.8.28;
 
 import {IStepper, StepContext} from "./IStepper.sol";
+import {Instructions} from "./Instructions.sol";
 import {F32, SoftFloat32} from "./SoftFloat32.sol";
 import {TensorCommit} from "../commit/TensorCommit.sol";
 import {
@@ -16,7 +17,8 @@ import {
 } from "./VMErrors.sol";
 
 /// @title ScalarVM — the one-step prover: executes ONE instruction of a RepOps scalar program
-/// @notice Twin: verde_chain/vm/scalarvm.py. Program model and descriptor encoding are defined by
+/// @notice Twin: verde_chain/vm/scalarvm.py. Opcode numbers: Instructions.sol, generated from
+///         verde_chain/repops/isa.py. Program model and descriptor encoding are defined by
 ///         verde_chain/repops/program.py and docs/repops-spec.md:
 ///
 ///   desc = abi.encode(uint32[] outShape, uint32 K, InputMap[] inputs, bytes prologue,
@@ -32,36 +34,9 @@ import {
 /// Binding the node and element into every state means a state of one element can never be
 /// replayed as a state of another. s_0 has j = 0 and all registers +0.0.
 contract ScalarVM is IStepper {
-    uint256 internal constant NUM_REGS = 16;
-    uint256 internal constant STATE_BYTES = 160;
     uint256 internal constant REGS_AT = 96;
-    uint256 internal constant CANONICAL_NAN = 0x7FC00000;
+    uint256 internal constant STATE_BYTES = REGS_AT + 4 * Instructions.NUM_REGS; // 160
     uint256 internal constant ONE = 0x3F800000;
-
-    // Opcodes (verde_chain/repops/isa.py; never renumbered).
-    uint256 internal constant ADD = 0;
-    uint256 internal constant SUB = 1;
-    uint256 internal constant MUL = 2;
-    uint256 internal constant DIV = 3;
-    uint256 internal constant FMA = 4;
-    uint256 internal constant SQRT = 5;
-    uint256 internal constant MAX = 6;
-    uint256 internal constant MIN = 7;
-    uint256 internal constant LT = 8;
-    uint256 internal constant EQ = 9;
-    uint256 internal constant SELECT = 10;
-    uint256 internal constant RINT = 11;
-    uint256 internal constant LDEXP = 12;
-    uint256 internal constant GETEXP = 13;
-    uint256 internal constant GETMANT = 14;
-    uint256 internal constant NEG = 15;
-    uint256 internal constant ABS = 16;
-    uint256 internal constant CONST = 17;
-    uint256 internal constant LOAD = 18;
-    uint256 internal constant COORD = 19;
-    uint256 internal constant LOADIDX = 20;
-    uint256 internal constant MOV = 21;
-    uint256 internal constant FLOOR = 22;
 
     struct InputMap {
         uint64 numel;
@@ -107,7 +82,7 @@ contract ScalarVM is IStepper {
     function initialStateHash(StepContext calldata ctx) external pure returns (bytes32) {
         Desc memory d = _checkedDesc(ctx);
         if (ctx.element >= _numel(d)) revert ElementOutOfRange(ctx.element, _numel(d));
-        return keccak256(abi.encodePacked(ctx.descHash, ctx.element, uint256(0), new bytes(NUM_REGS * 4)));
+        return keccak256(abi.encodePacked(ctx.descHash, ctx.element, uint256(0), new bytes(Instructions.NUM_REGS * 4)));
     }
 
     /// @inheritdoc IStepper
@@ -179,13 +154,14 @@ contract ScalarVM is IStepper {
 
     function _numSteps(Desc memory d) internal pure returns (uint256) {
         uint256 k = d.K == 0 ? 0 : uint256(d.K) - 1;
-        return d.prologue.length / 8 + k * (d.body.length / 8) + d.epilogue.length / 8;
+        uint256 w = Instructions.INSTR_BYTES;
+        return d.prologue.length / w + k * (d.body.length / w) + d.epilogue.length / w;
     }
 
     /// @dev The instruction at micro-step j and its loop index k, in O(1).
     function _fetch(Desc memory d, uint256 j) internal pure returns (Instr memory ins) {
-        uint256 p = d.prologue.length / 8;
-        uint256 b = d.body.length / 8;
+        uint256 p = d.prologue.length / Instructions.INSTR_BYTES;
+        uint256 b = d.body.length / Instructions.INSTR_BYTES;
         bytes memory code;
         uint256 at;
         if (j < p) {
@@ -255,18 +231,18 @@ contract ScalarVM is IStepper {
         returns (uint256)
     {
         uint256 op = ins.op;
-        if (op == CONST) return ins.imm;
-        if (op == LOAD || op == COORD || op == LOADIDX) {
+        if (op == Instructions.CONST) return ins.imm;
+        if (op == Instructions.LOAD || op == Instructions.COORD || op == Instructions.LOADIDX) {
             uint256[] memory c = _coords(d, ctx.element);
-            if (op == COORD) {
+            if (op == Instructions.COORD) {
                 return F32.unwrap(SoftFloat32.fromUint32(uint32(c[ins.imm])));
             }
             int256 addr = _address(d, ins.imm, c, ins.k);
-            if (op == LOADIDX) {
+            if (op == Instructions.LOADIDX) {
                 (bool ok, int256 idx) = _index(_reg(pre, ins.a));
-                if (!ok) return CANONICAL_NAN;
+                if (!ok) return Instructions.CANONICAL_NAN;
                 addr += idx * d.inputs[ins.imm].idxStride;
-                if (addr < 0 || uint256(addr) >= d.inputs[ins.imm].numel) return CANONICAL_NAN;
+                if (addr < 0 || uint256(addr) >= d.inputs[ins.imm].numel) return Instructions.CANONICAL_NAN;
             }
             return _load(d, ctx, ins.imm, addr, proof);
         }
@@ -277,25 +253,25 @@ contract ScalarVM is IStepper {
     function _alu(uint256 op, uint256 ra, uint256 rb, uint256 rc) internal pure returns (uint256) {
         F32 a = F32.wrap(uint32(ra));
         F32 b = F32.wrap(uint32(rb));
-        if (op == ADD) return F32.unwrap(SoftFloat32.add(a, b));
-        if (op == SUB) return F32.unwrap(SoftFloat32.sub(a, b));
-        if (op == MUL) return F32.unwrap(SoftFloat32.mul(a, b));
-        if (op == DIV) return F32.unwrap(SoftFloat32.div(a, b));
-        if (op == FMA) return F32.unwrap(SoftFloat32.fma(a, b, F32.wrap(uint32(rc))));
-        if (op == SQRT) return F32.unwrap(SoftFloat32.sqrt(a));
-        if (op == MAX) return F32.unwrap(SoftFloat32.max(a, b));
-        if (op == MIN) return F32.unwrap(SoftFloat32.min(a, b));
-        if (op == LT) return SoftFloat32.lt(a, b) ? ONE : 0;
-        if (op == EQ) return SoftFloat32.eq(a, b) ? ONE : 0;
-        if (op == SELECT) return F32.unwrap(SoftFloat32.select(a, b, F32.wrap(uint32(rc))));
-        if (op == RINT) return F32.unwrap(SoftFloat32.rint(a));
-        if (op == LDEXP) return F32.unwrap(SoftFloat32.ldexpF(a, b));
-        if (op == GETEXP) return F32.unwrap(SoftFloat32.getexp(a));
-        if (op == GETMANT) return F32.unwrap(SoftFloat32.getmant(a));
-        if (op == NEG) return F32.unwrap(SoftFloat32.neg(a));
-        if (op == ABS) return F32.unwrap(SoftFloat32.abs(a));
-        if (op == MOV) return F32.unwrap(SoftFloat32.mov(a));
-        if (op == FLOOR) return F32.unwrap(SoftFloat32.floor(a));
+        if (op == Instructions.ADD) return F32.unwrap(SoftFloat32.add(a, b));
+        if (op == Instructions.SUB) return F32.unwrap(SoftFloat32.sub(a, b));
+        if (op == Instructions.MUL) return F32.unwrap(SoftFloat32.mul(a, b));
+        if (op == Instructions.DIV) return F32.unwrap(SoftFloat32.div(a, b));
+        if (op == Instructions.FMA) return F32.unwrap(SoftFloat32.fma(a, b, F32.wrap(uint32(rc))));
+        if (op == Instructions.SQRT) return F32.unwrap(SoftFloat32.sqrt(a));
+        if (op == Instructions.MAX) return F32.unwrap(SoftFloat32.max(a, b));
+        if (op == Instructions.MIN) return F32.unwrap(SoftFloat32.min(a, b));
+        if (op == Instructions.LT) return SoftFloat32.lt(a, b) ? ONE : 0;
+        if (op == Instructions.EQ) return SoftFloat32.eq(a, b) ? ONE : 0;
+        if (op == Instructions.SELECT) return F32.unwrap(SoftFloat32.select(a, b, F32.wrap(uint32(rc))));
+        if (op == Instructions.RINT) return F32.unwrap(SoftFloat32.rint(a));
+        if (op == Instructions.LDEXP) return F32.unwrap(SoftFloat32.ldexpF(a, b));
+        if (op == Instructions.GETEXP) return F32.unwrap(SoftFloat32.getexp(a));
+        if (op == Instructions.GETMANT) return F32.unwrap(SoftFloat32.getmant(a));
+        if (op == Instructions.NEG) return F32.unwrap(SoftFloat32.neg(a));
+        if (op == Instructions.ABS) return F32.unwrap(SoftFloat32.abs(a));
+        if (op == Instructions.MOV) return F32.unwrap(SoftFloat32.mov(a));
+        if (op == Instructions.FLOOR) return F32.unwrap(SoftFloat32.floor(a));
         revert UnknownOpcode(op);
     }
 }

@@ -20,9 +20,9 @@ from verde_chain.graph.errors import ShapeMismatchError
 from verde_chain.graph.executor import StepExecutor
 from verde_chain.graph.onnx_import import import_onnx
 from verde_chain.job import Job
-from verde_chain.repops import cpu_kernels as ck
 from verde_chain.repops import library, reference
-from verde_chain.repops.backend_cpu import CppBackend
+from verde_chain.repops.backends.cpu import extension as cpu_ext
+from verde_chain.repops.backends.cpu.backend import CpuBackend
 
 LR = 1e-3
 
@@ -44,7 +44,7 @@ def _torch_batch(job: Job, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _losses(job: Job, steps: int) -> list[float]:
-    ex = StepExecutor(job.program.graph, make_runner("cpp"))
+    ex = StepExecutor(job.program.graph, make_runner("cpu"))
     st = ex.initial_state(job.init_state)
     out = []
     for s in range(1, steps + 1):
@@ -92,7 +92,7 @@ def test_hidden_256_first_step_loss_equals_torch(arch: str) -> None:
 def test_inference_logits_equal_onnxruntime(arch: str) -> None:
     ort = pytest.importorskip("onnxruntime")
     job, _ = _job(arch, "inference", steps=1)
-    ex = StepExecutor(job.program.graph, make_runner("cpp"))
+    ex = StepExecutor(job.program.graph, make_runner("cpu"))
     res = ex.run_plain(ex.initial_state(job.init_state), job.batch(1))
     ours = res.outputs[job.program.graph.named["output"]].reshape(job.program.graph.shapes["output"])
     ids = job.dataset.X[: job.spec.batch_size].astype(np.int64)  # inference batch 1: samples 0..B-1
@@ -118,12 +118,12 @@ def _commitments(job: Job, runner: Any, steps: int) -> list[bytes]:
 def test_commitments_identical_across_isas_and_thread_counts(arch: str) -> None:
     job, _ = _job(arch, steps=2)
     base = _commitments(job, make_runner("reference"), 2)
-    runs = [(isa, threads) for isa in ck.available_isas() for threads in (1, 2)]
+    runs = [(isa, threads) for isa in cpu_ext.available_isas() for threads in (1, 2)]
     with_threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the kernels' real parallelism is min(threads, torch's)
     try:
         for isa, threads in runs:
-            assert _commitments(job, CppBackend(isa=isa, threads=threads), 2) == base, (isa, threads)
+            assert _commitments(job, CpuBackend(isa=isa, threads=threads), 2) == base, (isa, threads)
     finally:
         torch.set_num_threads(with_threads)
     assert len(set(base)) == 2  # the two steps differ: the state really changed

@@ -10,14 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from verde_chain.explorer.instruction import REGISTER_READS, explain_step, f32
+from verde_chain.explorer.instruction import explain_step, f32
 from verde_chain.repops import library, program
-from verde_chain.repops.isa import Op
+from verde_chain.repops.isa import REG_READS, Op
 from verde_chain.vm import scalarvm as vm
-
-
-def test_every_opcode_says_what_it_reads() -> None:
-    assert set(REGISTER_READS) == set(Op)  # a new opcode must be classified before it can be shown
 
 
 @pytest.mark.parametrize("bits,text", [
@@ -55,7 +51,7 @@ def test_every_micro_step_decodes_as_the_spec_interpreter_runs_it() -> None:
                 assert (got["op"], got["micro_step"], got["k"], got["element"]) == (ref.instr.op.name, ref.j, ref.k, e)
                 assert got["micro_steps"] == desc.num_steps and got["coords"] == list(desc.coords(e))
                 assert [o["register"] for o in got["operands"]] == [getattr(ref.instr, r)
-                                                                    for r in REGISTER_READS[ref.instr.op]]
+                                                                    for r in REG_READS[ref.instr.op]]
                 for o in got["operands"]:
                     assert o["bits"] == f"0x{ref.pre.regs[o['register']]:08x}"
                 assert got["result"]["register"] == ref.instr.dst

@@ -288,7 +288,7 @@ def test_resume_from_checkpoint_with_plain_steps_in_between(
 
 def test_threads_do_not_change_the_commitments(prog: TrainingProgram, every_step: dict[int, bytes]) -> None:
     for threads in (1, 2):
-        r = TrainingRun(prog.graph, prog.initial_state(), batches(prog), LONG, 4, runner=make_runner("cpp", threads))
+        r = TrainingRun(prog.graph, prog.initial_state(), batches(prog), LONG, 4, runner=make_runner("cpu", threads))
         assert r.run() == every_step[LONG]
         assert r.commitment(5) == every_step[5]
 

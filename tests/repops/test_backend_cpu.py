@@ -1,4 +1,4 @@
-"""The C++ CPU backend (``verde_chain/repops/backend_cpu.py``) against the numpy reference.
+"""The C++ CPU backend (``verde_chain/repops/backends/cpu/``) against the numpy reference.
 
 The bar is bit equality with ``reference.run`` (the scalar interpreter ``program.run_spec`` where
 the two disagree) for every RepOps family, on edge values (signed zeros, subnormals, infinities,
@@ -17,9 +17,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verde_chain.repops import cpu_kernels as ck
-from verde_chain.repops import edges, library, ops, program, reference
-from verde_chain.repops.backend_cpu import JIT_MIN_NUMEL, BackendUnavailable, CppBackend, jit_source, live_in
+from verde_chain.repops import edges, library, program, reference, torch_api
+from verde_chain.repops.backends import BACKENDS, BackendUnavailable
+from verde_chain.repops.backends.cpu import extension as cpu_ext
+from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.jit import JIT_MIN_NUMEL, jit_source
+from verde_chain.repops.backends.plan import live_in
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op, f32_bits
 
 pytestmark = pytest.mark.skipif(
@@ -52,16 +55,16 @@ def _fp_env() -> None:
 
 
 @pytest.fixture(scope="module", params=[(1, True), (2, True), (2, False)], ids=["t1", "t2", "t2-nojit"])
-def be(request: pytest.FixtureRequest) -> CppBackend:
+def be(request: pytest.FixtureRequest) -> CpuBackend:
     threads, jit = request.param
-    return CppBackend(threads=threads, jit=jit)
+    return CpuBackend(threads=threads, jit=jit)
 
 
 def edge_array(shape: tuple[int, ...], seed: int, frac: float = 0.3, scale: float = 3.0) -> np.ndarray:
     return edges.edge_array(shape, seed, frac, scale, EDGE_BITS)
 
 
-def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CppBackend, want_kind: str | None = None) -> None:
+def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CpuBackend, want_kind: str | None = None) -> None:
     want = reference.run(desc, ins)
     got = be(desc, ins)
     assert got.shape == want.shape and got.dtype == np.float32
@@ -73,7 +76,7 @@ def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CppBackend,
         assert be.path(desc) == ("jit" if want_kind == "program" and jit else want_kind)
 
 
-def run_composite(comp: library.Composite, ins: list[np.ndarray], be: CppBackend) -> None:
+def run_composite(comp: library.Composite, ins: list[np.ndarray], be: CpuBackend) -> None:
     want = comp.run(ins, reference.run)
     got = comp.run(ins, be)
     for g, w in zip(got, want):
@@ -83,7 +86,7 @@ def run_composite(comp: library.Composite, ins: list[np.ndarray], be: CppBackend
 # ======================================================================= instructions
 
 
-@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("isa", cpu_ext.available_isas())
 def test_every_instruction_on_all_edge_pairs(isa: str) -> None:
     """Each arithmetic opcode on the full grid of edge operand pairs (c random edges), every ISA,
     1 and 2 threads: the interpreter's instruction semantics are fp32.py's."""
@@ -93,7 +96,7 @@ def test_every_instruction_on_all_edge_pairs(isa: str) -> None:
     n = a.size
     ins = [x.view(np.float32) for x in (a, b, c)]
     for threads in (1, 2):
-        be = CppBackend(isa, threads)
+        be = CpuBackend(isa, threads)
         for op in Op:
             if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
                 continue
@@ -101,7 +104,7 @@ def test_every_instruction_on_all_edge_pairs(isa: str) -> None:
             assert_same(library.elementwise(op.name, [(n,)] * 3, (instr,)), ins, be, "program")
 
 
-@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("isa", cpu_ext.available_isas())
 def test_jit_every_instruction_on_all_edge_pairs(isa: str) -> None:
     """The same grid through generated vector code (every opcode compiled alone)."""
     a, b = (g.reshape(-1) for g in np.meshgrid(EDGE_BITS, EDGE_BITS))
@@ -109,7 +112,7 @@ def test_jit_every_instruction_on_all_edge_pairs(isa: str) -> None:
     c = np.random.default_rng(3).choice(EDGE_BITS, a.size)
     n = a.size - 3  # not a multiple of the vector width: the tail path runs too
     ins = [x[:n].view(np.float32) for x in (a, b, c)]
-    be = CppBackend(isa, 1, jit_min_instrs=1)
+    be = CpuBackend(isa, 1, jit_min_instrs=1)
     for op in Op:
         if op in (Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX):
             continue
@@ -143,7 +146,7 @@ NAN_CHAIN = (
     ],
     ids=["select", "mov", "load", "const"],
 )
-def test_nan_payloads_through_chains(be: CppBackend, tail: tuple[Instr, ...]) -> None:
+def test_nan_payloads_through_chains(be: CpuBackend, tail: tuple[Instr, ...]) -> None:
     """Intermediate NaNs carry hardware payloads (x86's default NaN is 0xFFC00000); the
     generated code canonicalises only the result. No instruction's value may depend on them."""
     a, b = (g.reshape(-1) for g in np.meshgrid(EDGE_BITS, EDGE_BITS))
@@ -153,7 +156,7 @@ def test_nan_payloads_through_chains(be: CppBackend, tail: tuple[Instr, ...]) ->
     assert_same(desc, ins, be, "program")
 
 
-def test_const_coord_mov_and_raw_loads_keep_payloads(be: CppBackend) -> None:
+def test_const_coord_mov_and_raw_loads_keep_payloads(be: CpuBackend) -> None:
     # CONST and LOAD copy raw bits (a NaN payload survives); MOV canonicalises; COORD is exact.
     code = (
         Instr(Op.COORD, 3, imm=0),
@@ -168,7 +171,7 @@ def test_const_coord_mov_and_raw_loads_keep_payloads(be: CppBackend) -> None:
     assert_same(library.elementwise("coord", [(5, 7)], (Instr(Op.COORD, 0, imm=1), Instr(Op.MUL, 0, 0, 0))), [x], be)
 
 
-def test_unwritten_and_loop_carried_registers_start_at_plus_zero(be: CppBackend) -> None:
+def test_unwritten_and_loop_carried_registers_start_at_plus_zero(be: CpuBackend) -> None:
     """Every register starts as +0.0: a read of a never-written register (r7) gives +0, so
     -0 + r7 = +0; a body register carried across k (r9) starts at +0 in the first iteration."""
     x = edge_array((300, 6), 4, 0.3)
@@ -187,7 +190,7 @@ def test_unwritten_and_loop_carried_registers_start_at_plus_zero(be: CppBackend)
     assert (be(one, [neg0]).view(np.uint32) == 0).all()
 
 
-def test_loadidx_edge_indices_match_the_scalar_interpreter(be: CppBackend) -> None:
+def test_loadidx_edge_indices_match_the_scalar_interpreter(be: CpuBackend) -> None:
     """Gather with every kind of bad index: NaN, inf, non-integral, negative (wraps once),
     out of range, huge. Huge integral indices are compared to ``program.run_spec`` (exact
     integers): ``reference.run`` clips them to 2**62 and its int64 product with the index
@@ -200,6 +203,18 @@ def test_loadidx_edge_indices_match_the_scalar_interpreter(be: CppBackend) -> No
     np.testing.assert_array_equal(be(desc, [data, huge]).view(np.uint32), program.run_spec(desc, [data, huge]).view(np.uint32))
     idx = np.array([[0, 3, 1], [-1, 7, 2]], np.float32)
     assert_same(library.gather_elements((2, 4), (2, 3), 1), [edge_array((2, 4), 3), idx], be)
+
+
+def test_loadidx_outside_int32_is_nan_even_with_index_stride_zero(be: CpuBackend) -> None:
+    """With idx_stride 0 every valid index reads the base address, so only the int32 rule can
+    refuse 2^31 or 5e9: the interpreter once took any finite integral index (the address was in
+    range) and read data[0] where the spec says NaN. The rule is rp_index now, shared with CUDA."""
+    m = program.InputMap(4, (1,), 0, 0, 0)
+    desc = program.KernelDesc((4,), 1, (m, program.InputMap(4, (1,))), (library.load(1, 1), Instr(Op.LOADIDX, 0, 1, 0, 0)))
+    ix = np.array([2.0**31, -(2.0**31), 5e9, -3.0], np.float32)
+    got = be(desc, [np.arange(4, dtype=np.float32), ix]).view(np.uint32)
+    np.testing.assert_array_equal(got, program.run_spec(desc, [np.arange(4, dtype=np.float32), ix]).view(np.uint32))
+    assert got[0] == got[2] == 0x7FC00000
 
 
 # ======================================================================= GEMM path
@@ -226,14 +241,14 @@ MATMUL_CASES = [  # (a, b, trans_a, trans_b, the backend's path)
 
 @pytest.mark.parametrize("a_shape,b_shape,ta,tb,path", MATMUL_CASES)
 def test_matmul_path(
-    be: CppBackend, a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool, path: str
+    be: CpuBackend, a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: bool, tb: bool, path: str
 ) -> None:
     desc = library.matmul(a_shape, b_shape, ta, tb)
     ins = [edge_array(a_shape, 11, 0.1), edge_array(b_shape, 12, 0.1)]
     assert_same(desc, ins, be, path)
 
 
-def test_matmul_subnormal_products_are_not_flushed(be: CppBackend) -> None:
+def test_matmul_subnormal_products_are_not_flushed(be: CpuBackend) -> None:
     a = np.full((8, 16), 2.0**-70, np.float32)
     b = np.full((16, 8), 2.0**-70, np.float32)  # products 2**-140: subnormal
     torch.set_flush_denormal(True)
@@ -250,7 +265,7 @@ def test_matmul_subnormal_products_are_not_flushed(be: CppBackend) -> None:
     [(None, 1.0, 1.0, False, False), ((5,), 0.5, 1.0, False, True), ((6, 5), 1.0, -2.0, True, False),
      ((6, 1), 0.1, 0.3, True, True), ((6, 5), 2.0, 0.0, False, False)],
 )  # fmt: skip
-def test_gemm_epilogues(be: CppBackend, c_shape: tuple[int, ...] | None, alpha: float, beta: float, ta: bool, tb: bool) -> None:
+def test_gemm_epilogues(be: CpuBackend, c_shape: tuple[int, ...] | None, alpha: float, beta: float, ta: bool, tb: bool) -> None:
     a = edge_array((9, 6) if ta else (6, 9), 21, 0.2)
     b = edge_array((5, 9) if tb else (9, 5), 22, 0.2)
     ins = [a, b]
@@ -259,7 +274,7 @@ def test_gemm_epilogues(be: CppBackend, c_shape: tuple[int, ...] | None, alpha: 
     assert_same(library.gemm(a.shape, b.shape, c_shape, alpha, beta, ta, tb), ins, be, "dot")
 
 
-def test_epilogue_reading_body_registers_goes_to_the_interpreter(be: CppBackend) -> None:
+def test_epilogue_reading_body_registers_goes_to_the_interpreter(be: CpuBackend) -> None:
     """An epilogue that reads r1 (the last A value) is outside what the GEMM models: the plan
     must fall back to the interpreter, and the label ("matmul") must not fool it either way."""
     mm = library.matmul((4, 6), (6, 3))
@@ -270,7 +285,7 @@ def test_epilogue_reading_body_registers_goes_to_the_interpreter(be: CppBackend)
     assert_same(exp_named_matmul, [edge_array((5,), 33)], be, "program")
 
 
-def test_reduce_dot_runs_on_the_interpreter(be: CppBackend) -> None:
+def test_reduce_dot_runs_on_the_interpreter(be: CpuBackend) -> None:
     x, y = edge_array((5, 7, 3), 41), edge_array((5, 7, 3), 42)
     for axes, mean in [((1,), False), ((2,), True), (None, False)]:
         assert_same(library.reduce_dot(x.shape, axes, keepdims=True, mean=mean), [x, y], be, "program")
@@ -280,7 +295,7 @@ def test_reduce_dot_runs_on_the_interpreter(be: CppBackend) -> None:
 
 
 @pytest.mark.parametrize("kind", library.REDUCE_KINDS)
-def test_reductions_every_kind_and_axes(be: CppBackend, kind: str) -> None:
+def test_reductions_every_kind_and_axes(be: CpuBackend, kind: str) -> None:
     x = edge_array((6, 11, 4), 51, 0.2)
     fold = kind in ("sum", "mean", "max", "min")
     for axes, keep in [((1, 2), False), ((2,), True), ((0,), False), (None, True)]:
@@ -288,7 +303,7 @@ def test_reductions_every_kind_and_axes(be: CppBackend, kind: str) -> None:
         assert_same(desc, [x], be, "fold" if fold else "program")
 
 
-def test_k1_reduction_keeps_raw_nan_payloads(be: CppBackend) -> None:
+def test_k1_reduction_keeps_raw_nan_payloads(be: CpuBackend) -> None:
     """K = 1: the spec's result is the loaded bits themselves (a NaN payload survives); the
     reduce kernel canonicalises, so the plan must not use it."""
     x = np.array([[0x7F800001], [0xFFC12345], [0x80000000]], np.uint32).view(np.float32)
@@ -298,7 +313,7 @@ def test_k1_reduction_keeps_raw_nan_payloads(be: CppBackend) -> None:
         assert be(desc, [x]).view(np.uint32)[0] == 0x7F800001
 
 
-def test_large_reductions_threaded(be: CppBackend) -> None:
+def test_large_reductions_threaded(be: CpuBackend) -> None:
     x = edge_array((300, 257), 52, 0.01)
     for kind, axes in [("sum", (1,)), ("max", (0,)), ("mean", None), ("min", (1,))]:
         assert_same(library.reduce(kind, x.shape, axes, False), [x], be, "fold")
@@ -308,7 +323,7 @@ def test_large_reductions_threaded(be: CppBackend) -> None:
 
 
 @pytest.mark.parametrize("op", sorted(library.BINARY_CODE))
-def test_binary_same_shape_and_broadcast(be: CppBackend, op: str) -> None:
+def test_binary_same_shape_and_broadcast(be: CpuBackend, op: str) -> None:
     a, b = edge_array((4, 8), 61, 0.4), edge_array((4, 8), 62, 0.4)
     fast = op in ("add", "sub", "mul", "div", "max", "min", "and", "or")  # and/or are the MIN/MAX programs
     assert_same(library.binary(op, a.shape, b.shape), [a, b], be, "binary" if fast else "program")
@@ -322,18 +337,18 @@ UNARY = sorted(library.UNARY_CODE) + list(library.TRANSCENDENTAL_UNARY)
 
 
 @pytest.mark.parametrize("name", UNARY)
-def test_unary_maps_on_edges_and_wide_range(be: CppBackend, name: str) -> None:
+def test_unary_maps_on_edges_and_wide_range(be: CpuBackend, name: str) -> None:
     x = np.concatenate([EDGE_BITS.view(np.float32), edge_array((3000,), 71, 0.1, 10.0), edge_array((500,), 72, 0, 200.0)])
     assert_same(library.map_unary(name, x.shape), [x], be, "program")
 
 
 @pytest.mark.parametrize("name", sorted(library.GRAD_CODE) + ["gelu_erf_grad", "gelu_tanh_grad"])
-def test_unary_grads(be: CppBackend, name: str) -> None:
+def test_unary_grads(be: CpuBackend, name: str) -> None:
     x, g = edge_array((40, 30), 81, 0.2), edge_array((40, 30), 82, 0.2)
     assert_same(library.unary_grad(name, x.shape), [x, g], be)
 
 
-def test_other_maps(be: CppBackend) -> None:
+def test_other_maps(be: CpuBackend) -> None:
     x = edge_array((9, 13), 91, 0.3)
     assert_same(library.map_affine(x.shape, 0.3, -1.25), [x], be)
     assert_same(library.clip(x.shape, -1.0, 2.0), [x], be)
@@ -345,7 +360,7 @@ def test_other_maps(be: CppBackend) -> None:
 # ======================================================================= data movement
 
 
-def test_copies_gathers_and_scatter(be: CppBackend) -> None:
+def test_copies_gathers_and_scatter(be: CpuBackend) -> None:
     x = edge_array((3, 4, 5), 101)
     assert_same(library.transpose(x.shape, (2, 0, 1)), [x], be)
     assert_same(library.reshape(x.shape, (5, 12)), [x], be)
@@ -366,7 +381,7 @@ def test_copies_gathers_and_scatter(be: CppBackend) -> None:
 # ======================================================================= compositions
 
 
-def test_compositions_softmax_norms_losses_optimizers(be: CppBackend) -> None:
+def test_compositions_softmax_norms_losses_optimizers(be: CpuBackend) -> None:
     x = edge_array((6, 10), 111, 0.05)
     g = edge_array((6, 10), 112, 0.05)
     run_composite(library.softmax(x.shape, -1), [x], be)
@@ -395,7 +410,7 @@ def test_compositions_softmax_norms_losses_optimizers(be: CppBackend) -> None:
     ta=st.booleans(), tb=st.booleans(), seed=st.integers(0, 2**16),
 )  # fmt: skip
 def test_property_matmul_raw_bits(m: int, k: int, n: int, batch: int, ta: bool, tb: bool, seed: int) -> None:
-    be = CppBackend(threads=2)
+    be = CpuBackend(threads=2)
     rng = np.random.default_rng(seed)
     a_shape = (batch, k, m) if ta else (batch, m, k)
     b_shape = (n, k) if tb else (k, n)
@@ -409,7 +424,7 @@ def test_property_matmul_raw_bits(m: int, k: int, n: int, batch: int, ta: bool, 
     seed=st.integers(0, 2**16), data=st.data(),
 )  # fmt: skip
 def test_property_reductions_any_axes(shape: list[int], kind: str, seed: int, data: st.DataObject) -> None:
-    be = CppBackend(threads=2)
+    be = CpuBackend(threads=2)
     axes = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True))
     x = edge_array(tuple(shape), seed, 0.3)
     run_composite(library.reduce_composite(kind, shape, axes, data.draw(st.booleans())), [x], be)
@@ -426,34 +441,47 @@ def test_bad_maps_are_refused_before_any_read() -> None:
     prog = torch.tensor([[int(Op.LOAD), 0, 0, 0, 0]], dtype=torch.int64)
     empty = torch.zeros((0, 5), dtype=torch.int64)
     with pytest.raises(RuntimeError, match="leave"):
-        ck.run_program([x], maps, (5,), 1, (prog, empty, empty))
+        cpu_ext.run_program([x], maps, (5,), 1, (prog, empty, empty))
 
 
-def test_register_puts_the_torch_api_on_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    from verde_chain.repops import backend_cpu
+def test_register_puts_the_torch_api_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verde_chain.repops.backends.cpu import backend as cpu_backend
 
-    want = ops.softmax(torch.from_numpy(edge_array((4, 9), 131, 0.1)))
-    monkeypatch.setitem(ops.BACKENDS, "cpu", ops.BACKENDS["cpu"])
-    backend_cpu.register()
-    assert ops.BACKENDS["cpu"] is backend_cpu.backend
-    got = ops.softmax(torch.from_numpy(edge_array((4, 9), 131, 0.1)))
+    want = torch_api.softmax(torch.from_numpy(edge_array((4, 9), 131, 0.1)))
+    monkeypatch.setitem(BACKENDS, "cpu", BACKENDS["cpu"])
+    cpu_backend.register()
+    assert BACKENDS["cpu"] is cpu_backend.backend
+    got = torch_api.softmax(torch.from_numpy(edge_array((4, 9), 131, 0.1)))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
 def test_make_runner_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from verde_chain.graph import backend
-    from verde_chain.repops import backend_cpu
+    from verde_chain.repops.backends import registry
+    from verde_chain.repops.backends.cpu import backend as cpu_backend
 
-    assert isinstance(backend.make_runner(), CppBackend)  # the default
-    assert backend.make_runner("cpp", threads=2).threads == 2  # type: ignore[attr-defined]
+    assert isinstance(backend.make_runner(), CpuBackend)  # the default
+    assert backend.make_runner("cpu", threads=2).threads == 2  # type: ignore[attr-defined]
 
     def broken(*a: object, **k: object) -> None:
         raise BackendUnavailable("RepOps C++ kernels unavailable: no compiler (test)")
 
-    monkeypatch.setattr(backend_cpu, "CppBackend", broken)
-    monkeypatch.setattr(backend, "_warned", set())
-    assert backend.make_runner("cpp") is reference.run
+    monkeypatch.setattr(cpu_backend, "CpuBackend", broken)
+    monkeypatch.setattr(registry, "_warned", set())
+    assert backend.make_runner("cpu") is reference.run
     assert "falling back to the numpy reference" in capsys.readouterr().err
+
+
+def test_one_name_per_backend_and_the_old_name_is_refused_naming_the_new() -> None:
+    """The C++ backend is "cpu" for the executor and the torch API alike; "cpp" (its former name
+    in make_runner) is a one-line error that names "cpu"."""
+    from verde_chain.graph import backend
+    from verde_chain.repops.backends import UnknownBackend
+
+    assert {"reference", "cpu", "cuda"} <= set(BACKENDS) and "cpp" not in BACKENDS
+    with pytest.raises(UnknownBackend, match="'cpp' \\(it is now called 'cpu'\\)") as info:
+        backend.make_runner("cpp")
+    assert "\n" not in str(info.value)
 
 
 # ======================================================================= whole steps
@@ -466,8 +494,8 @@ def test_commitments_identical_between_backends(example: str, steps: int) -> Non
     job = EXAMPLES[example](steps=steps, checkpoint_interval=0)
     runs = {
         "reference": job.make_run(None, 0, reference.run, steps),
-        "cpp/1": job.make_run(None, 0, CppBackend(threads=1), steps),
-        "cpp/2": job.make_run(None, 0, CppBackend(threads=2), steps),
+        "cpu/1": job.make_run(None, 0, CpuBackend(threads=1), steps),
+        "cpu/2": job.make_run(None, 0, CpuBackend(threads=2), steps),
     }
     finals = {name: r.run() for name, r in runs.items()}
     assert len(set(finals.values())) == 1, finals

@@ -15,13 +15,17 @@ import re
 import shutil
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from verde_chain.repops.isa import Op
+
 REPO = Path(__file__).resolve().parents[2]
-CU = REPO / "kernels" / "repops_cuda.cu"
-BINDING = REPO / "kernels" / "repops_cuda_binding.cpp"
+CU = REPO / "kernels" / "cuda" / "repops_cuda.cu"
+BINDING = REPO / "kernels" / "cuda" / "repops_cuda_binding.cpp"
 HEADER = REPO / "kernels" / "repops_program.cuh"
 SEMANTIC_FLAGS = ["--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
 
@@ -198,36 +202,31 @@ def test_binding_parses_against_torch_headers(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def test_gpu_check_wrapper_shapes_on_cpu() -> None:
+def test_gpu_check_wrapper_shapes_on_cpu(script: Callable[[str], ModuleType]) -> None:
     """scripts/gpu_check.py's batching/transposing wrapper, driven by the CPU kernel's matmul3,
-    reproduces cpu_kernels.matmul on every comparison case (the GPU run then differs only in
+    reproduces the CPU extension's matmul on every comparison case (the GPU run then differs only in
     the kernel itself)."""
-    import importlib.util
-
     import numpy as np
 
-    from verde_chain.repops import cpu_kernels
+    from verde_chain.repops.backends.cpu import extension as cpu_ext
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = script("gpu_check")
 
     class CpuAsGpu:
         def matmul3(self, a: object, b: object) -> object:
-            return cpu_kernels.extension(cpu_kernels.best_isa()).matmul3(a, b, 2, 144, 256, 512)
+            return cpu_ext.extension(cpu_ext.best_isa()).matmul3(a, b, 2, 144, 256, 512)
 
     cases = [c for c in gpu_check.cases(quick=True) if c[0] != "1024"]
     assert len(cases) >= 10
     for name, a, b, ta, tb in cases:
-        want = cpu_kernels.matmul(a, b, ta, tb).numpy().view(np.uint32)
+        want = cpu_ext.matmul(a, b, ta, tb).numpy().view(np.uint32)
         got = gpu_check.cuda_matmul(CpuAsGpu(), a, b, ta, tb).numpy().view(np.uint32)
         assert np.array_equal(want, got), name
 
 
 @needs_nvcc
 def test_ctypes_fallback_library_refuses_bad_descriptors_on_the_host() -> None:
-    """The nvcc-built fallback library (backend_cuda.CtypesCuda) loads without a GPU, and its
+    """The nvcc-built fallback library (backends/cuda/extension.py CtypesCuda) loads without a GPU, and its
     launcher decodes and checks a descriptor on the host before touching the device: a bad one
     is refused with the reason (-1), a good one gets as far as the CUDA runtime (error > 0
     here, where there is no device)."""
@@ -236,14 +235,14 @@ def test_ctypes_fallback_library_refuses_bad_descriptors_on_the_host() -> None:
     import numpy as np
     import torch
 
-    from verde_chain.repops.backend_cuda import CtypesCuda
+    from verde_chain.repops.backends.cuda.extension import CtypesCuda
 
     lib = CtypesCuda(arch="90").lib
     assert lib.repops_cuda_program_scratch_bytes(2, 3) == 2 * 88 + 3 * 16 + 16
     x = np.zeros(4, np.uint32)
     ptrs = (ctypes.c_void_p * 1)(x.ctypes.data)
     shape = (ctypes.c_int64 * 1)(4)
-    load = np.array([[18, 0, 0, 0, 0]], np.int64)  # LOAD r0 <- input 0
+    load = np.array([[int(Op.LOAD), 0, 0, 0, 0]], np.int64)  # LOAD r0 <- input 0
     err = ctypes.create_string_buffer(256)
 
     def launch(maps: np.ndarray) -> int:
@@ -269,14 +268,14 @@ def test_ctypes_fallback_prepare_checks_once_on_the_host() -> None:
     import numpy as np
     import torch
 
-    from verde_chain.repops.backend_cuda import CtypesCuda
+    from verde_chain.repops.backends.cuda.extension import CtypesCuda
 
     lib = CtypesCuda(arch="90").lib
     assert lib.repops_cuda_launch_bytes() == 120 + 16  # RpProgram (120 bytes) + r0_init, out
     x = np.zeros(4, np.uint32)
     ptrs = (ctypes.c_void_p * 1)(x.ctypes.data)
     shape = (ctypes.c_int64 * 1)(4)
-    load = np.array([[18, 0, 0, 0, 0]], np.int64)  # LOAD r0 <- input 0
+    load = np.array([[int(Op.LOAD), 0, 0, 0, 0]], np.int64)  # LOAD r0 <- input 0
     err = ctypes.create_string_buffer(256)
     launch = np.full(lib.repops_cuda_launch_bytes(), 0xAB, np.uint8)
 

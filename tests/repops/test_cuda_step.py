@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,11 @@ from verde_chain.examples import EXAMPLES
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.executor import PlainState, StepExecutor
 from verde_chain.job import Job
-from verde_chain.repops import backend_cuda
-from verde_chain.repops.backend_cpu import StepKernel
-from verde_chain.repops.backend_cuda import CudaBackend, CudaRunner, CudaStepKernel, check_out
+from verde_chain.repops.backends.cpu.step import StepKernel
+from verde_chain.repops.backends.cuda import backend as cuda_backend
+from verde_chain.repops.backends.cuda.backend import CudaBackend, CudaRunner
+from verde_chain.repops.backends.cuda.extension import check_out
+from verde_chain.repops.backends.cuda.step import CudaStepKernel
 
 STEPS = 3
 
@@ -37,7 +40,7 @@ class Transfers:
     def __init__(self, be: CudaBackend) -> None:
         self.up: list[int] = []  # element count of each host -> device copy
         self.down = 0
-        upload, download = be._upload, be._download
+        upload, download = be.upload, be.download
 
         def counted_upload(dst: torch.Tensor, src: np.ndarray) -> None:
             self.up.append(src.size)
@@ -47,8 +50,8 @@ class Transfers:
             self.down += 1
             return download(src)
 
-        be._upload = counted_upload  # type: ignore[method-assign]
-        be._download = counted_download  # type: ignore[method-assign]
+        be.upload = counted_upload  # type: ignore[method-assign]
+        be.download = counted_download  # type: ignore[method-assign]
 
     def take(self) -> tuple[list[int], int]:
         out = (self.up, self.down)
@@ -59,11 +62,11 @@ class Transfers:
 @pytest.fixture
 def cuda(host: HostInterpreter, monkeypatch: pytest.MonkeyPatch) -> tuple[CudaBackend, StandInExtension, Transfers]:
     torch.set_flush_denormal(False)
-    monkeypatch.setattr(backend_cuda, "cuda_status", lambda: None)
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
     ext = StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
     # make_runner("cuda") / CudaRunner reach the backend through default_backend
-    monkeypatch.setattr(backend_cuda, "default_backend", lambda: be)
+    monkeypatch.setattr(cuda_backend, "default_backend", lambda: be)
     return be, ext, Transfers(be)
 
 
@@ -105,7 +108,7 @@ def run_steps(
 def test_whole_step_on_the_device_equals_the_cpu_backend(
     name: str, jobs: dict[str, Job], cuda: tuple[CudaBackend, StandInExtension, Transfers]
 ) -> None:
-    """Every node output of 3 steps and C_T bit-identical to make_runner("cpp"); one batch upload,
+    """Every node output of 3 steps and C_T bit-identical to make_runner("cpu"); one batch upload,
     one arena upload only from C_0, one download per step; every kernel operand a view of the
     step kernel's device buffers."""
     be, ext, transfers = cuda
@@ -113,7 +116,7 @@ def test_whole_step_on_the_device_equals_the_cpu_backend(
     outs, c_t, ex, _ = run_steps(job, CudaRunner())
     kernel = ex.step_kernel()
     assert isinstance(kernel, CudaStepKernel)  # the whole-step path really ran
-    want_outs, want_c, cpu_ex, _ = run_steps(job, make_runner("cpp"))
+    want_outs, want_c, cpu_ex, _ = run_steps(job, make_runner("cpu"))
     assert c_t == want_c
     for s in range(STEPS):
         same(outs[s], want_outs[s], f"{name} step {s + 1}")
@@ -146,7 +149,7 @@ def test_states_not_from_the_kernel_are_uploaded(
     a state of another executor are all uploaded, never mistaken for the device's arena."""
     _, _, transfers = cuda
     job = jobs["transformer"]
-    want_outs, want_c, _, want_states = run_steps(job, make_runner("cpp"))
+    want_outs, want_c, _, want_states = run_steps(job, make_runner("cpu"))
     ex = StepExecutor(job.program.graph, CudaRunner())
     s0 = ex.initial_state(job.init_state)
     s1 = ex.run_plain(s0, job.batch(1)).state
@@ -243,21 +246,15 @@ def test_make_runner_cuda_runs_whole_steps(
     assert getattr(runner, "compile_step", None) is not None, "make_runner('cuda') must offer compile_step"
     _, c_t, ex, _ = run_steps(jobs["digits"], runner)
     assert isinstance(ex.step_kernel(), CudaStepKernel)
-    assert c_t == run_steps(jobs["digits"], make_runner("cpp"))[1]
+    assert c_t == run_steps(jobs["digits"], make_runner("cpu"))[1]
 
 
-def test_gpu_check_step_timing_on_the_cpu(cuda: tuple[CudaBackend, StandInExtension, Transfers]) -> None:
+def test_gpu_check_step_timing_on_the_cpu(
+    cuda: tuple[CudaBackend, StandInExtension, Transfers], script: Callable[[str], ModuleType]
+) -> None:
     """scripts/gpu_check.py's step_timing as it runs on a GPU (with the stand-in): the whole-step
     kernel runs and both models' committed steps agree with the C++ backend."""
-    import importlib.util
-    from pathlib import Path
-
-    sp = importlib.util.spec_from_file_location(
-        "gpu_check", Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
-    )
-    assert sp is not None and sp.loader is not None
-    gpu_check = importlib.util.module_from_spec(sp)
-    sp.loader.exec_module(gpu_check)
+    gpu_check = script("gpu_check")
     out = gpu_check.step_timing(CudaRunner(), reps=1)
     assert set(out) == {"digits_wide", "transformer"}
     for row in out.values():
@@ -270,7 +267,7 @@ def test_training_run_with_checkpoints_resume_and_recompute(
     """The read-only arenas travel through everything a trainer does with states: checkpoints on
     disk, resume, recomputation from a checkpoint, element openings and micro-step traces."""
     job = EXAMPLES["digits"](steps=4)
-    want = job.make_run(None, 0, make_runner("cpp"), 4)
+    want = job.make_run(None, 0, make_runner("cpu"), 4)
     want.run()
     run = job.make_run(tmp_path, 2, CudaRunner(), 4)
     assert run.run() == want.commitments[4]

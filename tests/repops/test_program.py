@@ -229,7 +229,7 @@ def test_normal_and_dropout() -> None:
 
 def test_loadidx_index_must_be_int32_everywhere() -> None:
     """Huge integral indices are invalid (NaN) in every executor, as the on-chain prover decides."""
-    from verde_chain.repops import backend_cpu
+    from verde_chain.repops.backends.cpu import backend as cpu_backend
     from verde_chain.vm import scalarvm as vm
 
     desc = library.gather((4, 2), (5,))
@@ -239,7 +239,7 @@ def test_loadidx_index_must_be_int32_everywhere() -> None:
     for name, out in (
         ("spec", program.run_spec(desc, [data, idx])),
         ("reference", reference.run(desc, [data, idx])),
-        ("cpp", backend_cpu.backend(desc, [data, idx])),
+        ("cpu", cpu_backend.backend(desc, [data, idx])),
     ):
         if out is None:  # the C++ kernels could not be built here
             continue

@@ -1,5 +1,5 @@
-"""The whole-step kernel (``StepPlan`` in kernels/repops_cpu.cpp, ``StepKernel`` in
-backend_cpu.py): one C++ call per training step must give exactly the bits of running the nodes
+"""The whole-step kernel (``StepPlan`` in kernels/cpu/step_plan.cpp, ``StepKernel`` in
+backends/cpu/step.py): one C++ call per training step must give exactly the bits of running the nodes
 one by one (which test_backend_cpu.py checks against the spec), on every ISA build and thread
 count, and refuse any node that would read or write outside its buffers."""
 
@@ -17,14 +17,15 @@ from verde_chain.examples import EXAMPLES
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.executor import StepExecutor
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
-from verde_chain.repops import cpu_kernels as ck
-from verde_chain.repops.backend_cpu import CppBackend, StepKernel
+from verde_chain.repops.backends.cpu import extension as cpu_ext
+from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.step import StepKernel
 from verde_chain.repops.program import KernelDesc
 
 STEPS = 3
 
 
-def node_by_node(backend: CppBackend):  # type: ignore[no-untyped-def]
+def node_by_node(backend: CpuBackend):  # type: ignore[no-untyped-def]
     """The same backend without ``compile_step``: the executor then runs nodes one by one."""
     return lambda desc, ins: backend(desc, ins)
 
@@ -105,7 +106,7 @@ def test_small_graphs_fused_equal_node_by_node_and_the_reference(name: str) -> N
     def batches(s: int) -> np.ndarray:  # a different batch each step (rolled samples)
         return prog.batch(s, {"x": np.roll(x, s, axis=0)}, np.roll(y, s, axis=0))
 
-    backend = CppBackend(threads=1)
+    backend = CpuBackend(threads=1)
     fused = run_steps(prog.graph, prog.initial_state(), batches, backend)
     assert isinstance(fused[2].step_kernel(), StepKernel)  # the whole-step path really ran
     assert_same_steps(fused, run_steps(prog.graph, prog.initial_state(), batches, node_by_node(backend)))
@@ -123,32 +124,32 @@ def transformer():  # type: ignore[no-untyped-def]
 def test_transformer_every_kernel_kind_and_every_isa_and_thread_count(transformer) -> None:  # type: ignore[no-untyped-def]
     job = transformer
     graph = job.program.graph
-    backend = CppBackend(threads=1)
+    backend = CpuBackend(threads=1)
     kinds = {backend.path(n.desc) for n in graph.nodes}
     assert kinds == {"dot", "fold", "binary", "scatter", "jit", "program"}  # every node kind of the plan
     base = run_steps(graph, job.init_state, job.batch, node_by_node(backend))
-    for isa in ck.available_isas():
+    for isa in cpu_ext.available_isas():
         for threads in (1, 2):
-            assert_same_steps(run_steps(graph, job.init_state, job.batch, CppBackend(isa=isa, threads=threads)), base)
+            assert_same_steps(run_steps(graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=threads)), base)
 
 
 def test_digits_wide_parallel_maps_and_gemm_equal_one_thread() -> None:
     """Nodes big enough that the plan splits GEMMs, folds and compiled maps across threads."""
     job = EXAMPLES["digits"](steps=2, hidden=512, batch_size=256)
-    one = run_steps(job.program.graph, job.init_state, job.batch, CppBackend(threads=1), steps=2)
+    one = run_steps(job.program.graph, job.init_state, job.batch, CpuBackend(threads=1), steps=2)
     with_threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        two = run_steps(job.program.graph, job.init_state, job.batch, CppBackend(threads=2), steps=2)
+        two = run_steps(job.program.graph, job.init_state, job.batch, CpuBackend(threads=2), steps=2)
     finally:
         torch.set_num_threads(with_threads)
     assert_same_steps(one, two)
-    assert_same_steps(one, run_steps(job.program.graph, job.init_state, job.batch, node_by_node(CppBackend(threads=1)), 2))
+    assert_same_steps(one, run_steps(job.program.graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), 2))
 
 
 def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) -> None:  # type: ignore[no-untyped-def]
     job = transformer
-    ex = StepExecutor(job.program.graph, CppBackend(threads=1))
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=1))
     st0 = ex.initial_state(job.init_state)
     res = ex.run_plain(st0, job.batch(1))
     assert res.state.arena is not None
@@ -159,7 +160,7 @@ def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) 
     stale = dataclasses.replace(res.state, tensors={**res.state.tensors, p: st0.tensors[p]})
     assert stale.arena is None
     a = ex.run_plain(stale, job.batch(2)).outputs
-    b = StepExecutor(job.program.graph, node_by_node(CppBackend(threads=1))).run_plain(stale, job.batch(2)).outputs
+    b = StepExecutor(job.program.graph, node_by_node(CpuBackend(threads=1))).run_plain(stale, job.batch(2)).outputs
     assert all(np.array_equal(bits(u), bits(v)) for u, v in zip(a, b))
     # a tampered step runs node by node and has no arena
     tampered = ex.run_plain(st0, job.batch(1), tamper=lambda d, out: out)
@@ -174,8 +175,8 @@ def _int64(rows) -> torch.Tensor:  # type: ignore[no-untyped-def]
 
 
 def test_plan_refuses_anything_outside_its_buffers() -> None:
-    ext = ck.extension(ck.best_isa())
-    plan = ext.StepPlan(64, 64, 16, *ck.DEFAULT_TILE)
+    ext = cpu_ext.extension(cpu_ext.best_isa())
+    plan = ext.StepPlan(64, 64, 16, *cpu_ext.DEFAULT_TILE)
     with pytest.raises(RuntimeError, match="leaves buffer"):
         plan.add_binary(_int64([(1, 60, 8), (1, 0, 8)]), 0, 8, 0)  # prev slice past the end
     with pytest.raises(RuntimeError, match="unknown buffer"):
@@ -192,8 +193,8 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     from verde_chain.repops import library
 
     desc: KernelDesc = library.matmul((4, 4), (4, 4))
-    backend = CppBackend(threads=1)
-    prep = backend._prepare(desc)
+    backend = CpuBackend(threads=1)
+    prep = backend.prepare(desc)
     code = (prep.maps, prep.out_shape, desc.K, *prep.programs, 0)
     offs = torch.zeros(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="dot B addresses"):
@@ -242,8 +243,8 @@ def test_scatter_add_kernel_equals_the_reference(P: int, row: tuple[int, ...], V
     for seed in range(3):
         desc, ins = _scatter_case(P, row, V, 10 * seed + P)
         expected = bits(reference.run(desc, ins))
-        for isa in ck.available_isas():
-            backend = CppBackend(isa=isa, threads=2)
+        for isa in cpu_ext.available_isas():
+            backend = CpuBackend(isa=isa, threads=2)
             assert backend.path(desc) == "scatter"
             assert np.array_equal(bits(backend(desc, ins)), expected), (isa, seed)
 
@@ -251,17 +252,17 @@ def test_scatter_add_kernel_equals_the_reference(P: int, row: tuple[int, ...], V
 def test_scatter_add_in_the_step_plan_equals_the_interpreter(transformer) -> None:  # type: ignore[no-untyped-def]
     """The transformer's embedding backward runs on the scatter kernel in the whole-step plan and
     gives the interpreter's bits (the same graph with the scatter plan turned off)."""
-    import verde_chain.repops.backend_cpu as bc
+    import verde_chain.repops.backends.plan as bc
 
     job = transformer
     graph = job.program.graph
-    scatter_nodes = [n for n in graph.nodes if CppBackend(threads=1).path(n.desc) == "scatter"]
+    scatter_nodes = [n for n in graph.nodes if CpuBackend(threads=1).path(n.desc) == "scatter"]
     assert scatter_nodes, "the transformer has an embedding backward"
-    fused = run_steps(graph, job.init_state, job.batch, CppBackend(threads=1))
+    fused = run_steps(graph, job.init_state, job.batch, CpuBackend(threads=1))
     orig = bc._is_scatter_add
     bc._is_scatter_add = lambda desc: False
     try:
-        interpreted_backend = CppBackend(threads=1)
+        interpreted_backend = CpuBackend(threads=1)
         assert interpreted_backend.path(scatter_nodes[0].desc) == "program"
         assert_same_steps(fused, run_steps(graph, job.init_state, job.batch, interpreted_backend))
     finally:
@@ -276,8 +277,8 @@ def test_a_scatter_lookalike_with_other_maps_stays_on_the_interpreter() -> None:
 
     desc, ins = _scatter_case(9, (4,), 5, 3)
     shifted = dc.replace(desc, inputs=(dc.replace(desc.inputs[0], offset=0), dc.replace(desc.inputs[1], numel=10)))
-    assert CppBackend(threads=1).path(shifted) == "program"
+    assert CpuBackend(threads=1).path(shifted) == "program"
     other_body = dc.replace(desc, body=desc.body[:-1] + (dc.replace(desc.body[-1], b=5),))
-    assert CppBackend(threads=1).path(other_body) == "program"
+    assert CpuBackend(threads=1).path(other_body) == "program"
     ins2 = [ins[0], np.concatenate([ins[1], np.zeros(1, np.float32)])]
-    assert np.array_equal(bits(CppBackend(threads=1)(shifted, ins2)), bits(reference.run(shifted, ins2)))
+    assert np.array_equal(bits(CpuBackend(threads=1)(shifted, ins2)), bits(reference.run(shifted, ins2)))

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from verde_chain.repops import backend_cuda, program
-from verde_chain.repops.backend_cuda import encode_maps, encode_program
+from verde_chain.repops import program
+from verde_chain.repops.backends.cpu import extension as cpu_ext
+from verde_chain.repops.backends.cuda import extension as cuda_ext
+from verde_chain.repops.backends.native import encode_maps, encode_program
 
 REPO = Path(__file__).resolve().parents[2]
 GXX = shutil.which("g++")
@@ -125,8 +127,10 @@ def build_host(d: Path) -> HostInterpreter:
         pytest.skip("g++ not installed")
     src, so = d / "rp_host.cpp", d / "librp_host.so"
     src.write_text(HOST_ENTRY)
-    cmd = [GXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Werror",
-           "-fPIC", "-shared", f"-I{REPO / 'kernels'}", str(src), "-o", str(so)]  # fmt: skip
+    # RP_AS_DEVICE: the exact primitives take the device's integer spellings (repops_fp32.h), so
+    # only the correctly rounded IEEE operations differ from the source nvcc compiles.
+    cmd = [GXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math", "-DRP_AS_DEVICE", "-Wall", "-Wextra",
+           "-Werror", "-fPIC", "-shared", f"-I{REPO / 'kernels'}", str(src), "-o", str(so)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
     return HostInterpreter(so)
@@ -148,15 +152,13 @@ class StandInExtension:
         self.storages.update(t.untyped_storage().data_ptr() for t in ts if t is not None)
 
     def matmul3(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        from verde_chain.repops import cpu_kernels
-
         self.calls["matmul3"] += 1
         self._seen(a, b, out)
-        c = cpu_kernels.matmul(a, b)
+        c = cpu_ext.matmul(a, b)
         if out is None:
             return c
         # the binding's out= contract, then the result lands in the caller's tensor
-        backend_cuda.check_out(out, torch.float32, c.numel(), (a, b))
+        cuda_ext.check_out(out, torch.float32, c.numel(), (a, b))
         self.calls["out"] += 1
         out.copy_(c.reshape(out.shape))
         return out
@@ -175,7 +177,7 @@ class StandInExtension:
         assert rc == 0, err
         if out is None:
             return torch.from_numpy(res.view(np.int32).copy())
-        backend_cuda.check_out(out, torch.int32, res.size, (*inputs, *(() if r0_init is None else (r0_init,))))
+        cuda_ext.check_out(out, torch.int32, res.size, (*inputs, *(() if r0_init is None else (r0_init,))))
         self.calls["out"] += 1
         out.copy_(torch.from_numpy(res.view(np.int32)))
         return out
@@ -188,7 +190,7 @@ class StandInExtension:
         the real buffers, out's placement), the buffers fixed; launch_program only runs."""
         self.calls["prepare_program"] += 1
         numel = int(np.prod(out_shape)) if out_shape else 1
-        backend_cuda.check_out(out, torch.int32, numel, (*inputs, *(() if r0_init is None else (r0_init,))))
+        cuda_ext.check_out(out, torch.int32, numel, (*inputs, *(() if r0_init is None else (r0_init,))))
         progs = [p.numpy() for p in (pro, body, epi)]
         r0 = None if r0_init is None else r0_init.numpy()
         rc, _, err = self.host.raw([x.numpy() for x in inputs], maps.numpy(), out_shape, K, progs, r0)

@@ -20,6 +20,7 @@ from tests.support.floats import f32_st, s32  # the edge-biased operand strategy
 from tests.support.testfloat import load_vectors, result_matches
 from verde_chain.chain.tx import call
 from verde_chain.errors import ContractRevert
+from verde_chain.repops.isa import Op
 from verde_chain.vm import softfloat as sf
 
 pytestmark = pytest.mark.chain
@@ -29,8 +30,9 @@ CALL_GAS = 900_000_000  # Anvil runs with a 1e9 block gas limit (verde_chain.cha
 EXAMPLES = int(os.environ.get("VERDE_SOFTFLOAT_CHAIN_EXAMPLES", "40"))
 
 # Harness op codes (contracts/test/SoftFloatHarness.sol): RepOps opcodes plus conversions.
-ADD, SUB, MUL, DIV, FMA, SQRT, MAX, MIN, LT, EQ, SELECT, RINT, LDEXP = range(13)
-GETEXP, GETMANT, NEG, ABS, MOV, FLOOR = 13, 14, 15, 16, 21, 22
+ADD, SUB, MUL, DIV, FMA, SQRT, MAX, MIN = Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.FMA, Op.SQRT, Op.MAX, Op.MIN
+LT, EQ, SELECT, RINT, LDEXP, GETEXP, GETMANT = Op.LT, Op.EQ, Op.SELECT, Op.RINT, Op.LDEXP, Op.GETEXP, Op.GETMANT
+NEG, ABS, MOV, FLOOR = Op.NEG, Op.ABS, Op.MOV, Op.FLOOR
 LE, FROM_I32, FROM_U32, TO_I32, LDEXP_INT = 100, 101, 102, 103, 104
 NOP = 255
 

@@ -1,8 +1,9 @@
 """The explorer's one window on the chain: every job and dispute of a JobMarket as JSON-ready dicts.
 
-Everything here is read through the typed clients (``chain/market.py``, ``chain/game.py``) and the
-views the CLI already has (``agents/status.py`` for jobs and disputes, ``agents/trace.py`` for the
-interval of every level); this module only adds what a live page needs on top:
+Everything here is read through the typed clients (``chain/market_client.py``,
+``chain/dispute_client.py``) and the views the CLI already has (``agents/status.py`` for jobs
+and disputes, ``agents/trace.py`` for the interval of every level); this module only adds what
+a live page needs on top:
 
 * who moved and when: every DisputeGame event carries ``gameId`` as its first indexed topic, so
   one ``eth_getLogs`` per refresh finds the blocks and transactions of a game's moves; the

@@ -3,7 +3,7 @@ binary32 value and as its bits.
 
 The last move of a game (``DisputeGame.step``) sends the node's kernel descriptor, the agreed
 pre-state s_j and, for a memory read, the Merkle opening of the word read. Replaying those bytes
-through the ScalarVM twin (``verde_chain/scalarvm/vm.py``) yields exactly the post-state the
+through the ScalarVM twin (``verde_chain/vm/scalarvm.py``) yields exactly the post-state the
 contract computed, so the explorer shows what the referee did without trusting either party:
 
     pre-state s_j  --(instruction j of the element's program, loop index k)-->  post-state s_j+1
@@ -20,22 +20,10 @@ import numpy as np
 from eth_abi import decode as abi_decode
 
 from verde_chain.commit.tensor import ElementOpening
-from verde_chain.repops.isa import Instr, Op, bits_f32
+from verde_chain.repops.isa import REG_READS, Instr, Op, bits_f32
 from verde_chain.repops.program import KernelDesc, instruction_at
 from verde_chain.vm import scalarvm as vm
 
-# The registers each opcode reads (its semantics in repops/isa.py); the rest read an immediate.
-_BINARY = (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN, Op.LT, Op.EQ, Op.LDEXP)
-_UNARY = (Op.SQRT, Op.RINT, Op.GETEXP, Op.GETMANT, Op.NEG, Op.ABS, Op.MOV, Op.FLOOR, Op.LOADIDX)
-REGISTER_READS: dict[Op, tuple[str, ...]] = {
-    **{op: ("a", "b") for op in _BINARY},
-    **{op: ("a",) for op in _UNARY},
-    Op.FMA: ("a", "b", "c"),
-    Op.SELECT: ("a", "b", "c"),
-    Op.CONST: (),
-    Op.LOAD: (),
-    Op.COORD: (),
-}
 LOAD_PROOF_TYPES = ["(bytes,bytes32[])"]  # ScalarVM.LoadProof: (chunk, siblings)
 
 
@@ -51,7 +39,7 @@ def _register(name: str, reg: int, bits: int) -> dict[str, Any]:
 
 
 def _assembly(ins: Instr, k: int, memory: dict[str, Any] | None) -> str:
-    regs = ", ".join(f"r{getattr(ins, r)}" for r in REGISTER_READS[ins.op])
+    regs = ", ".join(f"r{getattr(ins, r)}" for r in REG_READS[ins.op])
     op = ins.op.name.lower()
     if ins.op == Op.CONST:
         return f"r{ins.dst} = const {f32(ins.imm)['bits']}"
@@ -88,7 +76,7 @@ def explain_step(desc: bytes, pre_state: bytes, proof: bytes) -> dict[str, Any]:
         "micro_step": pre.step, "micro_steps": d.num_steps, "k": k, "element": pre.element, "coords": list(coords),
         "op": ins.op.name, "word": "0x" + ins.encode().hex(), "assembly": _assembly(ins, k, memory),
         "operands": [_register(name, getattr(ins, name), pre.regs[getattr(ins, name)])
-                     for name in REGISTER_READS[ins.op]],
+                     for name in REG_READS[ins.op]],
         "immediate": immediate, "memory": memory,
         "result": _register("dst", ins.dst, post.regs[ins.dst]),
         "pre_state": "0x" + pre.hash().hex(), "post_state": "0x" + post.hash().hex(),

@@ -47,8 +47,6 @@ BatchFn = Callable[[int], np.ndarray]
 # transformer: nothing next to an on-chain move clock) and the trainer keeps 11 states.
 DEFAULT_CHECKPOINT_INTERVAL = 100
 
-_NODE, _PREV, _BATCH = int(SourceKind.NODE_OUTPUT), int(SourceKind.PREV_STEP_NODE_OUTPUT), int(SourceKind.BATCH)
-
 
 @dataclass
 class PlainState:
@@ -117,8 +115,9 @@ class StepExecutor:
         # node hashes in one native call: a table of roots [this step's outputs | the previous
         # state's, in producer order | the batch's], and each node's input rows in it
         n, slot = len(graph.nodes), {p: i for i, p in enumerate(self._producers)}
+        node_k, prev_k = SourceKind.NODE_OUTPUT, SourceKind.PREV_STEP_NODE_OUTPUT
         self._hash_wiring = NodeWiring([
-            [i if k == _NODE else n + slot[i] if k == _PREV else n + len(slot) for k, i in wires]
+            [i if k == node_k else n + slot[i] if k == prev_k else n + len(slot) for k, i in wires]
             for wires in self._wiring
         ])  # fmt: skip
         self._desc_hashes = np.frombuffer(b"".join(node.desc_hash for node in graph.nodes), dtype=np.uint8).reshape(n, 32)
@@ -190,8 +189,9 @@ class StepExecutor:
         outputs: list[np.ndarray] = []
         prev_t = prev.tensors
         run = self.runner
+        node_k, prev_k = SourceKind.NODE_OUTPUT, SourceKind.PREV_STEP_NODE_OUTPUT
         for node, wiring in zip(self.graph.nodes, self._wiring):
-            ins = [outputs[i] if k == _NODE else prev_t[i] if k == _PREV else batch for k, i in wiring]
+            ins = [outputs[i] if k == node_k else prev_t[i] if k == prev_k else batch for k, i in wiring]
             out = run(node.desc, ins)
             if type(out) is not np.ndarray or out.dtype != np.float32 or not out.flags.c_contiguous:
                 out = np.ascontiguousarray(out, dtype=np.float32)

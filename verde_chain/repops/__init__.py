@@ -13,18 +13,18 @@ Built on them:
 
     library/        the operator library: every operator as primitive KernelDescs and compositions
     reference       vectorised numpy execution of any KernelDesc
-    ops             the backend registry (C++, CUDA, registered ones) and its node runners
+    backends/       the backend registry (reference, C++ "cpu", "cuda", registered ones), the
+                    planning of fast kernels, and the native backends themselves
     torch_api       the torch-facing functions
 
 The torch-facing functions are re-exported lazily (``verde_chain.repops.matmul(a, b)``,
 ``softmax``, ``layer_norm``, ...), so importing ``verde_chain.repops.isa`` does not import torch.
-``verde_chain.repops.backends.register(device_type, fn)`` installs a kernel backend (see ops.py).
+``verde_chain.repops.backends.register(name, fn)`` installs a kernel backend (backends/registry.py).
 """
 
 from __future__ import annotations
 
 import importlib
-import types
 from typing import Any
 
 # public name -> torch_api name, where Python's builtins are in the way
@@ -43,22 +43,11 @@ _TORCH_API = frozenset({
     "sgd_step", "adam_step",
     "apply",
 })  # fmt: skip
-_REGISTRY = frozenset({"register_backend", "BACKENDS"})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "backends":
-        from verde_chain.repops import ops
-
-        ns = types.SimpleNamespace(register=ops.register_backend, BACKENDS=ops.BACKENDS)
-        globals()["backends"] = ns
-        return ns
+    if name == "backends":  # a subpackage: importable as an attribute too
+        return importlib.import_module("verde_chain.repops.backends")
     if name in _TORCH_API:
         return getattr(importlib.import_module("verde_chain.repops.torch_api"), _ALIASES.get(name, name))
-    if name in _REGISTRY:
-        return getattr(importlib.import_module("verde_chain.repops.ops"), name)
-    if name == "spec":
-        # The operator library's former module name, for the backend modules that still import
-        # it (backend_cpu.py's scatter check); remove once nothing does.
-        return importlib.import_module("verde_chain.repops.library")
     raise AttributeError(f"module 'verde_chain.repops' has no attribute {name!r}")

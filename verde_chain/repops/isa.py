@@ -2,8 +2,8 @@
 operator's per-element program is written in.
 
 This module is the single source of the opcode numbers and the instruction encoding. The
-spec interpreter (``program.py``), the on-chain ScalarVM (``contracts/ScalarVM.sol``) and its
-Python twin (``verde_chain/scalarvm``) all decode the same 8-byte words defined here.
+spec interpreter (``program.py``), the on-chain ScalarVM (``contracts/vm/ScalarVM.sol``) and its
+Python twin (``verde_chain/vm/scalarvm.py``) all decode the same 8-byte words defined here.
 
 Instruction word (8 bytes, big-endian, so Solidity reads it with one ``uint64`` cast)::
 
@@ -63,6 +63,20 @@ class Op(enum.IntEnum):
 # Opcodes whose `c` field is a register (the others use the last four bytes as imm32).
 THREE_REG_OPS = frozenset({Op.FMA, Op.SELECT})
 IMM_OPS = frozenset({Op.CONST, Op.LOAD, Op.COORD, Op.LOADIDX})
+
+# The register-use table: the fields each opcode reads as registers ("a", "b", "c"; LOADIDX reads
+# its index from a, CONST/LOAD/COORD read none). Executors use it for liveness (which registers
+# a phase reads before writing them); scripts/codegen.py writes it into the C/C++/CUDA header.
+REG_READS: dict[Op, tuple[str, ...]] = {
+    **{op: ("a", "b") for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN, Op.LT, Op.EQ, Op.LDEXP)},
+    **{op: ("a", "b", "c") for op in (Op.FMA, Op.SELECT)},
+    **{op: ("a",) for op in (Op.SQRT, Op.RINT, Op.FLOOR, Op.GETEXP, Op.GETMANT, Op.NEG, Op.ABS, Op.MOV, Op.LOADIDX)},
+    **{op: () for op in (Op.CONST, Op.LOAD, Op.COORD)},
+}
+# SAFETY: an opcode appended without a row here would be executed with unknown liveness (the C++
+# interpreter zeroes only live registers): refuse to import instead.
+if set(REG_READS) != set(Op) or any(("c" in r) != (op in THREE_REG_OPS) for op, r in REG_READS.items()):
+    raise AssertionError("isa.REG_READS must have one row per Op, reading c exactly for THREE_REG_OPS")
 
 
 @dataclass(frozen=True, slots=True)

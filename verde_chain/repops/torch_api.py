@@ -1,10 +1,11 @@
 """The torch-facing RepOps API: ``verde_chain.repops.matmul(a, b)``, ``softmax(x)``, ...
 
 Each function builds the operator's canonical composition (``repops/library``) and runs its
-primitive nodes on the backend registered for ``tensor.device.type`` (``ops.BACKENDS``; a node
-the backend does not handle runs on the numpy reference). Outputs are on the first input's
-device. Only float32 tensors are supported; anything else raises :class:`RepOpsError` naming
-the op.
+primitive nodes on the backend registered under ``tensor.device.type``
+(``backends/registry.py``: "cpu" the C++ kernels, "cuda" the CUDA kernels, or one installed with
+``verde_chain.repops.backends.register(name, fn)``; a node the backend does not handle runs on
+the numpy reference). Outputs are on the first input's device. Only float32 tensors are
+supported; anything else raises :class:`RepOpsError` naming the op.
 
 ``__all__`` is the public surface; ``verde_chain.repops`` forwards exactly these names lazily,
 so importing ``verde_chain.repops.isa`` never imports torch.
@@ -18,7 +19,8 @@ import numpy as np
 import torch
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops import library, ops
+from verde_chain.repops import library
+from verde_chain.repops.backends.registry import BackendRunner, lookup
 from verde_chain.repops.program import KernelDesc
 
 __all__ = [
@@ -79,9 +81,9 @@ def _arrays(op: str, *ts: torch.Tensor) -> list[np.ndarray]:
 
 def apply(comp: library.Composite, *ts: torch.Tensor) -> list[torch.Tensor]:
     """Run a composite on float32 tensors; outputs on the first tensor's device."""
-    arrays = _arrays(comp.label, *ts)
-    device = ts[0].device if ts else torch.device("cpu")
-    outs = comp.run(arrays, ops.device_runner(device))
+    device = ts[0].device if ts and isinstance(ts[0], torch.Tensor) else torch.device("cpu")
+    runner = BackendRunner(lookup(device.type))  # before any copy: a device without a backend is named
+    outs = comp.run(_arrays(comp.label, *ts), runner)
     return [torch.from_numpy(np.array(o, dtype=np.float32, copy=True)).to(device) for o in outs]
 
 

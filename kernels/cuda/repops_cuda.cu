@@ -8,13 +8,13 @@
 //   -ftz=false        keep subnormals
 //   -prec-div=true -prec-sqrt=true, and never --use_fast_math
 //
-// Order per output element (identical to kernels/repops_cpu.cpp and verde_chain/repops/spec.py):
+// Order per output element (identical to kernels/cpu/gemm.cpp and verde_chain/repops/library/linalg.py):
 //   acc = __fmul_rn(a[0], b[0])                 one rounded multiply
 //   acc = __fmaf_rn(a[k], b[k], acc)            k = 1 .. K-1, ascending, one rounding each
-// then NaN -> 0x7FC00000. The _rn intrinsics pin round-to-nearest-even and stop the compiler
-// from fusing or reassociating. K is never split across threads or blocks: each thread owns
-// whole output elements and walks the full K range in order; shared-memory tiling only stages
-// operands.
+// then NaN -> 0x7FC00000 (rp_canon, kernels/repops_fp32.h). The _rn intrinsics pin
+// round-to-nearest-even and stop the compiler from fusing or reassociating. K is never split
+// across threads or blocks: each thread owns whole output elements and walks the full K range in
+// order; shared-memory tiling only stages operands.
 //
 // Tiling: a block of 256 threads computes a BM x BN = 128 x 128 output tile; each thread owns
 // TM x TN = 8 x 8 elements at rows ty + 16*m and columns tx + 16*n (strided ownership:
@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "repops_cuda.h"
-#include "repops_program.cuh"
+#include "../repops_program.cuh"
 
 #include <vector>
 
@@ -54,8 +54,6 @@ struct GemmParams {
     float* C;
     int64_t M, N, K;
 };
-
-__device__ __forceinline__ float canon(float x) { return isnan(x) ? __int_as_float(0x7FC00000) : x; }
 
 __global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
     __shared__ float As[BK][BM];
@@ -132,7 +130,7 @@ __global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
 #pragma unroll
         for (int n = 0; n < TN; n++) {
             const int64_t gj = col0 + tx + TX * n;
-            if (gj < p.N) C[gi * p.N + gj] = canon(acc[m][n]);
+            if (gj < p.N) C[gi * p.N + gj] = rp_f(rp_canon(rp_u(acc[m][n])));
         }
     }
 }

@@ -1,13 +1,18 @@
-"""RepOps C++ CPU kernels: GEMM, reductions and elementwise ops with the canonical order.
+"""The C++ CPU extension: building it per ISA, and Python entry points to its kernels (GEMM,
+reductions, elementwise ops, the interpreter) with the canonical orders.
 
-Python entry points over ``kernels/repops_cpu.cpp``. One source is compiled into three torch
-extensions (``torch.utils.cpp_extension.load``, cached under ``build/native/``)::
+The sources are ``kernels/cpu/*.cpp`` (with ``kernels/repops_fp32.h``, the one definition of
+every instruction, and ``kernels/generated/repops_isa.h``); they are compiled into three torch
+extensions (``torch.utils.cpp_extension.load``, cached under ``build/native/`` by the bytes of
+every source and header)::
 
     scalar   -O3 -ffp-contract=off -fno-fast-math -DREPOPS_ISA=0          any CPU
     avx2     ... -DREPOPS_ISA=1 -mavx2 -mfma                               x86-64 with AVX2+FMA
     avx512   ... -DREPOPS_ISA=2 -mavx512f -mavx2 -mfma                     x86-64 with AVX-512F
 
-All three give the same bits as the spec (``verde_chain/repops/spec.py``):
+plus ``-Werror=switch`` (an opcode without a case in the interpreter fails the build) and hidden
+visibility (the three extensions live in one process). All three give the same bits as the spec
+(the operator library, ``verde_chain/repops/library/``):
 
 * matmul: ``acc = a[0]*b[0]`` then ``acc = fma(a[k], b[k], acc)`` for k ascending;
 * reduce_sum / reduce_mean / reduce_max / reduce_min: ``acc = x[0]`` then one op per k,
@@ -17,7 +22,7 @@ All three give the same bits as the spec (``verde_chain/repops/spec.py``):
   prologue / body / epilogue order), vectorised over blocks of output elements;
 * NaN results are the canonical 0x7FC00000; subnormals are kept (FTZ/DAZ cleared per thread).
 
-``verde_chain/repops/backend_cpu.py`` turns these into a RepOps backend (desc -> result).
+``backends/cpu/backend.py`` turns these into a RepOps backend (desc -> result).
 
 ``isa=None`` picks the widest variant the CPU supports; ``threads=None`` uses
 ``torch.get_num_threads()``. Neither changes any bit of the result; tests check that.
@@ -35,18 +40,26 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from verde_chain.errors import RepOpsError
+from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SOURCE = REPO_ROOT / "kernels" / "repops_cpu.cpp"
+REPO_ROOT = Path(__file__).resolve().parents[4]
+KERNELS = REPO_ROOT / "kernels"
+# Translation units of the extension (one module), and every header they include: the build
+# cache key covers all of them.
+SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "gemm.cpp", "reduce.cpp", "binary.cpp",
+                                              "interpreter.cpp", "step_plan.cpp"))  # fmt: skip
+HEADERS = (*sorted((KERNELS / "cpu").glob("*.h")), KERNELS / "repops_fp32.h", KERNELS / "generated" / "repops_isa.h")
 BUILD_ROOT = REPO_ROOT / "build" / "native"
 
 ISAS = ("scalar", "avx2", "avx512")
 _COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-unsafe-math-optimizations")
+# The extension only: a missing switch case is an error; symbols stay inside each ISA's module.
+_EXTENSION_FLAGS = ("-Werror=switch", "-fvisibility=hidden", "-fvisibility-inlines-hidden")
 _ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "scalar": ("-DREPOPS_ISA=0",),
     "avx2": ("-DREPOPS_ISA=1", "-mavx2", "-mfma"),
@@ -59,12 +72,9 @@ _ISA_CPU_FLAGS: dict[str, frozenset[str]] = {
     "avx512": frozenset({"avx512f", "avx2", "fma"}),
 }
 
-# Default blocking (mc rows x kc depth x nc cols); see kernels/repops_cpu.cpp. Rounded up to
+# Default blocking (mc rows x kc depth x nc cols); see kernels/cpu/gemm.cpp. Rounded up to
 # whole micro-tiles in C++. Any value gives the same bits.
 DEFAULT_TILE = (144, 256, 512)
-
-REDUCE_OPS = {"sum": 0, "max": 1, "mean": 2, "min": 3}
-BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "max": 4, "min": 5}
 
 
 class KernelBuildError(RepOpsError):
@@ -112,7 +122,17 @@ def best_isa() -> str:
 
 
 def build_flags(isa: str) -> list[str]:
+    """Compiler flags of every RepOps C/C++ build for ``isa`` (the extension and compiled maps)."""
     return [*_COMMON_FLAGS, *_ISA_FLAGS[isa]]
+
+
+def source_key(paths: Sequence[Path], flags: Sequence[str]) -> str:
+    """A build's cache key: the bytes of every source and header it includes, and its flags."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes())
+    h.update(" ".join(flags).encode())
+    return h.hexdigest()[:12]
 
 
 @functools.cache
@@ -122,15 +142,14 @@ def extension(isa: str) -> ModuleType:
         raise RepOpsError(f"this CPU cannot run the {isa} kernels")
     from torch.utils import cpp_extension
 
-    flags = build_flags(isa)
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*flags, torch.__version__]).encode()).hexdigest()[:12]
-    name = f"verde_repops_cpu_{isa}_{key}"
+    flags = [*build_flags(isa), *_EXTENSION_FLAGS]
+    name = f"verde_repops_cpu_{isa}_{source_key([*SOURCES, *HEADERS], [*flags, torch.__version__])}"
     build_dir = BUILD_ROOT / name
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(p) for p in SOURCES],
             extra_cflags=flags,
             build_directory=str(build_dir),
             verbose=False,
@@ -141,6 +160,17 @@ def extension(isa: str) -> ModuleType:
 
 def _ext(isa: str | None) -> ModuleType:
     return extension(best_isa() if isa is None else isa)
+
+
+Code = TypeVar("Code", ReduceOp, BinOp)
+
+
+def _code(codes: type[Code], name: str, what: str) -> Code:
+    """The code a user-facing (lower-case) name denotes; a one-line error naming the others."""
+    member = codes.__members__.get(name.upper()) if name == name.lower() else None
+    if member is None:
+        raise RepOpsError(f"{what}: unknown op {name!r}; supported: {sorted(k.lower() for k in codes.__members__)}")
+    return member
 
 
 def _threads(threads: int | None) -> int:
@@ -289,7 +319,7 @@ def _reduce(
         raise RepOpsError(f"reduce_{kind}: empty reduction (K = 0)")
     # k runs row-major over the reduced axes (ascending axis order), as spec.reduce fixes.
     view = x.permute(*kept, *dims).reshape(-1, big_k)
-    out = _ext(isa).reduce_last(view, REDUCE_OPS[kind], _threads(threads))
+    out = _ext(isa).reduce_last(view, int(_code(ReduceOp, kind, "reduce")), _threads(threads))
     shape = [1 if d in dims else x.shape[d] for d in range(x.dim())] if keepdim else [x.shape[d] for d in kept]
     return out.reshape(shape)
 
@@ -303,8 +333,7 @@ def reduce(
     threads: int | None = None,
 ) -> torch.Tensor:
     """Reduction ``kind`` (sum, mean, max, min) over ``dim`` (all axes if None), k ascending."""
-    if kind not in REDUCE_OPS:
-        raise RepOpsError(f"reduce: unknown kind {kind!r}; supported: {sorted(REDUCE_OPS)}")
+    _code(ReduceOp, kind, "reduce")
     return _reduce(kind, x, dim, keepdim, isa, threads)
 
 
@@ -330,9 +359,9 @@ reduce_sum, reduce_mean = _reducer("sum"), _reducer("mean")
 reduce_max, reduce_min = _reducer("max"), _reducer("min")
 
 
-def reduce_rows(view: torch.Tensor, kind: str, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
+def reduce_rows(view: torch.Tensor, op: ReduceOp, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
     """Fold each row of a 2-D (rows, K) view (any strides), k ascending: shape (rows,)."""
-    return _ext(isa).reduce_last(_f32(view, f"reduce_{kind}"), REDUCE_OPS[kind], _threads(threads))
+    return _ext(isa).reduce_last(_f32(view, f"reduce_{op.name.lower()}"), int(op), _threads(threads))
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,16 +369,16 @@ def reduce_rows(view: torch.Tensor, kind: str, isa: str | None = None, threads: 
 # --------------------------------------------------------------------------------------------
 
 
-def binary(op: str, a: Any, b: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
-    """``a <op> b`` with numpy broadcasting; op in add, sub, mul, div, max, min."""
-    if op not in BINARY_OPS:
-        raise RepOpsError(f"binary: unknown op {op!r}; supported: {sorted(BINARY_OPS)}")
+def binary(op: str | BinOp, a: Any, b: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
+    """``a <op> b`` with numpy broadcasting; op in add, sub, mul, div, max, min (or a BinOp)."""
+    code = op if isinstance(op, BinOp) else _code(BinOp, op, "binary")
+    op = code.name.lower()
     ta, tb = _f32(a, f"binary {op} a"), _f32(b, f"binary {op} b")
     try:
         ea, eb = torch.broadcast_tensors(ta, tb)
     except RuntimeError as exc:
         raise RepOpsError(f"binary {op}: shapes do not broadcast: {exc}") from exc
-    return _ext(isa).binary(ea.contiguous(), eb.contiguous(), BINARY_OPS[op], _threads(threads))
+    return _ext(isa).binary(ea.contiguous(), eb.contiguous(), int(code), _threads(threads))
 
 
 def run_program(
@@ -362,7 +391,7 @@ def run_program(
     isa: str | None = None,
     threads: int | None = None,
 ) -> torch.Tensor:
-    """Generic interpreter of one KernelDesc program (see ``backend_cpu.py`` for the encoding of
+    """Generic interpreter of one KernelDesc program (``backends/native.py`` has the encoding of
     ``maps`` and ``programs``): flat int32 bit patterns out. ``r0_init`` runs only the epilogue."""
     pro, body, epi = programs
     return _ext(isa).run_program(list(inputs), maps, list(out_shape), int(K), pro, body, epi, r0_init, _threads(threads))

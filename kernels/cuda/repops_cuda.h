@@ -25,7 +25,7 @@ int repops_cuda_gemm(const float* A, int64_t sab, int64_t sai, int64_t sak, cons
 int64_t repops_cuda_program_scratch_bytes(int64_t n_in, int64_t n_instr);
 
 // Run any RepOps program (kernels/repops_program.cuh): out[e] = r0 after element e's run.
-// Encodings as kernels/repops_cpu.cpp's run_program (HOST arrays): maps (n_in, rank + 4) int64
+// Encodings as the CPU interpreter's (kernels/cpu/interpreter.h; HOST arrays): maps (n_in, rank + 4) int64
 // rows `strides..., kstride, offset, idx_stride, numel`; programs (n, 5) int64 rows
 // `op, dst, a, b, imm`. `inputs`: a HOST array of n_in DEVICE pointers to the inputs' bits;
 // r0_init (device, numel values, or NULL): preset r0 and run only the epilogue; out: device,
@@ -37,7 +37,7 @@ int repops_cuda_run_program(const uint32_t* const* inputs, int64_t n_in, const i
                             void* scratch, int64_t scratch_bytes, void* stream, char* err, int64_t err_len);
 
 // The same in two halves, for a node that runs many times on the same buffers (the
-// whole-step kernel, backend_cuda.CudaStepKernel): prepare decodes and checks the descriptor
+// whole-step kernel, backends/cuda/step.py CudaStepKernel): prepare decodes and checks the descriptor
 // ONCE, stages it in `blob` (device memory of repops_cuda_program_scratch_bytes(...) bytes that
 // the caller keeps alive) and fills `launch` (HOST memory of repops_cuda_launch_bytes() bytes)
 // with the launch parameters, the inputs', r0_init's and out's device pointers baked in;

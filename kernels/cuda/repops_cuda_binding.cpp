@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 //
 // repops_cuda_binding.cpp — torch binding of kernels/repops_cuda.cu (built by
-// torch.utils.cpp_extension.load together with the .cu; see verde_chain/repops/backend_cuda.py).
+// torch.utils.cpp_extension.load together with the .cu; see verde_chain/repops/backends/cuda/extension.py).
 // Host compiler side only: shape checks, output allocation, the current CUDA stream.
 //
 //   matmul3(a, b, out=None)            batched GEMM, the canonical fma chain
 //   run_program(inputs, maps, out_shape, K, prologue, body, epilogue, r0_init, threads, out=None)
 //                                      any KernelDesc; the argument layout of the CPU binding
-//                                      (kernels/repops_cpu.cpp): inputs are contiguous int32 bit
+//                                      (kernels/cpu/bindings.cpp): inputs are contiguous int32 bit
 //                                      tensors ON THE GPU, maps/programs int64 tensors (any
 //                                      device; read on the host), r0_init a GPU int32 tensor or
 //                                      None; `threads` is accepted for the same signature and
@@ -20,7 +20,7 @@
 //   out=                               write the result into this tensor (contiguous, the result's
 //                                      dtype and element count, same device, disjoint from every
 //                                      operand) and return it: the whole-step kernel
-//                                      (backend_cuda.CudaStepKernel) lands every node in a slot
+//                                      (backends/cuda/step.py CudaStepKernel) lands every node in a slot
 //                                      of one device arena this way, without a copy.
 
 #include <torch/extension.h>
@@ -182,7 +182,7 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
 //   -> [launch (CPU uint8: the launch parameters), blob (device uint8: the staged descriptor)]
 // Every check of run_program (and out's) happens here, once; the device pointers of inputs,
 // r0_init and out are baked into `launch`. The caller keeps those buffers, and `blob`, alive
-// and in place for as long as it launches (backend_cuda.CudaStepKernel owns all of them).
+// and in place for as long as it launches (backends/cuda/step.py CudaStepKernel owns all of them).
 std::vector<torch::Tensor> prepare_program(const std::vector<torch::Tensor>& inputs, const torch::Tensor& maps_t,
                                            std::vector<int64_t> out_shape, int64_t K, const torch::Tensor& pro_t,
                                            const torch::Tensor& body_t, const torch::Tensor& epi_t,

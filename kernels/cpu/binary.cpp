@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: MIT
+//
+// binary.cpp — elementwise binary instructions (ADD, SUB, MUL, DIV, MAX, MIN) on equal-shaped
+// contiguous operands (the caller broadcasts first): W lanes at a time, the tail lane by lane on
+// the instructions of kernels/repops_fp32.h.
+
+#include "kernels.h"
+
+namespace repops_cpu {
+namespace {
+
+inline Vec vbinary(int64_t op, Vec a, Vec b) {
+    switch (op) {
+        case RP_BIN_ADD: return vadd(a, b);
+        case RP_BIN_SUB: return vsub(a, b);
+        case RP_BIN_MUL: return vmul(a, b);
+        case RP_BIN_DIV: return vdiv(a, b);
+        case RP_BIN_MAX: return vmax_spec(a, b);
+        default: return vmin_spec(a, b);
+    }
+}
+
+inline uint32_t sbinary(int64_t op, uint32_t x, uint32_t y) {
+    switch (op) {
+        case RP_BIN_ADD: return rp_add(x, y);
+        case RP_BIN_SUB: return rp_sub(x, y);
+        case RP_BIN_MUL: return rp_mul(x, y);
+        case RP_BIN_DIV: return rp_div(x, y);
+        case RP_BIN_MAX: return rp_max(x, y);
+        default: return rp_min(x, y);
+    }
+}
+
+}  // namespace
+
+void binary_into(const float* A, const float* B, float* O, int64_t n, int64_t op, int64_t threads) {
+    constexpr int64_t CHUNK = 1 << 14;
+    if (n < (1 << 17)) threads = 1;
+    parallel_items(ceil_div(n, CHUNK), threads, [&](int64_t item, int64_t) {
+        const int64_t i0 = item * CHUNK, i1 = std::min(n, i0 + CHUNK);
+        int64_t i = i0;
+        for (; i + W <= i1; i += W) vstore(O + i, vcanon(vbinary(op, vload(A + i), vload(B + i))));
+        for (; i < i1; i++) O[i] = from_bits(sbinary(op, to_bits(A[i]), to_bits(B[i])));
+    });
+}
+
+}  // namespace repops_cpu

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: MIT
+//
+// bindings.cpp — the torch extension of the RepOps CPU kernels (one per ISA, see simd.h): the
+// per-node entry points (tensor checks, output allocation) and the module definition. The
+// kernels are gemm.cpp, reduce.cpp, binary.cpp, interpreter.cpp; the whole-step plan is
+// step_plan.cpp. Python side: verde_chain/repops/backends/cpu/extension.py.
+
+#include "kernels.h"
+#include "tensors.h"
+
+namespace repops_cpu {
+namespace {
+
+// a: (batch, M, K), b: (batch, K, N), any strides (stride 0 for broadcast batches).
+// tile = (mc, kc, nc): cache blocking; any values give the same bits.
+torch::Tensor matmul3(const torch::Tensor& a, const torch::Tensor& b, int64_t threads, int64_t mc, int64_t kc,
+                      int64_t nc) {
+    check_f32_cpu(a, "a");
+    check_f32_cpu(b, "b");
+    TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "matmul3 takes 3-D tensors");
+    TORCH_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), "shape mismatch ", a.sizes(), " @ ", b.sizes());
+    TORCH_CHECK(mc > 0 && kc > 0 && nc > 0, "tile sizes must be positive");
+    GemmArgs g{a.data_ptr<float>(), a.stride(0), a.stride(1), a.stride(2),
+               b.data_ptr<float>(), b.stride(0), b.stride(1), b.stride(2),
+               nullptr, a.size(0), a.size(1), b.size(2), a.size(2)};
+    // K == 0: the empty dot product is +0 (zeros() below).
+    torch::Tensor c = torch::zeros({g.batch, g.M, g.N}, a.options().memory_format(torch::MemoryFormat::Contiguous));
+    if (g.batch == 0 || g.M == 0 || g.N == 0 || g.K == 0) return c;
+    g.C = c.data_ptr<float>();
+    // Tiles are rounded to whole micro-panels so panels never straddle blocks.
+    mc = round_up(mc, GEMM_MR);
+    nc = round_up(nc, GEMM_NR);
+    gemm(g, threads, mc, kc, nc);
+    return c;
+}
+
+torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
+    check_f32_cpu(x, "x");
+    TORCH_CHECK(x.dim() == 2, "reduce_last takes a 2-D (rows, K) view");
+    TORCH_CHECK(op >= 0 && op < RP_REDUCE_COUNT, "unknown reduce op ", op);
+    const int64_t R = x.size(0), K = x.size(1);
+    TORCH_CHECK(K > 0, "reduction over an empty axis");
+    torch::Tensor out = torch::empty({R}, x.options());
+    if (R == 0) return out;
+    reduce_into(x.data_ptr<float>(), R, K, x.stride(0), x.stride(1), op, out.data_ptr<float>(), threads);
+    return out;
+}
+
+torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op, int64_t threads) {
+    check_f32_cpu(a, "a");
+    check_f32_cpu(b, "b");
+    TORCH_CHECK(a.sizes() == b.sizes(), "binary takes equal shapes (broadcast first)");
+    TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "binary takes contiguous tensors");
+    TORCH_CHECK(op >= 0 && op < RP_BIN_COUNT, "unknown binary op ", op);
+    torch::Tensor out = torch::empty_like(a, a.options().memory_format(torch::MemoryFormat::Contiguous));
+    binary_into(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), a.numel(), op, threads);
+    return out;
+}
+
+
+torch::Tensor scatter_rows(const torch::Tensor& g, const torch::Tensor& idx, int64_t V, int64_t threads) {
+    check_f32_cpu(g, "g");
+    check_f32_cpu(idx, "idx");
+    TORCH_CHECK(g.dim() == 2 && idx.dim() == 1 && g.size(0) == idx.size(0) && g.size(0) >= 1,
+                "scatter_rows takes g (P, R) and idx (P,)");
+    TORCH_CHECK(g.is_contiguous() && idx.is_contiguous(), "scatter_rows takes contiguous tensors");
+    TORCH_CHECK(V >= 1 && V <= (1 << 24), "scatter_rows needs 1 <= V <= 2^24 rows");
+    torch::Tensor out = torch::empty({V, g.size(1)}, g.options());
+    scatter_rows_into(g.data_ptr<float>(), idx.data_ptr<float>(), g.size(0), g.size(1), V, out.data_ptr<float>(),
+                      threads);
+    return out;
+}
+
+// inputs: flat int32 bit tensors. maps: (n_inputs, rank + 4) int64 rows
+// [strides..., kstride, offset, idx_stride, numel]. r0_init: see exec_prog.
+torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch::Tensor& maps_t,
+                          std::vector<int64_t> out_shape, int64_t K, const torch::Tensor& pro_t,
+                          const torch::Tensor& body_t, const torch::Tensor& epi_t,
+                          const c10::optional<torch::Tensor>& r0_init, int64_t threads) {
+    const int64_t n_in = (int64_t)inputs.size(), rank = (int64_t)out_shape.size();
+    TORCH_CHECK(rank <= RP_MAX_RANK, "rank ", rank, " > ", RP_MAX_RANK);
+    std::vector<int64_t> numels(n_in);
+    std::vector<const uint32_t*> data(std::max<int64_t>(1, n_in), nullptr);
+    for (int64_t t = 0; t < n_in; t++) {
+        const torch::Tensor& x = inputs[t];
+        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kInt32 && x.is_contiguous(),
+                    "inputs must be contiguous CPU int32 bit tensors");
+        numels[t] = x.numel();
+        data[t] = reinterpret_cast<const uint32_t*>(x.data_ptr<int32_t>());
+    }
+    const Prog P = make_prog(int64_rows(maps_t, n_in, rank + 4, "maps").data(), n_in, out_shape, K, read_program(pro_t),
+                             read_program(body_t), read_program(epi_t), numels);
+    const uint32_t* init = nullptr;
+    if (r0_init.has_value()) {
+        TORCH_CHECK(r0_init->scalar_type() == torch::kInt32 && r0_init->is_contiguous() &&
+                        r0_init->numel() == P.numel,
+                    "r0_init must be a contiguous int32 tensor with one value per output element");
+        init = reinterpret_cast<const uint32_t*>(r0_init->data_ptr<int32_t>());
+    }
+    torch::Tensor out = torch::empty({P.numel}, torch::TensorOptions().dtype(torch::kInt32));
+    LanesCache cache;
+    exec_prog(P, data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), init, threads, cache);
+    return out;
+}
+
+// MXCSR as a worker thread sees it (after the guard): lets tests prove FTZ/DAZ are off.
+int64_t worker_mxcsr() {
+    int64_t value = -1;
+    parallel_items(1, 1, [&](int64_t, int64_t) {
+#if REPOPS_X86
+        value = (int64_t)_mm_getcsr();
+#endif
+    });
+    return value;
+}
+
+pybind11::dict info() {
+    pybind11::dict d;
+    d["isa"] = ISA_NAME;
+    d["mr"] = GEMM_MR;
+    d["nr"] = GEMM_NR;
+    d["lanes"] = W;
+    return d;
+}
+
+}  // namespace
+}  // namespace repops_cpu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "RepOps CPU kernels with fixed evaluation orders (see kernels/cpu/)";
+    using namespace repops_cpu;
+    m.def("matmul3", &matmul3, "batched GEMM, fixed fma chain", pybind11::arg("a"), pybind11::arg("b"),
+          pybind11::arg("threads"), pybind11::arg("mc"), pybind11::arg("kc"), pybind11::arg("nc"));
+    m.def("reduce_last", &reduce_last, "sequential reduction over the last axis", pybind11::arg("x"),
+          pybind11::arg("op"), pybind11::arg("threads"));
+    m.def("binary", &binary, "elementwise IEEE op with canonical NaN", pybind11::arg("a"), pybind11::arg("b"),
+          pybind11::arg("op"), pybind11::arg("threads"));
+    m.def("scatter_rows", &scatter_rows, "scatter-add of rows in the spec's order", pybind11::arg("g"),
+          pybind11::arg("idx"), pybind11::arg("V"), pybind11::arg("threads"));
+    m.def("run_program", &run_program, "run any KernelDesc program (generic interpreter)", pybind11::arg("inputs"),
+          pybind11::arg("maps"), pybind11::arg("out_shape"), pybind11::arg("K"), pybind11::arg("prologue"),
+          pybind11::arg("body"), pybind11::arg("epilogue"), pybind11::arg("r0_init"), pybind11::arg("threads"));
+    repops_cpu::bind_step_plan(m);
+    m.def("worker_mxcsr", &worker_mxcsr);
+    m.def("info", &info);
+}

@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: MIT
+//
+// gemm.cpp — the RepOps GEMM: C = A @ B with the dot-product order of kernels.h, on any strides.
+//
+// Structure (GotoBLAS/BLIS-like, but never splitting K across threads):
+//
+//   for each (batch b, column block of nc)           <- threads take these, or (one big matrix)
+//     for p0 in 0, kc, 2kc, ...  (K blocks, ascending; acc carried through C in fp32)
+//       pack B[p0:p0+kc, cols] into NR-wide panels        [k][NR]
+//       for each mc row block:                           <- ... threads take these instead
+//         pack A rows into MR-tall panels                 [k][MR]
+//         for each NR panel, for each MR panel: micro-kernel MR x NR, k ascending
+//
+// Carrying the accumulator through memory between K blocks stores it exactly (fp32), so the
+// chain for one output element is the same uninterrupted fma sequence whatever mc/kc/nc and
+// the thread count are. Only output tiles are distributed. Small GEMMs (N <= 128 and
+// M*N*K <= 2^18 per batch entry) skip the tiles: see gemm_small.
+
+#include <vector>
+
+#include "kernels.h"
+
+namespace repops_cpu {
+namespace {
+
+// Packs rows [i0, i0+rows) x k [p0, p0+kc) into MR-tall panels, layout [panel][k][MR],
+// zero-filling rows past `rows` (their outputs are discarded).
+void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, int64_t p0, int64_t kc,
+            float* out) {
+    for (int64_t ip = 0; ip < rows; ip += GEMM_MR) {
+        float* o = out + ip * kc;
+        int64_t r_valid = std::min<int64_t>(GEMM_MR, rows - ip);
+        if (sai == 1 && sak != 1) {
+            // A transposed (x^T @ g, the weight gradient): rows are contiguous, walk them inner.
+            for (int64_t k = 0; k < kc; k++) {
+                const float* src = A + (i0 + ip) + (p0 + k) * sak;
+                int64_t r = 0;
+                for (; r < r_valid; r++) o[k * GEMM_MR + r] = src[r];
+                for (; r < GEMM_MR; r++) o[k * GEMM_MR + r] = 0.0f;
+            }
+            continue;
+        }
+        for (int64_t r = 0; r < GEMM_MR; r++) {
+            if (r < r_valid) {
+                const float* src = A + (i0 + ip + r) * sai + p0 * sak;
+                for (int64_t k = 0; k < kc; k++) o[k * GEMM_MR + r] = src[k * sak];
+            } else {
+                for (int64_t k = 0; k < kc; k++) o[k * GEMM_MR + r] = 0.0f;
+            }
+        }
+    }
+}
+
+// Packs k [p0, p0+kc) x columns [j0, j0+cols) into NR-wide panels, layout [panel][k][NR].
+void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, int64_t p0, int64_t kc,
+            float* out) {
+    for (int64_t jp = 0; jp < cols; jp += GEMM_NR) {
+        float* o = out + jp * kc;
+        int64_t c_valid = std::min<int64_t>(GEMM_NR, cols - jp);
+        if (sbj == 1) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float* src = B + (p0 + k) * sbk + j0 + jp;
+                int64_t c = 0;
+                for (; c < c_valid; c++) o[k * GEMM_NR + c] = src[c];
+                for (; c < GEMM_NR; c++) o[k * GEMM_NR + c] = 0.0f;
+            }
+        } else {
+            for (int64_t c = 0; c < GEMM_NR; c++) {
+                if (c < c_valid) {
+                    const float* src = B + p0 * sbk + (j0 + jp + c) * sbj;
+                    for (int64_t k = 0; k < kc; k++) o[k * GEMM_NR + c] = src[k * sbk];
+                } else {
+                    for (int64_t k = 0; k < kc; k++) o[k * GEMM_NR + c] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+// One MR x NR tile over kc steps of k. `first`: this block starts at k = 0, so the chain opens
+// with one rounded multiply; otherwise the accumulators resume from C. `last`: canonicalise
+// NaN before the final store.
+void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* C, int64_t ldc,
+                  bool first, bool last, int64_t mr, int64_t nr) {
+    Vec acc[GEMM_MR][GEMM_NV];
+    alignas(64) float tile[GEMM_MR * GEMM_NR];
+    const bool full = mr == GEMM_MR && nr == GEMM_NR;
+    float* Cw = full ? C : tile;
+    const int64_t ld = full ? ldc : GEMM_NR;
+    if (!full) {
+        std::memset(tile, 0, sizeof tile);
+        if (!first)
+            for (int64_t i = 0; i < mr; i++)
+                for (int64_t j = 0; j < nr; j++) tile[i * GEMM_NR + j] = C[i * ldc + j];
+    }
+    int64_t k = 0;
+    if (first) {
+        Vec b[GEMM_NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < GEMM_NV; j++) b[j] = vload(Bp + j * W);
+#pragma GCC unroll 16
+        for (int i = 0; i < GEMM_MR; i++) {
+            Vec a = vbcast(Ap[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = vmul(a, b[j]);
+        }
+        k = 1;
+    } else {
+#pragma GCC unroll 16
+        for (int i = 0; i < GEMM_MR; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = vload(Cw + i * ld + j * W);
+    }
+    for (; k < kc; k++) {
+        const float* bk = Bp + k * GEMM_NR;
+        const float* ak = Ap + k * GEMM_MR;
+        Vec b[GEMM_NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < GEMM_NV; j++) b[j] = vload(bk + j * W);
+#pragma GCC unroll 16
+        for (int i = 0; i < GEMM_MR; i++) {
+            Vec a = vbcast(ak[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = vfma(a, b[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < GEMM_MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < GEMM_NV; j++) vstore(Cw + i * ld + j * W, last ? vcanon(acc[i][j]) : acc[i][j]);
+    if (!full)
+        for (int64_t i = 0; i < mr; i++)
+            for (int64_t j = 0; j < nr; j++) C[i * ldc + j] = tile[i * GEMM_NR + j];
+}
+
+// Rows [i_begin, i_end) of one output column block [j0, j0+cols) for one K block, given the
+// packed B block: pack each mc x kcur block of A and run the micro-kernels over it.
+void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpack, int64_t i_begin, int64_t i_end,
+                  int64_t j0, int64_t cols, int64_t p0, int64_t kcur, int64_t mc, std::vector<float>& abuf) {
+    const bool first = p0 == 0, last = p0 + kcur == g.K;
+    abuf.resize(round_up(mc, GEMM_MR) * kcur);
+    for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
+        const int64_t rows = std::min(mc, i_end - i0);
+        pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, abuf.data());
+        for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
+            for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
+                micro_kernel(kcur, abuf.data() + ir * kcur, bpack + jr * kcur, C + (i0 + ir) * g.N + j0 + jr, g.N,
+                             first, last, std::min<int64_t>(GEMM_MR, rows - ir), std::min<int64_t>(GEMM_NR, cols - jr));
+    }
+}
+
+// Two ways to hand out output blocks, chosen by shape; both give the same bits.
+//  * Many (batch, column block) pairs: each thread takes whole pairs and packs its own B block.
+//  * Few of them (one big matrix): for each column block and K block, the threads first pack
+//    the B block together (one NR panel per item), then take mc-row blocks of the output
+//    against the shared packed B. Packing B once per block, not once per thread, matters: with
+//    per-thread packing, narrow blocks made packing cost more than the FMAs.
+// Small GEMMs (a transformer block's 16-64-wide matrices): the blocked path's 12x32 tiles and
+// packing cost more than the FMAs there. Rows are computed directly instead: B packed once per
+// batch as [K][Np] (Np = N rounded up to W lanes, zero-padded), then for ROWS output rows at a
+// time and W columns per vector, acc = a[i,0] * b[0,j] (one rounded multiply) and
+// acc = fma(a[i,k], b[k,j], acc) for k = 1 .. K-1 ascending: the same chain per element.
+constexpr int64_t SMALL_GEMM_MAX_N = 128;
+constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
+
+template <int ROWS>
+inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, int64_t Np, float* C, int64_t i0) {
+    for (int64_t j0 = 0; j0 < Np; j0 += W) {
+        Vec acc[ROWS];
+        const Vec b0 = vload(bp + j0);
+        for (int r = 0; r < ROWS; r++) acc[r] = vmul(vbcast(A[(i0 + r) * g.sai]), b0);
+        for (int64_t k = 1; k < g.K; k++) {
+            const Vec bk = vload(bp + k * Np + j0);
+            for (int r = 0; r < ROWS; r++) acc[r] = vfma(vbcast(A[(i0 + r) * g.sai + k * g.sak]), bk, acc[r]);
+        }
+        const int64_t cols = std::min<int64_t>(W, g.N - j0);
+        for (int r = 0; r < ROWS; r++) {
+            float* c = C + (i0 + r) * g.N + j0;
+            if (cols == W) {
+                vstore(c, vcanon(acc[r]));
+            } else {
+                alignas(64) float tmp[W];
+                vstore(tmp, vcanon(acc[r]));
+                std::memcpy(c, tmp, sizeof(float) * cols);
+            }
+        }
+    }
+}
+
+void gemm_small(const GemmArgs& g, int64_t threads) {
+    const int64_t Np = round_up(g.N, W);
+    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) {
+        thread_local std::vector<float> bpack;
+        bpack.assign(g.K * Np, 0.0f);
+        const float* A = g.a_at(bi);
+        const float* B = g.b_at(bi);
+        float* C = g.C + bi * g.M * g.N;
+        for (int64_t k = 0; k < g.K; k++)
+            for (int64_t j = 0; j < g.N; j++) bpack[k * Np + j] = B[k * g.sbk + j * g.sbj];
+        int64_t i = 0;
+        for (; i + 4 <= g.M; i += 4) small_gemm_rows<4>(g, A, bpack.data(), Np, C, i);
+        for (; i < g.M; i++) small_gemm_rows<1>(g, A, bpack.data(), Np, C, i);
+    });
+}
+
+
+}  // namespace
+
+void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+    // Below ~2^20 FMAs (a few microseconds) waking a second thread costs more than it saves.
+    if ((double)g.batch * (double)g.M * (double)g.N * (double)g.K < (double)(1 << 20)) threads = 1;
+    if (g.N <= SMALL_GEMM_MAX_N && g.M * g.N * g.K <= SMALL_GEMM_MAX_WORK) {
+        gemm_small(g, threads);
+        return;
+    }
+    const int64_t n_nblocks = ceil_div(g.N, nc);
+    const int64_t n_pairs = g.batch * n_nblocks;
+    if (threads <= 1 || n_pairs >= 2 * threads) {
+        threads = std::max<int64_t>(1, std::min(threads, n_pairs));
+        std::vector<std::vector<float>> abuf(threads), bbuf(threads);
+        parallel_items(n_pairs, threads, [&](int64_t item, int64_t t) {
+            const int64_t bi = item / n_nblocks;
+            const int64_t j0 = (item % n_nblocks) * nc, cols = std::min(nc, g.N - j0);
+            const float* A = g.a_at(bi);
+            const float* B = g.b_at(bi);
+            float* C = g.C + bi * g.M * g.N;
+            bbuf[t].resize(round_up(nc, GEMM_NR) * kc);
+            for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
+                const int64_t kcur = std::min(kc, g.K - p0);
+                pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bbuf[t].data());
+                compute_rows(g, A, C, bbuf[t].data(), 0, g.M, j0, cols, p0, kcur, mc, abuf[t]);
+            }
+        });
+        return;
+    }
+    // Row blocks small enough that every thread gets about two of them.
+    const int64_t mc_eff = std::min(mc, std::max<int64_t>(GEMM_MR, round_up(ceil_div(g.M, 2 * threads), GEMM_MR)));
+    const int64_t n_iblocks = ceil_div(g.M, mc_eff);
+    std::vector<float> bpack(round_up(nc, GEMM_NR) * kc);
+    std::vector<std::vector<float>> abuf(threads);
+    for (int64_t bi = 0; bi < g.batch; bi++) {
+        const float* A = g.a_at(bi);
+        const float* B = g.b_at(bi);
+        float* C = g.C + bi * g.M * g.N;
+        for (int64_t j0 = 0; j0 < g.N; j0 += nc) {
+            const int64_t cols = std::min(nc, g.N - j0);
+            for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
+                const int64_t kcur = std::min(kc, g.K - p0);
+                parallel_items(ceil_div(cols, GEMM_NR), threads, [&](int64_t panel, int64_t) {
+                    const int64_t jp = panel * GEMM_NR;
+                    pack_b(B, g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), p0, kcur,
+                           bpack.data() + jp * kcur);
+                });
+                parallel_items(n_iblocks, threads, [&](int64_t ib, int64_t t) {
+                    const int64_t i0 = ib * mc_eff;
+                    compute_rows(g, A, C, bpack.data(), i0, std::min(g.M, i0 + mc_eff), j0, cols, p0, kcur, mc_eff,
+                                 abuf[t]);
+                });
+            }
+        }
+    }
+}
+
+}  // namespace repops_cpu

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+//
+// kernels.h — the internal API between the translation units of the RepOps CPU extension
+// (one extension per ISA, see simd.h): the fast kernels that the per-node path
+// (bindings.cpp) and the whole-step plan (step_plan.cpp) call. Pointers are raw float32 bit
+// storage; every address range was checked by the caller. No torch types here.
+//
+// Canonical orders (the spec, verde_chain/repops/library/; every kernel below keeps them):
+//   dot product   acc = a[0]*b[0]                (one rounded multiply)
+//                 acc = fma(a[k], b[k], acc)     k = 1 .. K-1 ascending; K == 0 gives +0
+//   sum           acc = x[0]; acc = acc + x[k]   k = 1 .. K-1 ascending
+//   max / min     acc = x[0]; acc = max(acc, x[k])   (rp_max / rp_min)
+//   mean          sum / (float)K
+//   add/sub/mul/div  one IEEE binary32 operation; max/min as above
+// Every NaN result is the canonical NaN 0x7FC00000; subnormals are honoured (FpEnvGuard).
+#pragma once
+
+#include <cstdint>
+
+#include "simd.h"
+
+namespace repops_cpu {
+
+// ---------------------------------------------------------------------------- GEMM (gemm.cpp)
+
+struct GemmArgs {
+    const float* A;
+    int64_t sab, sai, sak;  // a(b, i, k) = A[b*sab + i*sai + k*sak]
+    const float* B;
+    int64_t sbb, sbk, sbj;  // b(b, k, j) = B[b*sbb + k*sbk + j*sbj]
+    float* C;               // contiguous (batch, M, N)
+    int64_t batch, M, N, K;
+    // Optional per-batch element offsets (batch dims that do not collapse to one stride, e.g.
+    // a transposed (B, H) pair): a(b, ...) starts at A[aoff[b]] instead of A[b*sab].
+    const int64_t* aoff = nullptr;
+    const int64_t* boff = nullptr;
+    const float* a_at(int64_t bi) const { return A + (aoff ? aoff[bi] : bi * sab); }
+    const float* b_at(int64_t bi) const { return B + (boff ? boff[bi] : bi * sbb); }
+};
+
+// C = A @ B in the dot-product order; mc/kc/nc: cache blocking, rounded to whole micro-panels by
+// the caller (GEMM_MR, GEMM_NR); any values give the same bits.
+void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc);
+
+// ---------------------------------------------------------------------------- folds (reduce.cpp)
+
+// out[r] = fold_k X[r*sr + k*sk], r < R, K >= 1; op: RpReduceOp (generated/repops_isa.h).
+void reduce_into(const float* X, int64_t R, int64_t K, int64_t sr, int64_t sk, int64_t op, float* O,
+                 int64_t threads);
+
+// spec.scatter_add (embedding backward): out[v, d] = the spec's chain over p = 0 .. P-1 of
+// (idx[p] == v ? g[p, d] : +0); V <= 2^24 rows of R elements.
+void scatter_rows_into(const float* G, const float* IDX, int64_t P, int64_t R, int64_t V, float* O, int64_t threads);
+
+// ---------------------------------------------------------------------------- binaries (binary.cpp)
+
+// O[i] = A[i] (op) B[i], i < n; op: RpBinOp.
+void binary_into(const float* A, const float* B, float* O, int64_t n, int64_t op, int64_t threads);
+
+}  // namespace repops_cpu

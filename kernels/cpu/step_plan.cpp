@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: MIT
+//
+// step_plan.cpp — StepPlan: all nodes of one training step in one call (built once per graph by
+// verde_chain/repops/backends/cpu/step.py, StepKernel). Every node output lives in one arena
+// tensor allocated per run, at offsets fixed when the plan is built; node inputs are
+// (source, offset, numel) references, the source a graph.structure.SourceKind (generated
+// RP_SOURCE_*): this step's arena (outputs of earlier nodes), the previous step's arena (state
+// tensors) or the batch. Each node runs the same kernel as the per-node path (GEMM, fold,
+// binary, scatter, compiled map, or the interpreter), so the bits are the same; what disappears
+// is the per-node Python, pybind and allocation overhead, which dominated nodes of a few
+// thousand elements. Every address a node can touch is checked when it is added.
+
+#include <chrono>
+#include <vector>
+
+#include "kernels.h"
+#include "tensors.h"
+
+namespace repops_cpu {
+namespace {
+
+enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5 };
+using JitFn = void (*)(const void* const*, uint32_t*, int64_t, int64_t);
+
+struct Ref {
+    int64_t buf, offset, numel;
+};
+
+struct PlanNode {
+    int64_t kind = NK_PROGRAM;
+    int64_t out_offset = 0, out_numel = 0;
+    std::vector<Ref> ins;
+    bool has_prog = false;  // PROGRAM: the whole program; DOT/FOLD: an epilogue, run with r0 preset
+    Prog prog;
+    int64_t op = 0;  // FOLD: reduce op; BINARY: binary op
+    // DOT: input slots, geometry (pointers set per run), per-batch element offsets
+    int64_t sa = 0, sb = 0;
+    GemmArgs g{};
+    std::vector<int64_t> aoff, boff;
+    // FOLD: out[r] = fold_k X[xoff + r*sr + k*sk]
+    int64_t slot = 0, R = 0, Kr = 0, sr = 0, sk = 0, xoff = 0;
+    // JIT: a compiled map over n = out_numel elements
+    JitFn fn = nullptr;
+    int64_t work = 0;
+};
+
+class StepPlan {
+  public:
+    StepPlan(int64_t arena_numel, int64_t prev_numel, int64_t batch_numel, int64_t mc, int64_t kc, int64_t nc)
+        : size_{arena_numel, prev_numel, batch_numel},
+          mc_(round_up(std::max<int64_t>(1, mc), GEMM_MR)),
+          kc_(std::max<int64_t>(1, kc)),
+          nc_(round_up(std::max<int64_t>(1, nc), GEMM_NR)) {
+        for (int64_t s : size_) TORCH_CHECK(s >= 0, "buffer sizes must be >= 0");
+    }
+
+    void add_program(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                     const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi,
+                     int64_t out_offset) {
+        PlanNode nd = base_node(NK_PROGRAM, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = true;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A dot node: GEMM (batch = aoff.numel()) then, if the epilogue is not empty, the epilogue.
+    void add_dot(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                 const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
+                 int64_t sa, int64_t sb, int64_t M, int64_t N, const torch::Tensor& aoff, int64_t sai, int64_t sak,
+                 const torch::Tensor& boff, int64_t sbk, int64_t sbj) {
+        PlanNode nd = base_node(NK_DOT, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = epi.size(0) > 0;
+        const int64_t n_in = (int64_t)nd.ins.size();
+        TORCH_CHECK(sa >= 0 && sa < n_in && sb >= 0 && sb < n_in, "dot input slot out of range");
+        nd.sa = sa;
+        nd.sb = sb;
+        nd.aoff = offsets(aoff);
+        nd.boff = offsets(boff);
+        const int64_t nb = (int64_t)nd.aoff.size();
+        TORCH_CHECK((int64_t)nd.boff.size() == nb && nb >= 1 && M >= 1 && N >= 1, "bad dot geometry");
+        TORCH_CHECK(nb * M * N == nd.out_numel, "dot output ", nb, "x", M, "x", N, " != ", nd.out_numel);
+        check_box(nd.aoff, {sai, sak}, {M, K}, nd.ins[sa].numel, "dot A");
+        check_box(nd.boff, {sbk, sbj}, {K, N}, nd.ins[sb].numel, "dot B");
+        nd.g.sai = sai;
+        nd.g.sak = sak;
+        nd.g.sbk = sbk;
+        nd.g.sbj = sbj;
+        nd.g.batch = nb;
+        nd.g.M = M;
+        nd.g.N = N;
+        nd.g.K = K;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A fold node: out[r] = fold over k of X[xoff + r*sr + k*sk] (r < numel, k < K), then the
+    // epilogue if not empty.
+    void add_fold(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                  const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
+                  int64_t slot, int64_t op, int64_t xoff, int64_t sr, int64_t sk) {
+        PlanNode nd = base_node(NK_FOLD, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = epi.size(0) > 0;
+        TORCH_CHECK(slot >= 0 && slot < (int64_t)nd.ins.size(), "fold input slot out of range");
+        TORCH_CHECK(op >= 0 && op < RP_REDUCE_COUNT, "unknown reduce op ", op);
+        check_box({xoff}, {sr, sk}, {nd.out_numel, K}, nd.ins[slot].numel, "fold X");
+        nd.slot = slot;
+        nd.op = op;
+        nd.xoff = xoff;
+        nd.R = nd.out_numel;
+        nd.Kr = K;
+        nd.sr = sr;
+        nd.sk = sk;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // out[e] = a[e] (op) b[e], both inputs exactly out_numel long.
+    void add_binary(const torch::Tensor& refs, int64_t out_offset, int64_t numel, int64_t op) {
+        PlanNode nd;
+        nd.kind = NK_BINARY;
+        nd.ins = read_refs(refs);
+        set_out(nd, out_offset, numel);
+        TORCH_CHECK(op >= 0 && op < RP_BIN_COUNT, "unknown binary op ", op);
+        TORCH_CHECK(nd.ins.size() == 2 && nd.ins[0].numel == numel && nd.ins[1].numel == numel,
+                    "binary inputs must have the output's size");
+        nd.op = op;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A scatter-add node (spec.scatter_add, see scatter_rows_into): refs (g of P*R, idx of P).
+    void add_scatter(const torch::Tensor& refs, int64_t out_offset, int64_t P, int64_t R, int64_t V) {
+        PlanNode nd;
+        nd.kind = NK_SCATTER;
+        nd.ins = read_refs(refs);
+        TORCH_CHECK(P >= 1 && R >= 1 && V >= 1 && V <= (1 << 24), "bad scatter geometry");
+        set_out(nd, out_offset, V * R);
+        TORCH_CHECK(nd.ins.size() == 2 && nd.ins[0].numel == P * R && nd.ins[1].numel == P,
+                    "scatter inputs must be g (P*R elements) and idx (P)");
+        nd.R = R;
+        nd.Kr = P;
+        nodes_.push_back(std::move(nd));
+    }
+
+    // A compiled map (backends/cpu/jit.py jit_source): input t is read at lin[t] = (offset, stride) as
+    // offset + e*stride for e < numel. fn_addr is the map's address (the library stays loaded
+    // by functools.cache in Python; the plan's owner keeps a reference too).
+    void add_jit(const torch::Tensor& refs, const torch::Tensor& lin, int64_t out_offset, int64_t numel,
+                 int64_t fn_addr, int64_t work) {
+        PlanNode nd;
+        nd.kind = NK_JIT;
+        nd.ins = read_refs(refs);
+        set_out(nd, out_offset, numel);
+        TORCH_CHECK(fn_addr != 0, "null map function");
+        const std::vector<int64_t> rows = int64_rows(lin, (int64_t)nd.ins.size(), 2, "lin");
+        for (size_t t = 0; t < nd.ins.size(); t++)
+            check_box({rows[2 * t]}, {rows[2 * t + 1]}, {numel}, nd.ins[t].numel, "map input");
+        nd.fn = reinterpret_cast<JitFn>(fn_addr);
+        nd.work = work;
+        nodes_.push_back(std::move(nd));
+    }
+
+    int64_t size() const { return (int64_t)nodes_.size(); }
+
+    // times (optional, float64, one per node): each node's seconds are ADDED to its entry
+    // (profiling: scripts/bench_ops.py files them under op families).
+    torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
+                      const c10::optional<torch::Tensor>& times) const {
+        check_buffer(prev, size_[RP_SOURCE_PREV_STEP_NODE_OUTPUT], "previous arena");
+        check_buffer(batch, size_[RP_SOURCE_BATCH], "batch");
+        double* node_s = nullptr;
+        if (times.has_value()) {
+            TORCH_CHECK(times->scalar_type() == torch::kFloat64 && times->is_contiguous() &&
+                            times->numel() == (int64_t)nodes_.size(),
+                        "times must be a contiguous float64 tensor with one entry per node");
+            node_s = times->data_ptr<double>();
+        }
+        torch::Tensor arena =
+            torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
+        float* base[RP_SOURCE_BATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
+                          const_cast<float*>(batch.data_ptr<float>())};
+        LanesCache cache;
+        std::vector<const uint32_t*> data;
+        for (size_t i = 0; i < nodes_.size(); i++) {
+            const PlanNode& nd = nodes_[i];
+            const auto t0 = std::chrono::steady_clock::now();
+            data.assign(std::max<size_t>(1, nd.ins.size()), nullptr);
+            for (size_t t = 0; t < nd.ins.size(); t++)
+                data[t] = reinterpret_cast<const uint32_t*>(base[nd.ins[t].buf] + nd.ins[t].offset);
+            float* out = base[RP_SOURCE_NODE_OUTPUT] + nd.out_offset;
+            uint32_t* out_bits = reinterpret_cast<uint32_t*>(out);
+            switch (nd.kind) {
+                case NK_PROGRAM: exec_prog(nd.prog, data.data(), out_bits, nullptr, threads, cache); break;
+                case NK_DOT: {
+                    GemmArgs g = nd.g;
+                    g.A = reinterpret_cast<const float*>(data[nd.sa]);
+                    g.B = reinterpret_cast<const float*>(data[nd.sb]);
+                    g.C = out;
+                    g.aoff = nd.aoff.data();
+                    g.boff = nd.boff.data();
+                    gemm(g, threads, mc_, kc_, nc_);
+                    break;
+                }
+                case NK_FOLD:
+                    reduce_into(reinterpret_cast<const float*>(data[nd.slot]) + nd.xoff, nd.R, nd.Kr, nd.sr, nd.sk,
+                                nd.op, out, threads);
+                    break;
+                case NK_BINARY:
+                    binary_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
+                                out, nd.out_numel, nd.op, threads);
+                    break;
+                case NK_SCATTER:
+                    scatter_rows_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
+                                      nd.Kr, nd.R, nd.out_numel / nd.R, out, threads);
+                    break;
+                default: run_jit(nd, data, out_bits, threads); break;
+            }
+            if (nd.has_prog && nd.kind != NK_PROGRAM) exec_prog(nd.prog, data.data(), out_bits, out_bits, threads, cache);
+            if (node_s) node_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        return arena;
+    }
+
+  private:
+    int64_t size_[RP_SOURCE_BATCH + 1];  // element count per source kind
+    int64_t mc_, kc_, nc_;
+    std::vector<PlanNode> nodes_;
+
+    static void run_jit(const PlanNode& nd, const std::vector<const uint32_t*>& data, uint32_t* out,
+                        int64_t threads) {
+        const void* const* in = reinterpret_cast<const void* const*>(data.data());
+        const int64_t n = nd.out_numel;
+        // The same threshold as the Python pool of the per-node path (backends/cpu/backend.py CpuBackend._run_jit).
+        if (threads <= 1 || nd.work < (1 << 18)) {
+            nd.fn(in, out, 0, n);
+            return;
+        }
+        parallel_items(threads, threads, [&](int64_t i, int64_t) { nd.fn(in, out, n * i / threads, n * (i + 1) / threads); });
+    }
+
+    static void check_buffer(const torch::Tensor& t, int64_t numel, const char* what) {
+        TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), what,
+                    " must be a contiguous CPU float32 tensor");
+        TORCH_CHECK(t.numel() == numel, what, " has ", t.numel(), " elements, the plan expects ", numel);
+    }
+
+    std::vector<Ref> read_refs(const torch::Tensor& refs) const {
+        TORCH_CHECK(refs.dim() == 2, "refs must be (n_inputs, 3)");
+        const std::vector<int64_t> rows = int64_rows(refs, refs.size(0), 3, "refs");
+        std::vector<Ref> out(refs.size(0));
+        for (size_t t = 0; t < out.size(); t++) {
+            const Ref r{rows[3 * t], rows[3 * t + 1], rows[3 * t + 2]};
+            TORCH_CHECK(r.buf >= RP_SOURCE_NODE_OUTPUT && r.buf <= RP_SOURCE_BATCH, "unknown buffer ", r.buf);
+            TORCH_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= size_[r.buf], "input ", t,
+                        " [", r.offset, ", +", r.numel, ") leaves buffer ", r.buf, " of ", size_[r.buf]);
+            out[t] = r;
+        }
+        return out;
+    }
+
+    void set_out(PlanNode& nd, int64_t out_offset, int64_t numel) const {
+        const int64_t arena = size_[RP_SOURCE_NODE_OUTPUT];
+        TORCH_CHECK(out_offset >= 0 && numel >= 1 && out_offset + numel <= arena, "output [", out_offset, ", +", numel,
+                    ") leaves the arena of ", arena);
+        nd.out_offset = out_offset;
+        nd.out_numel = numel;
+    }
+
+    PlanNode base_node(int64_t kind, const torch::Tensor& refs, const torch::Tensor& maps,
+                       const std::vector<int64_t>& out_shape, int64_t K, const torch::Tensor& pro,
+                       const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset) const {
+        PlanNode nd;
+        nd.kind = kind;
+        nd.ins = read_refs(refs);
+        std::vector<int64_t> numels;
+        for (const Ref& r : nd.ins) numels.push_back(r.numel);
+        nd.prog = make_prog(int64_rows(maps, (int64_t)nd.ins.size(), (int64_t)out_shape.size() + 4, "maps").data(),
+                            (int64_t)nd.ins.size(), out_shape, K, read_program(pro), read_program(body),
+                            read_program(epi), numels);
+        set_out(nd, out_offset, nd.prog.numel);
+        return nd;
+    }
+
+    static std::vector<int64_t> offsets(const torch::Tensor& t) {
+        TORCH_CHECK(t.scalar_type() == torch::kInt64 && t.dim() == 1, "offsets must be a 1-D int64 tensor");
+        auto c = t.contiguous();
+        return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    }
+
+    // SAFETY: the kernels read base + sum(i_d * stride_d) unchecked for every i_d < extent_d;
+    // with non-negative strides the extremes are base and base + sum((extent_d - 1) * stride_d).
+    static void check_box(const std::vector<int64_t>& bases, std::vector<int64_t> strides,
+                          std::vector<int64_t> extents, int64_t numel, const char* what) {
+        int64_t span = 0;
+        for (size_t d = 0; d < strides.size(); d++) {
+            TORCH_CHECK(strides[d] >= 0 && extents[d] >= 1, what, ": strides must be >= 0");
+            span += strides[d] * (extents[d] - 1);
+        }
+        for (int64_t b : bases)
+            TORCH_CHECK(b >= 0 && b + span < numel, what, " addresses [", b, ", ", b + span, "] leave [0, ", numel, ")");
+    }
+};
+
+}  // namespace
+
+void bind_step_plan(pybind11::module& m) {
+    pybind11::class_<StepPlan>(m, "StepPlan", "all nodes of one training step in one call")
+        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("arena_numel"),
+             pybind11::arg("prev_numel"), pybind11::arg("batch_numel"), pybind11::arg("mc"), pybind11::arg("kc"),
+             pybind11::arg("nc"))
+        .def("add_program", &StepPlan::add_program)
+        .def("add_dot", &StepPlan::add_dot)
+        .def("add_fold", &StepPlan::add_fold)
+        .def("add_binary", &StepPlan::add_binary)
+        .def("add_jit", &StepPlan::add_jit)
+        .def("add_scatter", &StepPlan::add_scatter)
+        .def("__len__", &StepPlan::size)
+        .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
+             pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+}  // namespace repops_cpu

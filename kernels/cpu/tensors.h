@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: MIT
+//
+// tensors.h — torch tensors in and out of the RepOps CPU kernels: the checks and decodings the
+// per-node entry points (bindings.cpp) and the whole-step plan (step_plan.cpp) share.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "interpreter.h"
+
+namespace repops_cpu {
+
+inline void check_f32_cpu(const torch::Tensor& t, const char* what) {
+    TORCH_CHECK(t.device().is_cpu(), what, " must be a CPU tensor");
+    TORCH_CHECK(t.scalar_type() == torch::kFloat32, what, " must be float32, got ", t.scalar_type());
+}
+
+// The rows of an (n_rows, n_cols) int64 table, flat.
+inline std::vector<int64_t> int64_rows(const torch::Tensor& t, int64_t n_rows, int64_t n_cols, const char* what) {
+    TORCH_CHECK(t.scalar_type() == torch::kInt64 && t.dim() == 2 && t.size(0) == n_rows && t.size(1) == n_cols,
+                what, " must be an (", n_rows, ", ", n_cols, ") int64 tensor");
+    auto c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n_rows * n_cols);
+}
+
+// A program as an (n, 5) int64 tensor of rows `op, dst, a, b, imm`, decoded and checked.
+inline std::vector<Instr> read_program(const torch::Tensor& code) {
+    TORCH_CHECK(code.dim() == 2 && code.size(1) == 5 && code.scalar_type() == torch::kInt64,
+                "programs are (n, 5) int64 tensors: op, dst, a, b, imm");
+    return decode_program(int64_rows(code, code.size(0), 5, "program").data(), code.size(0));
+}
+
+// Registers the StepPlan class (step_plan.cpp) in the extension module.
+void bind_step_plan(pybind11::module& m);
+
+}  // namespace repops_cpu

@@ -1,0 +1,136 @@
+"""Compiled maps: long straight-line programs as generated C++ over ``kernels/repops_map.h``.
+
+Long maps (transcendentals, optimizer updates, the elementwise parts of norms and losses) are
+compiled: the program becomes the body of one loop over output elements, W of them per
+iteration (W lanes of a GCC vector per register), every instruction the template of
+``kernels/repops_fp32.h`` (the one definition every C++/CUDA path uses) instantiated for W lanes.
+The compiler vectorises across ELEMENTS only, never across k (there is none), and runs with
+-ffp-contract=off and without fast-math, so each instruction stays one IEEE operation rounded
+once. NaN results are canonicalised once, at the end (``kernels/repops_map.h`` says why that
+gives the spec's bits). Eligible: K = 1, every input read through a linear map (contiguous or
+scalar broadcast), no COORD/LOADIDX, at least JIT_MIN_INSTRS instructions or JIT_MIN_NUMEL
+elements (small short programs are not worth a compile). One shared object per (program, linear
+maps, ISA), cached on disk (well under a second per compile) under a key that covers the headers
+too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+from collections.abc import Callable
+
+from verde_chain.repops.backends.cpu import extension as ext
+from verde_chain.repops.backends.plan import linear_stride
+from verde_chain.repops.backends.registry import BackendUnavailable
+from verde_chain.repops.isa import Op
+from verde_chain.repops.program import KernelDesc
+
+JIT_MIN_INSTRS = 8
+JIT_MIN_NUMEL = 1 << 16  # ... or at least this many output elements
+JIT_DIR = ext.BUILD_ROOT / "repops_jit"
+JIT_LANES = {"scalar": 4, "avx2": 8, "avx512": 16}
+HEADERS = (ext.KERNELS / "repops_map.h", ext.KERNELS / "repops_fp32.h", ext.KERNELS / "generated" / "repops_isa.h")
+
+# Each opcode in a compiled map: its repops_fp32.h template on W lanes (the instruction's value
+# where it has one: the map canonicalises once, at the end), or None: not compiled, the
+# interpreter runs such a program. Every Op has a row (a new one fails this module's import).
+_JIT_OPS: dict[Op, str | None] = {
+    Op.ADD: "rp_add_value({a}, {b})", Op.SUB: "rp_sub_value({a}, {b})", Op.MUL: "rp_mul_value({a}, {b})",
+    Op.DIV: "rp_div_value({a}, {b})", Op.FMA: "rp_fma_value({a}, {b}, {c})", Op.SQRT: "rp_sqrt_value({a})",
+    Op.MAX: "rp_max({a}, {b})", Op.MIN: "rp_min({a}, {b})", Op.LT: "rp_lt({a}, {b})", Op.EQ: "rp_eq({a}, {b})",
+    Op.SELECT: "rp_select_value({a}, {b}, {c})", Op.RINT: "rp_rint_value({a})", Op.FLOOR: "rp_floor_value({a})",
+    Op.LDEXP: "rp_ldexp({a}, {b})", Op.GETEXP: "rp_getexp({a})", Op.GETMANT: "rp_getmant({a})",
+    Op.NEG: "rp_neg_value({a})", Op.ABS: "rp_abs_value({a})", Op.MOV: "rp_mov_value({a})",
+    Op.CONST: "rp_splat<vu>({imm}u)", Op.LOAD: "x{imm}",
+    Op.COORD: None, Op.LOADIDX: None,
+}  # fmt: skip
+if set(_JIT_OPS) != set(Op):
+    raise AssertionError(f"compiled maps: no row for {sorted(o.name for o in set(Op) - set(_JIT_OPS))}")
+
+
+def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INSTRS) -> str | None:
+    """C++ source of ``desc`` as one vector loop (``lanes`` elements per iteration), or None if
+    it is not an eligible map.
+
+    Every LOAD of input t reads the same address for a given element (K = 1), so each input is
+    loaded once per iteration into x_t: a full vector, or zero-padded lanes in the tail."""
+    code = desc.prologue + desc.epilogue  # K = 1: both run at k = 0
+    if desc.K != 1 or desc.body or len(code) < min_instrs:
+        return None
+    strides = [linear_stride(m, desc.out_shape) for m in desc.inputs]
+    if any(s is None or s < 0 for s in strides):
+        return None
+    lines = []
+    for ins in code:
+        spelling = _JIT_OPS[ins.op]
+        if spelling is None:
+            return None  # COORD, LOADIDX: the interpreter handles them
+        lines.append(f"r{ins.dst} = " + spelling.format(a=f"r{ins.a}", b=f"r{ins.b}", c=f"r{ins.imm & 15}", imm=ins.imm) + ";")
+    # The result is canonicalised unless r0's last writer copies raw bits (LOAD, CONST keep
+    # payloads in the spec; every register instruction canonicalises).
+    last = next((i for i in reversed(code) if i.dst == 0), None)
+    ret = "r0" if last is None or last.op in (Op.LOAD, Op.CONST) else "rp_canon(r0)"
+    n_in = len(desc.inputs)
+    params = ", ".join(f"vu x{t}" for t in range(n_in))
+    args = ", ".join(f"x{t}" for t in range(n_in))
+    regs = ", ".join(f"r{i} = rp_splat<vu>(0u)" for i in range(16))
+    body = "\n    ".join(lines)
+
+    def load(t: int, tail: bool) -> str:
+        m, s = desc.inputs[t], strides[t]
+        src = f"((const uint32_t*)in[{t}])"
+        if s == 0:
+            return f"const vu x{t} = rp_splat<vu>({src}[{m.offset}]);"
+        if s == 1 and not tail:
+            return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {m.offset} + e, sizeof x{t});"
+        lim = "rem" if tail else "W"
+        return f"vu x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{m.offset} + (e + i) * {s}];"
+
+    main_loads = "\n        ".join(load(t, False) for t in range(n_in))
+    tail_loads = "\n        ".join(load(t, True) for t in range(n_in))
+    return (
+        f'#define W {lanes}\n#include "repops_map.h"\n'
+        + f"RP_MAP_BODY({params}) {{\n    vu {regs};\n    {body}\n    return {ret};\n}}\n"
+        + 'extern "C" __attribute__((visibility("default")))\n'
+        + "void repops_map(const void* const* in, uint32_t* out, int64_t e0, int64_t e1) {\n"
+        + "    RP_MAP_FPENV_ENTER;\n    int64_t e = e0;\n"
+        + f"    for (; e + W <= e1; e += W) {{\n        {main_loads}\n"
+        + f"        const vu r = body({args});\n        __builtin_memcpy(out + e, &r, sizeof r);\n    }}\n"
+        + f"    if (e < e1) {{\n        const int rem = (int)(e1 - e);\n        {tail_loads}\n"
+        + f"        const vu r = body({args});\n        for (int i = 0; i < rem; i++) out[e + i] = r[i];\n    }}\n"
+        + "    RP_MAP_FPENV_EXIT;\n}\n"
+    )
+
+
+_JIT_SIGNATURE = (ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32), ctypes.c_int64, ctypes.c_int64)
+
+
+@functools.cache
+def jit_compile(source: str, isa: str) -> Callable[..., None]:
+    """Compile (or load from the disk cache) one generated map; returns the C function."""
+    # -fno-trapping-math lets the compiler evaluate both sides of a select (if-conversion, so
+    # the loop vectorises); it only drops the promise about FP exception flags and traps, which
+    # nothing here enables or reads. Values stay IEEE: no contraction, no fast-math.
+    flags = [*ext.build_flags(isa), "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC",
+             f"-I{ext.KERNELS}"]  # fmt: skip
+    key = hashlib.sha256((source + ext.source_key(HEADERS, flags)).encode()).hexdigest()[:16]
+    JIT_DIR.mkdir(parents=True, exist_ok=True)
+    lib_path = JIT_DIR / f"map_{isa}_{key}.so"
+    if not lib_path.exists():
+        src = JIT_DIR / f"map_{isa}_{key}.{os.getpid()}.cpp"
+        tmp = JIT_DIR / f"map_{isa}_{key}.{os.getpid()}.so"
+        src.write_text(source)
+        cxx = os.environ.get("CXX", "c++")
+        proc = subprocess.run([cxx, *flags, "-o", str(tmp), str(src)], capture_output=True, text=True, check=False)
+        src.unlink(missing_ok=True)
+        if proc.returncode != 0:
+            raise BackendUnavailable(f"compiling a RepOps map failed: {proc.stderr[-2000:]}")
+        os.replace(tmp, lib_path)  # atomic: concurrent processes never load a partial file
+    fn = ctypes.CDLL(str(lib_path)).repops_map
+    fn.argtypes = _JIT_SIGNATURE
+    fn.restype = None
+    return fn
