@@ -62,7 +62,15 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def _deploy_args(p: argparse.ArgumentParser) -> None:
+    from verde_chain.market.marketparams import PROFILES
+
     p.add_argument("--rpc-url", default=None, help="JSON-RPC endpoint (default: start an embedded Anvil)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="mainnet",
+                   help="the JobMarket's immutable parameters: bounds on clocks, windows, deadlines and bonds "
+                        "(mainnet: 12 s blocks, bond floor at 20 gwei; fast: 1 s blocks, 1 gwei)")
+    p.add_argument("--token-floor", action="append", default=[], metavar="TOKEN:MIN_BOND",
+                   help="also allow jobs paid in ERC-20 TOKEN, with bonds of at least MIN_BOND (smallest units); "
+                        "repeatable")
     p.add_argument("--out", type=Path, default=None, help="write the deployment record here (JSON)")
     p.add_argument("--json", action="store_true", help="print the deployment record as JSON")
 
@@ -71,6 +79,14 @@ def _deploy_args(p: argparse.ArgumentParser) -> None:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from web3 import HTTPProvider, Web3
 
+    from verde_chain.market.marketparams import PROFILES
+
+    params = PROFILES[args.profile]
+    for item in args.token_floor:
+        token, _, amount = item.partition(":")
+        if not Web3.is_address(token) or not amount.isdigit() or int(amount) == 0:
+            raise VerdeError(f"--token-floor wants TOKEN:MIN_BOND (an address and a positive integer), got {item!r}")
+        params = params.with_token(Web3.to_checksum_address(token), int(amount))
     artifacts = compile_contracts()
     node = None
     try:
@@ -83,7 +99,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             node = Anvil()
             rpc_url = node.rpc_url
             w3 = node.web3()
-        record, _ = deploy_full_system(w3, artifacts, rpc_url)
+        record, _ = deploy_full_system(w3, artifacts, rpc_url, params=params)
         out = args.out or Path("build") / "deployments" / f"{record.chain_id}.json"
         record.write(out)
         if args.json:

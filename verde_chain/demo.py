@@ -37,6 +37,7 @@ from verde_chain.chain.anvil import Anvil
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
+from verde_chain.chain.tx import gas_in_calls_to
 from verde_chain.dispute.types import GameView, Phase
 from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
@@ -218,7 +219,10 @@ def _report(w3: Any, market: Market, job: Job, job_id: int, bots: list[Bot], dep
             per_party[b.name] += 1
             if t.kind == "step":
                 tx = w3.eth.get_transaction(HexStr(t.hash))
-                referee = {"step_gas": t.gas_used, "step_calldata_bytes": len(tx["input"]), "stepped_by": b.name}
+                # the step transaction also carries the market's settlement of the game (rejecting
+                # the result, assigning and burning the stake): reported apart from the proof
+                referee = {"step_gas": t.gas_used, "settlement_gas": gas_in_calls_to(w3, t.hash, market.address),
+                           "step_calldata_bytes": len(tx["input"]), "stepped_by": b.name}
     png = out / "bisection.png"
     first = game_ids[0] if game_ids else None
     if first is not None:
@@ -264,7 +268,8 @@ def _print_report(r: dict[str, Any]) -> None:
     if ref.get("step_gas"):
         print(f"referee: ONE binary32 instruction (micro-step {ref.get('micro_step')} of {ref.get('micro_steps')}, "
               f"element {ref.get('element')} of node {ref.get('node')} '{ref.get('node_label')}' at step "
-              f"{ref.get('step')}) in {ref['step_gas']:,} gas with {ref['step_calldata_bytes']} bytes of calldata, "
+              f"{ref.get('step')}) in {ref['step_gas']:,} gas ({ref['settlement_gas']:,} of it the market's settlement) "
+              f"with {ref['step_calldata_bytes']} bytes of calldata, "
               f"against {r['job_instructions']:,} instructions in the job (1 in {r['job_instructions']:,})")
     else:
         print(f"referee: resolved by {ref.get('resolution')} without executing an instruction; the job has "

@@ -141,7 +141,10 @@ def configure_client(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bond", type=int, default=d.min_challenge_bond, help="minimum challenge bond (smallest units)")
     p.add_argument("--slots", type=int, default=d.slots)
     p.add_argument("--submission-window", type=int, default=d.submission_window, help="seconds")
-    p.add_argument("--challenge-window", type=int, default=d.challenge_window, help="seconds")
+    p.add_argument("--reveal-window", type=int, default=d.reveal_window,
+                   help="seconds after the submission deadline in which trainers reveal their committed results")
+    p.add_argument("--challenge-window", type=int, default=d.challenge_window,
+                   help="seconds after the reveal deadline in which results can still be disputed")
     p.add_argument("--clock", type=int, default=d.clock_seconds, help="chess-clock seconds per party per game")
     p.add_argument("--arity", type=int, default=d.arity)
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
@@ -161,7 +164,8 @@ def run_client(args: argparse.Namespace) -> int:
     w3, artifacts, market = connect_market(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
     offer = JobOffer(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
-                     args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token)
+                     args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token,
+                     reveal_window=args.reveal_window)
     job_id = bot.post(offer)
     done = lambda: (bot.store.job(job_id) or {}).get("state") == "done"
     try:

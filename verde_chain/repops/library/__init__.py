@@ -135,7 +135,7 @@ from verde_chain.repops.library.shapes import (
 
 __all__ = [
     "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
-    "I", "AdamConstants", "Builder", "Composite", "ConvGeometry", "Node", "Runner", "Shape", "adam",
+    "AdamConstants", "Builder", "Composite", "ConvGeometry", "I", "Node", "Runner", "Shape", "adam",
     "adam_constants", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
     "batch_norm_training", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes",
     "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_grad",
