@@ -2,6 +2,10 @@
  *
  * keccak_tree.c — Ethereum keccak-256 and the verde_chain tensor Merkle root, in portable C.
  *
+ * Why one file over ~800 lines: it is loaded as one ctypes shared object (commit/native.py) and its
+ * scalar, AVX2 (4 lanes) and AVX-512 (8 lanes) permutations must stay bit-identical; kept together
+ * they are compared in one place (tests/commit) and dispatched by one CPU check.
+ *
  * Twin of verde_chain/commit/merkle.py (generic positional trees) plus the tensor leaf packing:
  *
  *   tensor (n binary32 values, flat C order)

@@ -1,5 +1,9 @@
 """Kernel descriptors: the canonical definition of one RepOps primitive node.
 
+Why one module over ~500 lines: the descriptor, its byte encoding (hashed into graph roots and read
+by ``contracts/vm/DescView.sol``) and the scalar interpreter that defines its meaning must change
+together; this file is the spec the ScalarVM is checked against.
+
 A primitive node computes every output element ``e`` by running ONE straight-line scalar program
 over binary32 registers. The :class:`KernelDesc` fixes everything that program can see:
 

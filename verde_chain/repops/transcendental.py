@@ -11,6 +11,11 @@ programs), the result ends in r0, and programs use r0..r15 only. Programs never 
 
 The programs are written with the builder of ``ssa.py`` (virtual registers, linear-scan register
 allocation), so each algorithm reads like the maths it implements.
+
+Why one module over ~500 lines: the programs are composed from the same private building blocks
+(``_exp_parts``, ``_recip_1p``, ``_horner_pair``, ``_log_parts``, ``_trig_parts``) whose error
+budgets the accuracy notes in ``docs/repops-transcendentals.md`` reason about together; split,
+those blocks would become a public API with no other user.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Every function takes and returns raw binary32 bit patterns (``int`` in ``0 .. 2*
 mirrors the Solidity algorithm step by step, so the bots can predict, bit for bit, what the
 contract computes. No Python floats, no numpy.
 
+Why one module over ~500 lines: it follows ``SoftFloat32.sol`` function by function, in the
+contract's order, so the differential test and a reviewer can read the two side by side; split,
+the twin would no longer mirror its contract.
+
 Bit layout (the same picture opens the Solidity library)::
 
      31 30          23 22                                0
