@@ -98,6 +98,9 @@ struct alignas(64) Slot {
     std::atomic<uint32_t> seq{0};  // bumped by a caller to wake this worker
 };
 
+// The spread check (set_spread_check): every thread of a job runs at least one item.
+std::atomic<bool> g_spread{false};
+
 struct Job {
     ItemFn fn = nullptr;
     void* ctx = nullptr;
@@ -105,6 +108,11 @@ struct Job {
     std::atomic<int64_t> next{0};
     std::mutex error_mutex;
     std::exception_ptr error;
+    // Spread check only: item w is reserved for worker w < threads (taken once, even by a worker
+    // that joins twice), and the caller waits until the workers have run theirs.
+    bool spread = false;
+    std::vector<std::atomic<uint8_t>> taken;
+    std::atomic<int32_t> reserved_done{0};
 };
 
 // Claims and runs items of `job` until none is left; an exception stops this thread's share and
@@ -114,7 +122,7 @@ void run_share(Job& job, int64_t worker) {
     const bool outer = t_in_items;
     t_in_items = true;
     bool ran = false;
-    for (int64_t i = job.next.fetch_add(1); i < job.n_items; i = job.next.fetch_add(1)) {
+    auto run_one = [&](int64_t i) {
         try {
             job.fn(job.ctx, i, worker);
         } catch (...) {
@@ -123,7 +131,12 @@ void run_share(Job& job, int64_t worker) {
             job.next.store(job.n_items);
         }
         ran = true;
+    };
+    if (job.spread && worker < job.threads && job.taken[worker].exchange(1) == 0) {
+        run_one(worker);
+        if (worker > 0 && job.reserved_done.fetch_add(1) + 2 == job.threads) job.reserved_done.notify_one();
     }
+    for (int64_t i = job.next.fetch_add(1); i < job.n_items; i = job.next.fetch_add(1)) run_one(i);
     t_in_items = outer;
     if (ran) note_engaged();
 }
@@ -141,8 +154,14 @@ class Pool {
         job_.ctx = ctx;
         job_.n_items = n_items;
         job_.threads = threads;
-        job_.next.store(0);
         job_.error = nullptr;
+        job_.spread = g_spread.load();
+        if (job_.spread) {
+            if ((int64_t)job_.taken.size() < threads) job_.taken = std::vector<std::atomic<uint8_t>>(threads);
+            for (int64_t w = 0; w < threads; w++) job_.taken[w].store(0);
+            job_.reserved_done.store(0);
+        }
+        job_.next.store(job_.spread ? threads : 0);
         open_.store(true);
         for (int64_t w = 1; w < threads; w++) {
             Slot& s = *slots_[w];
@@ -150,6 +169,10 @@ class Pool {
             s.seq.notify_one();
         }
         run_share(job_, 0);
+        if (job_.spread) {
+            for (int32_t d = job_.reserved_done.load(); d + 1 < threads; d = job_.reserved_done.load())
+                job_.reserved_done.wait(d);
+        }
         open_.store(false);
         // Wait for the workers still inside (their items are in progress, or they are leaving).
         int32_t a = active_.load();
@@ -239,6 +262,8 @@ void run_items(int64_t n_items, int64_t threads, ItemFn fn, void* ctx) {
     }
     pool().run(n_items, threads, fn, ctx);
 }
+
+void set_spread_check(bool on) { g_spread.store(on); }
 
 void probe_reset() {
     std::lock_guard<std::mutex> lock(g_probe_mutex);

@@ -62,6 +62,12 @@ inline int64_t threads_for(int64_t threads, int64_t n_items, double work, double
 void probe_reset();
 std::vector<int64_t> probe_threads();
 
+// The spread check, for tests: while on, every thread of a call runs at least one item (item w is
+// reserved for worker w, and the call waits for late workers to run theirs), so a test at N
+// threads knows that N threads worked, whatever the OS scheduler does on a busy machine. The
+// items and their code are the same as without it; only who claims which item first differs.
+void set_spread_check(bool on);
+
 // Pool workers started so far (they live until the process exits).
 int64_t pool_size();
 

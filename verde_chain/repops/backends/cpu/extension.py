@@ -410,6 +410,12 @@ def probe_reset(isa: str | None = None) -> None:
     _ext(isa).probe_reset()
 
 
+def set_spread_check(on: bool, isa: str | None = None) -> None:
+    """Tests: while on, every thread of a call of ``isa``'s kernels runs at least one item (late
+    threads are waited for), so a call at N threads is known to have used them."""
+    _ext(isa).set_spread_check(on)
+
+
 def probe_threads(isa: str | None = None) -> list[int]:
     """The OS thread ids that ran at least one item of ``isa``'s kernels since
     :func:`probe_reset`: how many threads really worked."""
