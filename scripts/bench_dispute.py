@@ -10,9 +10,11 @@ Runs four games on a fresh Anvil:
     honest defender vs lying challenger
 
 and prints a table of moves and gas per party and level, the totals, and whether the goals
-(<= 40 moves per party, <= 5,000,000 gas both parties together) hold.
+(<= 40 moves per party, <= 5,000,000 gas both parties together) hold. Level 1 splits at the job's
+checkpoints first (every ``--interval`` steps). The last line is the largest gas an honest
+defender spent on one whole game: what ``verde_chain.market.marketparams.DEFENCE_GAS`` must cover.
 
-Usage: .venv/bin/python scripts/bench_dispute.py [--steps 1000] [--nodes 64] [--arity 16]
+Usage: .venv/bin/python scripts/bench_dispute.py [--steps 1000] [--nodes 64] [--arity 16] [--interval 100]
 
 The toy job is test support code (``tests/support/toy.py``): the script puts the repository root on
 ``sys.path`` to reach it.
@@ -38,6 +40,7 @@ from verde_chain.dispute import players as pl
 from verde_chain.dispute.cheats import MicroFault
 from verde_chain.dispute.kernel_world import KernelJob, KernelWorld
 from verde_chain.dispute.types import GameParams
+from verde_chain.market.marketparams import DEFENCE_GAS
 
 MOVE_GOAL = 40
 GAS_GOAL = 5_000_000
@@ -61,6 +64,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--arity", type=int, default=16)
+    ap.add_argument("--interval", type=int, default=100, help="checkpoint interval N of the job")
     ap.add_argument("--numel", type=int, default=4096, help="elements of the largest output tensors")
     ap.add_argument("--micro", type=int, default=4097, help="micro-steps of the largest programs")
     ap.add_argument("--seed", type=int, default=1)
@@ -79,7 +83,7 @@ def main() -> int:
     liar.step_commitment(a.steps)
     print(f"job: T={a.steps} steps, {a.nodes} nodes/step, k={a.arity}, largest tensor {a.numel} elements, "
           f"largest program N={a.micro}; fault {fault}; worlds built in {time.time() - t0:.1f}s")
-    bound = bisection.move_bound(a.steps, a.nodes, -(-a.numel // 128), a.micro, a.arity)
+    bound = bisection.move_bound(a.steps, a.nodes, -(-a.numel // 128), a.micro, a.arity, a.interval)
     print(f"move bound (full game): defender {bound.defender}, challenger {bound.challenger}")
 
     t0 = time.time()
@@ -99,6 +103,7 @@ def main() -> int:
 
     arts = compile_contracts()
     ok = True
+    defence = 0
     with Anvil() as anvil:
         w3 = anvil.web3()
         w3.eth.default_account = w3.eth.accounts[0]
@@ -116,7 +121,7 @@ def main() -> int:
         for title, contract, jb, truth, dw, cw, honest_winner in games:
             client = DisputeGameClient(w3, contract, arts)
             p = GameParams(d_addr, c_addr, truth.step_commitment(0), dw.step_commitment(a.steps), a.steps,
-                           jb.graph_root, jb.batch_root, a.arity, 7 * 24 * 3600, jb.num_nodes)
+                           jb.graph_root, jb.batch_root, a.arity, 7 * 24 * 3600, jb.num_nodes, a.interval)
             gid = client.create_game_via(resolver, p)
             t = time.time()
             out = runner.play(client, gid, pl.Defender(dw), pl.Challenger(cw), lambda s: increase_time(w3, s))
@@ -131,7 +136,11 @@ def main() -> int:
             print(f"goals (<= {MOVE_GOAL} moves per party, <= {GAS_GOAL:,} gas together, honest wins): "
                   f"{'met' if good else 'NOT met'}")
             ok &= good
-    return 0 if ok else 1
+            if honest_winner == d_addr:
+                defence = max(defence, out.total_gas("defender"))
+    print(f"\nhonest defender, whole game: {defence:,} gas at most (DEFENCE_GAS = {DEFENCE_GAS:,}: "
+          f"{'covered' if defence <= DEFENCE_GAS else 'NOT covered'})")
+    return 0 if ok and defence <= DEFENCE_GAS else 1
 
 
 if __name__ == "__main__":

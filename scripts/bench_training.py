@@ -1,7 +1,7 @@
-"""Training-step cost of RepOps vs plain torch eager FP32, commitment share, dispute-time table.
+"""Training-step cost of RepOps vs plain torch eager FP32, commitment share.
 
     .venv/bin/python scripts/bench_training.py [--threads 1] [--steps 30] [--backend cpu]
-                                               [--T 1000] [--k 16] [--interval 100]
+                                               [--interval 100]
                                                [--configs ...] [--json]
 
 1. Step time, per example (digits MLP, tiny transformer, and digits-wide: the MLP with a
@@ -17,16 +17,8 @@
    ``DEFAULT_CHECKPOINT_INTERVAL`` = 100, what ``verde-chain train`` uses): time in tensor
    roots, node hashes, step commitments and checkpoint writes over that run. Goal <= 5%. A
    second table gives the same for ``--share-intervals`` (default 20 and 50).
-3. Dispute-time table: steps a trainer re-executes to answer every request of a full L1
-   (step-level) bisection over T steps with k-ary rounds (``verde_chain/dispute/bisection.py``, the
-   twin of ``contracts/dispute/Bisection.sol``), and the storage it keeps, for checkpoint intervals
-   N = 1, 5, 10, 20, 50, 100. Policy: a round's claims C_{p_1} .. C_{p_{n-1}} are computed in one
-   ascending sweep, each from the closest of (the stored checkpoint <= p, the previous point
-   of the sweep, the agreed state lo, which the trainer computed in an earlier round and keeps);
-   the final [s, s+1] interval then costs one more step (node tensors of step s+1 for L2..L4).
-   Reported as mean and max over every divergence step 1..T, and as seconds with the measured
-   s/step of a plain step of each example (re-execution needs no hashing but at the claimed
-   steps, one committed step per claim: a few % more).
+(The dispute-time table, steps re-executed by a whole dispute by checkpoint interval, is measured
+on chain by ``scripts/bench_reexec.py``.)
 """
 
 from __future__ import annotations
@@ -44,13 +36,11 @@ import numpy as np
 import torch
 
 import verde_chain.graph.executor as ex
-from verde_chain.dispute import bisection
 from verde_chain.examples import EXAMPLES
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.checkpoint import CheckpointStore
 from verde_chain.job import Job
 
-CHECKPOINT_INTERVALS = (1, 5, 10, 20, 50, 100)
 # name -> (example, job kwargs): the two examples as shipped, and a wider MLP whose nodes are big
 # enough that per-node overhead no longer dominates
 CONFIGS: dict[str, tuple[str, dict[str, int]]] = {
@@ -153,10 +143,6 @@ class CommitTimer:
             setattr(CheckpointStore, name, self._orig[name])
 
 
-def state_bytes(job: Job) -> int:
-    return 4 * sum(s.numel for s in job.program.graph.states)
-
-
 def bench_example(
     config: str, steps: int, threads: int, backend: str, interval: int, share_intervals: tuple[int, ...] = (),
     run_steps: int = 1000,
@@ -198,9 +184,6 @@ def bench_example(
         "commit_share_%": round(100 * (hash_s + ckpt_s) / wall, 1),
         "hash_share_%": round(100 * hash_s / wall, 1),
         "ckpt_write_share_%": round(100 * ckpt_s / wall, 1),
-        "state_bytes": state_bytes(job),
-        # re-execution during a dispute runs plain steps, and commits one step per claim
-        "_s_per_step": plain_step,
         "_shares": shares,
         "_run_steps": run_steps,
     }
@@ -231,51 +214,6 @@ def share_table(per_example: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-# ======================================================================= dispute-time table
-
-
-def round_cost(lo: int, hi: int, k: int, N: int) -> int:
-    """Steps re-executed to post the claims of one bisection round of [lo, hi] (see docstring)."""
-    pts = bisection.split_points(lo, hi, k)[1:-1]
-    cost, prev = 0, lo
-    for p in pts:
-        start = max(p // N * N, prev)
-        cost += p - start
-        prev = p
-    return cost
-
-
-def dispute_cost(T: int, k: int, N: int, diverge: int) -> tuple[int, int]:
-    """(steps re-executed, rounds) for a bisection that ends on [diverge - 1, diverge]."""
-    lo, hi, cost, rounds = 0, T, 0, 0
-    while hi - lo > 1:
-        cost += round_cost(lo, hi, k, N)
-        p = bisection.split_points(lo, hi, k)
-        i = next(j for j in range(len(p) - 1) if p[j] < diverge <= p[j + 1])
-        lo, hi = p[i], p[i + 1]
-        rounds += 1
-    return cost + 1, rounds  # + step lo+1 re-run once for the node-level levels
-
-
-def dispute_table(T: int, k: int, per_example: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for N in CHECKPOINT_INTERVALS:
-        costs = [dispute_cost(T, k, N, d) for d in range(1, T + 1)]
-        steps = [c for c, _ in costs]
-        row: dict[str, Any] = {
-            "N": N,
-            "rounds": max(r for _, r in costs),
-            "reexec_steps_mean": round(statistics.mean(steps), 1),
-            "reexec_steps_max": max(steps),
-            "checkpoints_kept": T // N + 1,
-        }
-        for name, r in per_example.items():
-            row[f"{name}_storage_MB"] = round(row["checkpoints_kept"] * r["state_bytes"] / 1e6, 2)
-            row[f"{name}_dispute_s_max"] = round(row["reexec_steps_max"] * r["_s_per_step"], 2)
-        rows.append(row)
-    return rows
-
-
 def print_table(rows: list[dict[str, Any]]) -> None:
     keys = [k for k in rows[0] if not k.startswith("_")]
     print(" | ".join(keys))
@@ -288,8 +226,6 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--backend", default="cpu")
-    p.add_argument("--T", type=int, default=1000)
-    p.add_argument("--k", type=int, default=16)
     p.add_argument("--interval", type=int, default=ex.DEFAULT_CHECKPOINT_INTERVAL,
                    help="checkpoint interval of the commitment-share run")
     p.add_argument("--run-steps", type=int, default=1000, help="steps of the runs that measure the commitment share")
@@ -310,14 +246,10 @@ def main() -> None:
     shares = share_table(per)
     print(f"\n== commitment share (hashing + checkpoint writes) of a {args.run_steps}-step run, by checkpoint interval N")
     print_table(shares)
-    table = dispute_table(args.T, args.k, per)
-    print(f"\n== dispute re-execution for a full L1 bisection, T = {args.T}, k = {args.k}")
-    print_table(table)
     if args.json:
         out = {
             "steps": [{k: v for k, v in r.items() if not k.startswith("_")} for r in per.values()],
             "commit_share": shares,
-            "dispute": table,
         }
         print(json.dumps(out))
 

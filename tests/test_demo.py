@@ -73,15 +73,33 @@ def test_cheat_options_are_checked() -> None:
 def test_demo_llama_disputes_end_at_one_instruction(tmp_path: Path, kind: str) -> None:
     """A training dispute over the tiny Llama, and an inference job whose cheater lies about one
     logit of its batch of prompts: both refuted by one instruction on-chain, within the issue's
-    gas bounds (one-step proof <= 150k, both parties' dispute gas <= 5M)."""
+    gas bounds (one-step proof <= 150k, both parties' dispute gas <= 5M). The step transaction
+    also carries the market's settlement of the game (since issue #13 it rejects the result,
+    assigns the stake and burns half of it); the proof's bound is on the rest."""
     r, rep = _demo(tmp_path, "--job", kind)
     assert r.returncode == 0 and rep["honest_won"] is True, r.stdout[-3000:] + r.stderr[-3000:]
     ref = rep["referee"]
     assert ref["resolution"] == "STEP" and ref["instructions_executed_on_chain"] == 1
-    assert ref["step_gas"] <= 150_000
+    assert 0 < ref["settlement_gas"] < ref["step_gas"]
+    assert ref["step_gas"] - ref["settlement_gas"] <= 150_000
     assert rep["gas_by_party"]["trainer-cheat"] + rep["gas_by_party"]["challenger"] <= 5_000_000
     _, s, d, e, _bit = rep["cheater_strategy"].split(":")
     assert (ref["step"], ref["node"], ref["element"]) == (int(s), int(d), int(e))
     if kind == "llama-inference":
         job = build_job(kind, 1)
         assert int(d) == job.program.graph.named["output"]  # the lie is a logit
+
+
+@pytest.mark.chain
+@pytest.mark.slow
+def test_demo_resnet18_cheat_at_a_conv_or_batch_norm_node(tmp_path: Path) -> None:
+    """A training dispute over resnet18 (3x32x32, batch 2, 2 steps) whose cheater flips one bit of
+    a conv or batch-norm node's output: refuted by one instruction on-chain within the issue's
+    gas bounds."""
+    r, rep = _demo(tmp_path, "--job", "resnet18")
+    assert r.returncode == 0 and rep["honest_won"] is True, r.stdout[-3000:] + r.stderr[-3000:]
+    ref = rep["referee"]
+    assert ref["resolution"] == "STEP" and ref["instructions_executed_on_chain"] == 1
+    assert ref["node_label"].startswith(("conv", "batch_norm")), ref["node_label"]
+    assert ref["step_gas"] <= 150_000
+    assert rep["gas_by_party"]["trainer-cheat"] + rep["gas_by_party"]["challenger"] <= 5_000_000

@@ -15,6 +15,7 @@ PURE = [
     "verde_chain.dispute.types", "verde_chain.dispute.bisection", "verde_chain.dispute.clock",
     "verde_chain.dispute.nodecheck", "verde_chain.dispute.world", "verde_chain.dispute.players",
     "verde_chain.dispute.cheats", "verde_chain.dispute.kernel_world", "verde_chain.market.types",
+    "verde_chain.market.marketparams",
     "verde_chain.graph.world", "verde_chain.vm.scalarvm", "verde_chain.commit",
 ]
 

@@ -62,7 +62,15 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def _deploy_args(p: argparse.ArgumentParser) -> None:
+    from verde_chain.market.marketparams import PROFILES
+
     p.add_argument("--rpc-url", default=None, help="JSON-RPC endpoint (default: start an embedded Anvil)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="mainnet",
+                   help="the JobMarket's immutable parameters: bounds on clocks, windows, deadlines and bonds "
+                        "(mainnet: 12 s blocks, bond floor at 20 gwei; fast: 1 s blocks, 1 gwei)")
+    p.add_argument("--token-floor", action="append", default=[], metavar="TOKEN:MIN_BOND",
+                   help="also allow jobs paid in ERC-20 TOKEN, with bonds of at least MIN_BOND (smallest units); "
+                        "repeatable")
     p.add_argument("--out", type=Path, default=None, help="write the deployment record here (JSON)")
     p.add_argument("--json", action="store_true", help="print the deployment record as JSON")
 
@@ -71,6 +79,14 @@ def _deploy_args(p: argparse.ArgumentParser) -> None:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from web3 import HTTPProvider, Web3
 
+    from verde_chain.market.marketparams import PROFILES
+
+    params = PROFILES[args.profile]
+    for item in args.token_floor:
+        token, _, amount = item.partition(":")
+        if not Web3.is_address(token) or not amount.isdigit() or int(amount) == 0:
+            raise VerdeError(f"--token-floor wants TOKEN:MIN_BOND (an address and a positive integer), got {item!r}")
+        params = params.with_token(Web3.to_checksum_address(token), int(amount))
     artifacts = compile_contracts()
     node = None
     try:
@@ -83,7 +99,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             node = Anvil()
             rpc_url = node.rpc_url
             w3 = node.web3()
-        record, _ = deploy_full_system(w3, artifacts, rpc_url)
+        record, _ = deploy_full_system(w3, artifacts, rpc_url, params=params)
         out = args.out or Path("build") / "deployments" / f"{record.chain_id}.json"
         record.write(out)
         if args.json:
@@ -104,12 +120,15 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the cheat site (step, node, element, bit)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cheat", default=None, metavar="STEP:NODE:ELEMENT[:BIT]",
-                   help="flip this bit instead of a drawn one")
+                   help="flip this bit instead of a drawn one; or micro:STEP:NODE:ELEMENT:J[:BIT]: "
+                        "instruction J of that element goes wrong (the dispute ends on it)")
     g.add_argument("--cheat-level", type=int, choices=(1, 2, 4), default=None,
                    help="where the cheat is caught: 4 one-step proof (a flipped bit, default), "
                         "2 node reveal (a lazy trainer), 1 timeout (a cheater that never answers)")
     p.add_argument("--job", choices=JOB_KINDS, default="digits")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: 100 digits, 8 transformer)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default: 100 digits, 8 transformer, 4 llama, 2 resnet18 / mobilenet_v2, "
+                        "20 digits_cnn)")
     p.add_argument("--out", type=Path, default=Path("build") / "demo", help="output directory (bisection.png, state)")
     p.add_argument("--explorer", action="store_true", help="serve the live explorer of this run and print its URL")
     p.add_argument("--explorer-port", type=int, default=8600, help="the explorer's port (default 8600; 0 = any)")
@@ -136,13 +155,22 @@ def _register_agents() -> None:
          c.configure_trainer, c.run_trainer),
         ("challenger", "challenger bot: `challenger run` re-executes submissions and disputes wrong ones",
          c.configure_challenger, c.run_challenger),
-        ("job", "`job status JOB_ID`: a job's slots, results and disputes", c.configure_job, c.run_job_status),
         ("dispute", "`dispute status GAME_ID`: a dispute's level, interval, clocks and outcome",
          c.configure_dispute, c.run_dispute_status),
     ])
 
 
 _register_agents()
+
+
+def _register_job() -> None:
+    from verde_chain import job_cli
+
+    help_text = "`job create`: a bundle from your model and data; `job status JOB_ID`: a job's slots and disputes"
+    COMMANDS.append(("job", help_text, job_cli.configure, job_cli.run))
+
+
+_register_job()
 
 
 def _register_train() -> None:

@@ -29,7 +29,7 @@ from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.errors import StrategyError
-from verde_chain.agents.strategies import check_fault, draw_fault, parse_cheat
+from verde_chain.agents.strategies import check_fault, draw_fault, parse_cheat, trainer_plan
 from verde_chain.agents.system import Conductor, deploy_full_system
 from verde_chain.agents.trace import game_trace, interval, plot_bisection, settled
 from verde_chain.agents.trainer import TrainerBot
@@ -37,12 +37,16 @@ from verde_chain.chain.anvil import Anvil
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
+from verde_chain.chain.tx import gas_in_calls_to
 from verde_chain.dispute.types import GameView, Phase
 from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job
 from verde_chain.market.types import JobStatus, SlotStatus
 
-DEFAULT_STEPS = {"digits": 100, "transformer": 8, "llama": 4, "llama-inference": 1}
+DEFAULT_STEPS = {"digits": 100, "transformer": 8, "llama": 4, "llama-inference": 1, "resnet18": 2, "mobilenet_v2": 2,
+                 "digits_cnn": 20}
+# The vision jobs' drawn cheats sit where the new semantics live: a conv or a batch norm node.
+CHEAT_NODES = {k: ("conv", "batch_norm") for k in ("resnet18", "mobilenet_v2", "digits_cnn")}
 # --cheat-level: where the cheat is caught. 4: a flipped bit, refuted by the one-step proof;
 # 2: a lazy trainer, whose node reveal cannot be justified; 1: a cheater that never answers.
 CHEAT_LEVELS = {1: "silent:0", 2: "lazy", 4: "bitflip"}
@@ -55,6 +59,9 @@ def job_instructions(job: Job) -> int:
 
 
 def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | None) -> str:
+    if cheat and cheat.startswith("micro:"):
+        trainer_plan(cheat, job, seed)  # refuses a site that changes nothing, before any bot runs
+        return cheat
     if cheat:
         f = check_fault(job, parse_cheat(cheat))
         honest, lying = TrainingWorld.from_job(job), TrainingWorld.from_job(job, f)
@@ -67,7 +74,7 @@ def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | 
     elif job.spec.kind == "inference":  # the lie is one logit of the batch of prompts
         f = draw_fault(job, seed, node=job.program.graph.named["output"])
     else:
-        f = draw_fault(job, seed)
+        f = draw_fault(job, seed, labels=CHEAT_NODES.get(job.spec.name, ()))
     return f"bitflip:{f.step}:{f.node}:{f.element}:{f.bit}"
 
 
@@ -212,7 +219,10 @@ def _report(w3: Any, market: Market, job: Job, job_id: int, bots: list[Bot], dep
             per_party[b.name] += 1
             if t.kind == "step":
                 tx = w3.eth.get_transaction(HexStr(t.hash))
-                referee = {"step_gas": t.gas_used, "step_calldata_bytes": len(tx["input"]), "stepped_by": b.name}
+                # the step transaction also carries the market's settlement of the game (rejecting
+                # the result, assigning and burning the stake): reported apart from the proof
+                referee = {"step_gas": t.gas_used, "settlement_gas": gas_in_calls_to(w3, t.hash, market.address),
+                           "step_calldata_bytes": len(tx["input"]), "stepped_by": b.name}
     png = out / "bisection.png"
     first = game_ids[0] if game_ids else None
     if first is not None:
@@ -258,7 +268,8 @@ def _print_report(r: dict[str, Any]) -> None:
     if ref.get("step_gas"):
         print(f"referee: ONE binary32 instruction (micro-step {ref.get('micro_step')} of {ref.get('micro_steps')}, "
               f"element {ref.get('element')} of node {ref.get('node')} '{ref.get('node_label')}' at step "
-              f"{ref.get('step')}) in {ref['step_gas']:,} gas with {ref['step_calldata_bytes']} bytes of calldata, "
+              f"{ref.get('step')}) in {ref['step_gas']:,} gas ({ref['settlement_gas']:,} of it the market's settlement) "
+              f"with {ref['step_calldata_bytes']} bytes of calldata, "
               f"against {r['job_instructions']:,} instructions in the job (1 in {r['job_instructions']:,})")
     else:
         print(f"referee: resolved by {ref.get('resolution')} without executing an instruction; the job has "

@@ -20,7 +20,7 @@ state and every batch root from them and refuses the bundle unless all commitmen
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,16 +31,19 @@ from eth_abi import encode as abi_encode
 from verde_chain.commit import tensor_root
 from verde_chain.commit.merkle import keccak256
 from verde_chain.graph.backend import Runner
-from verde_chain.graph.data import Dataset, batch_indices, batch_root_list
+from verde_chain.graph.data import Dataset, batch_indices, batch_root_list, check_finite
 from verde_chain.graph.errors import JobSpecError
 from verde_chain.graph.executor import TrainingRun
-from verde_chain.graph.onnx_import import import_onnx
+from verde_chain.graph.ir import Model
+from verde_chain.graph.onnx_import import export_torch, import_onnx
 from verde_chain.graph.training import (
     LossSpec,
     OptimizerSpec,
     TrainingProgram,
     build_inference_program,
     build_training_graph,
+    check_integers,
+    outputs_buffer,
 )
 from verde_chain.repops.isa import f32_bits
 
@@ -141,7 +144,7 @@ class Job:
             else:
                 idx = batch_indices(self.spec.seed, step, bs, n)
             inputs = {self.program.model.inputs[0]: self.dataset.X[idx]}
-            b = self.program.batch(step, inputs, self.dataset.Y[idx])
+            b = self.program.batch(step, inputs, self.dataset.Y[idx], self.spec.seed)
             if len(self._batch_cache) > 256:
                 self._batch_cache.clear()
             self._batch_cache[step] = b
@@ -157,27 +160,50 @@ class Job:
                            runner, save_initial=fresh)
 
 
+def check_job_inputs(model: Model, dataset: Dataset, loss: LossSpec, batch_size: int, kind: str) -> None:
+    """Everything about the data that can be refused before a graph is built: the model's one
+    input fits the samples, X is finite (and integral ids where the model reads integers), and
+    for training the labels/targets fit the loss (``LossSpec.check_targets``)."""
+    if len(model.inputs) != 1:
+        raise JobSpecError(f"jobs feed exactly one model input from the dataset, model has {model.inputs}")
+    name = model.inputs[0]
+    want = (batch_size,) + tuple(dataset.X.shape[1:])
+    if model.shape(name) != want:
+        raise JobSpecError(f"model input {name!r} is {model.shape(name)}, dataset batches of {batch_size} are {want}")
+    check_finite("X", dataset.X)
+    if model.integer_inputs.get(name):
+        check_integers(name, dataset.X)
+    if kind == "train":
+        out = loss.output or model.outputs[0]
+        if out not in model.values:
+            raise JobSpecError(f"loss reads {out!r}, not a model value (outputs: {model.outputs})", field="loss")
+        loss.check_targets(dataset.Y, model.shape(out), out)
+
+
 def make_job(
     name: str, onnx_bytes: bytes, dataset: Dataset, loss: LossSpec, optimizer: OptimizerSpec, steps: int,
     batch_size: int, seed: int = 0, checkpoint_interval: int = 0, frozen: tuple[str, ...] = (),
-    init_state: dict[str, np.ndarray] | None = None, kind: str = "train",
+    init_state: dict[str, np.ndarray] | None = None, kind: str = "train", batch_steps: int | None = None,
 ) -> Job:
-    """The client side: build the graph and every commitment the spec names.
+    """The client side: check the model and data, build the graph and every commitment the spec
+    names.
 
-    ``kind="inference"``: the forward graph only; batch s holds samples (s-1)*B .. s*B-1 of X
-    (wrapping), Y is not read, ``loss``/``optimizer`` are recorded but unused."""
-    model = import_onnx(onnx_bytes, frozen)
-    if len(model.inputs) != 1:
-        raise JobSpecError(f"jobs feed exactly one model input from the dataset, model has {model.inputs}")
-    if kind == "inference":
-        program = build_inference_program(model)
-    elif kind == "train":
-        program = build_training_graph(model, loss, optimizer)
-    else:
+    Checks come first: every unsupported node of the model in one ``UnsupportedModelError``,
+    then the data (``check_job_inputs``: ``NonFiniteDataError``, ``IntegerRangeError``,
+    ``LabelRangeError``). ``kind="inference"``: the forward graph and its outputs buffers; batch s
+    holds samples (s-1)*B .. s*B-1 of X (wrapping), Y is not read, ``loss``/``optimizer`` are
+    recorded but unused. ``batch_steps`` (default all T) is how many batch roots are computed
+    for ``batch_root`` (a loader that does not verify them computes one)."""
+    if kind not in ("train", "inference"):
         raise JobSpecError(f"kind {kind!r} not in train/inference")
-    want = (batch_size,) + tuple(dataset.X.shape[1:])
-    if model.shape(model.inputs[0]) != want:
-        raise JobSpecError(f"model input is {model.shape(model.inputs[0])}, dataset batches are {want}")
+    if steps < 1 or batch_size < 1:
+        raise JobSpecError(f"steps and batch size must be >= 1, got {steps} and {batch_size}")
+    model = import_onnx(onnx_bytes, frozen)
+    check_job_inputs(model, dataset, loss, batch_size, kind)
+    if kind == "inference":
+        program = build_inference_program(model, steps)
+    else:
+        program = build_training_graph(model, loss, optimizer)
     init = init_state if init_state is not None else program.initial_state()
     graph = program.graph
     placeholder = b"\x00" * 32
@@ -188,8 +214,43 @@ def make_job(
         checkpoint_interval=checkpoint_interval, frozen=tuple(frozen), kind=kind,
     )
     job = Job(spec, program, dataset, onnx_bytes, init)
-    job.spec = replace(spec, batch_root=batch_root_list(job.batch_roots()))
+    job.spec = replace(spec, batch_root=batch_root_list(job.batch_roots(batch_steps)))
     return job
+
+
+def job_from_torch(
+    module: Any, example_input: Any, dataset: Dataset | tuple[Any, Any], *, steps: int, name: str = "model",
+    loss: LossSpec | None = None, optimizer: OptimizerSpec | None = None, seed: int = 0, checkpoint_interval: int = 0,
+    frozen: tuple[str, ...] | None = None, kind: str = "train", input_name: str = "x", opset: int = 17,
+) -> Job:
+    """A job from a torch module: ``example_input`` fixes the shapes (its first dimension is the
+    batch size) and dtype (an integer tensor makes an integer input: token ids); ``dataset`` is
+    a ``Dataset`` or ``(X, Y)`` arrays of any numeric dtype (``Dataset.from_arrays``).
+
+    A training job exports the module in training mode (``export_torch(training=True)``:
+    Dropout and BatchNormalization keep their training semantics, or are refused by name if the
+    importer cannot give them those); an inference job exports it in eval mode. ``frozen``
+    (default: the module's buffers) names initializers that are not trained."""
+    data = dataset if isinstance(dataset, Dataset) else Dataset.from_arrays(*dataset, input_name=input_name)
+    batch_size = int(example_input.shape[0])
+    onnx_bytes = export_torch(module, example_input, [input_name], opset, training=kind == "train")
+    names = tuple(n for n, _ in module.named_buffers()) if frozen is None else tuple(frozen)
+    return make_job(name, onnx_bytes, data, loss or LossSpec(), optimizer or OptimizerSpec(), steps, batch_size, seed,
+                    checkpoint_interval, names, kind=kind)
+
+
+def inference_outputs(job: Job, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An inference job's outputs from a state holding its outputs buffers (the final state is
+    what C_T commits): per model output, every step's outputs in step order, as
+    ``(T * B, *per-sample shape)`` (samples (s-1)*B .. s*B-1 of X for step s, wrapping)."""
+    if job.spec.kind != "inference":
+        raise JobSpecError(f"job {job.spec.name!r} is a {job.spec.kind} job; only inference jobs have outputs")
+    graph, out = job.program.graph, {}
+    for key in (k for k in graph.named if not k.startswith("outputs:")):
+        buf = np.asarray(state[outputs_buffer(key)], dtype=np.float32)
+        shape = graph.shapes[key]
+        out[key] = buf.reshape((job.spec.steps * shape[0],) + tuple(shape[1:]))
+    return out
 
 
 def save_job(job: Job, directory: str | Path) -> Path:
@@ -208,18 +269,24 @@ def load_job(path: str | Path, verify_batches: bool = True) -> Job:
     d = p if p.is_dir() else p.parent
     jf = d / "job.json" if p.is_dir() else p
     try:
-        spec = JobSpec.from_json(json.loads(jf.read_text()))
+        raw = json.loads(jf.read_text())
+        if not isinstance(raw, dict):
+            raise JobSpecError(f"{jf}: not a job spec (a JSON object is expected); re-create the bundle with "
+                               "`verde-chain job create`")
+        spec = JobSpec.from_json(raw)
         onnx_bytes = (d / "model.onnx").read_bytes()
         with np.load(d / "data.npz", allow_pickle=False) as z:
-            dataset = Dataset(z["X"].astype(np.float32), z["Y"].astype(np.float32))
+            dataset = Dataset.from_arrays(z["X"], z["Y"])
         with np.load(d / "init.npz", allow_pickle=False) as z:
             init = {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
-    except OSError as exc:
-        raise JobSpecError(f"{d}: incomplete job bundle ({exc})") from exc
-    checks: list[tuple[str, bytes, Callable[[], bytes]]] = []
-    job = make_job(spec.name, onnx_bytes, dataset, spec.loss, spec.optimizer, spec.steps if verify_batches else 1,
-                   spec.batch_size, spec.seed, spec.checkpoint_interval, spec.frozen, init, spec.kind)
-    checks = [
+    except json.JSONDecodeError as exc:
+        raise JobSpecError(f"{jf} is not valid JSON ({exc}); re-create the bundle with `verde-chain job create`") from exc
+    except (OSError, KeyError, ValueError) as exc:  # missing files, npz without X/Y, corrupt archives
+        raise JobSpecError(f"{d}: incomplete or unreadable job bundle ({type(exc).__name__}: {exc}); re-create it "
+                           "with `verde-chain job create`") from exc
+    job = make_job(spec.name, onnx_bytes, dataset, spec.loss, spec.optimizer, spec.steps, spec.batch_size, spec.seed,
+                   spec.checkpoint_interval, spec.frozen, init, spec.kind, None if verify_batches else 1)
+    checks: list[tuple[str, bytes, Callable[[], bytes]]] = [
         ("model_hash", spec.model_hash, lambda: job.spec.model_hash),
         ("graph_root", spec.graph_root, lambda: job.spec.graph_root),
         ("initial_commitment", spec.initial_commitment, lambda: job.spec.initial_commitment),

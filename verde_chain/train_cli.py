@@ -1,8 +1,8 @@
-"""``verde-chain train <job file | digits | transformer>``: run a training job with commitments.
+"""``verde-chain train <job file | example>``: run a training job with commitments.
 
 ``verde_chain/cli.py`` registers it with ``configure(parser)`` and ``run(args)``. The last line
 with ``--json`` is one JSON object: final_commitment (0x hex), steps, wall_s, final_loss,
-accuracy (digits: test accuracy; else null), spec_hash, graph_root, c0, nodes,
+accuracy (digits, digits_cnn: test accuracy; else null), spec_hash, graph_root, c0, nodes,
 checkpoint_interval.
 
 The run commits only the steps it stores or publishes (checkpoint steps and the last step; see
@@ -31,7 +31,8 @@ from verde_chain.job import Job, load_job, save_job
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job", help="a job bundle (directory or job.json), or an example: digits | transformer")
+    p.add_argument("job", help="a job bundle (directory or job.json), or an example: "
+                   "digits | transformer | digits_cnn | resnet18 | mobilenet_v2")
     p.add_argument("--steps", type=int, default=None, help="number of steps (examples: T of the job; bundles: stop early)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the C++ kernels (never changes a bit)")
     p.add_argument("--checkpoint-interval", type=int, default=None,
@@ -73,6 +74,10 @@ def _bar(log: StepLog, total: int, t0: float) -> None:
 
 
 def _accuracy(job: Job, state: dict[str, np.ndarray]) -> float | None:
+    if job.spec.name == "digits_cnn":
+        from verde_chain.examples.vision import digits_cnn_accuracy
+
+        return digits_cnn_accuracy(state)
     if job.spec.name != "digits-mlp":
         return None
     from verde_chain.examples.digits import digits_data, mlp_accuracy

@@ -11,8 +11,8 @@ pragma solidity 0.8.28;
 error InvalidParties(address defender, address challenger);
 /// The arity k must be a power of two in [2, 256].
 error InvalidArity(uint256 arity);
-/// T (training steps), the nodes per step and the clock budget must all be non-zero.
-error InvalidGameSize(uint256 numSteps, uint256 numNodes, uint256 clockSeconds);
+/// T (training steps), the nodes per step, the clock budget and the checkpoint interval must all be non-zero.
+error InvalidGameSize(uint256 numSteps, uint256 numNodes, uint256 clockSeconds, uint256 checkpointInterval);
 
 // -- turn order -----------------------------------------------------------------------------------
 /// No game with this id was created.

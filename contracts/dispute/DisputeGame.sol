@@ -61,7 +61,8 @@ contract DisputeGame {
         uint64 numSteps,
         uint32 numNodes,
         uint32 arity,
-        uint64 clockSeconds
+        uint64 clockSeconds,
+        uint64 checkpointInterval
     );
     /// @notice Defender's claims at the split points of [lo, hi] (levels 1 and 4).
     event Bisected(uint256 indexed gameId, uint8 level, uint256 lo, uint256 hi, bytes32[] claims);
@@ -105,8 +106,8 @@ contract DisputeGame {
         }
         // SAFETY: descent levels reveal log2(k) tree levels per round; k must be a power of two.
         if (p.arity < 2 || p.arity > 256 || (p.arity & (p.arity - 1)) != 0) revert InvalidArity(p.arity);
-        if (p.numSteps == 0 || p.numNodes == 0 || p.clockSeconds == 0) {
-            revert InvalidGameSize(p.numSteps, p.numNodes, p.clockSeconds);
+        if (p.numSteps == 0 || p.numNodes == 0 || p.clockSeconds == 0 || p.checkpointInterval == 0) {
+            revert InvalidGameSize(p.numSteps, p.numNodes, p.clockSeconds, p.checkpointInterval);
         }
         // SAFETY: the resolution callback to a code-less address would revert every final move.
         if (msg.sender.code.length == 0) revert ResolverNotContract(msg.sender);
@@ -118,6 +119,7 @@ contract DisputeGame {
         g.arity = p.arity;
         g.numNodes = p.numNodes;
         g.numSteps = p.numSteps;
+        g.checkpointInterval = p.checkpointInterval;
         g.initialCommitment = p.initialCommitment;
         g.finalCommitment = p.finalCommitment;
         g.graphRoot = p.graphRoot;
@@ -138,7 +140,8 @@ contract DisputeGame {
             p.numSteps,
             p.numNodes,
             p.arity,
-            p.clockSeconds
+            p.clockSeconds,
+            p.checkpointInterval
         );
         if (p.numSteps == 1) _enterL2(g);
         else g.phase = Phase.L1Post;
@@ -153,7 +156,7 @@ contract DisputeGame {
         Phase ph = g.phase;
         uint8 level = _level(ph);
         if (ph == Phase.L1Post || ph == Phase.L4Post) {
-            Bisection.checkClaimCount(g.lo, g.hi, g.arity, claims.length);
+            Bisection.checkClaimCount(g.lo, g.hi, g.arity, _grid(g, ph), claims.length);
             emit Bisected(gameId, level, g.lo, g.hi, claims);
         } else {
             Bisection.checkSubtree(g.node, claims, Bisection.descentLevels(g.arity, g.depthLeft));
@@ -176,7 +179,7 @@ contract DisputeGame {
         uint8 level = _level(ph);
         if (ph == Phase.L1Choose || ph == Phase.L4Choose) {
             (g.lo, g.hi, g.claimLo, g.claimHi) =
-                Bisection.narrow(g.lo, g.hi, g.arity, g.claimLo, g.claimHi, claims, choice);
+                Bisection.narrow(g.lo, g.hi, g.arity, _grid(g, ph), g.claimLo, g.claimHi, claims, choice);
             emit Chosen(gameId, level, choice, g.lo, g.hi);
             if (g.hi - g.lo > 1) g.phase = Phase(uint8(ph) - 1);
             else if (ph == Phase.L1Choose) _enterL2(g);
@@ -338,6 +341,12 @@ contract DisputeGame {
                 || ph == Phase.L4Choose
         ) return Side.Challenger;
         return Side.Defender;
+    }
+
+    /// @dev Grid step of a bisection level: L1 splits at the job's checkpoints first (claims the
+    ///      trainer has stored), L4 evenly over micro-states.
+    function _grid(Game storage g, Phase ph) internal view returns (uint256) {
+        return ph <= Phase.L1Choose ? g.checkpointInterval : 1;
     }
 
     function _level(Phase ph) internal pure returns (uint8) {

@@ -64,8 +64,9 @@ struct GameParams {
     bytes32 graphRoot; //         Merkle root over structure leaves keccak(abi.encode(d, descHash, InputSource[]))
     bytes32 batchRoot; //         Merkle root over T leaves keccak(abi.encode(bytes32[] batchTensorRoots of step s))
     uint32 arity; //              k: a power of two in [2, 256]
-    uint64 clockSeconds; //       each party's chess-clock budget
+    uint64 clockSeconds; //       each party's chess-clock budget (every game has its own clock)
     uint32 numNodes; //           nodes per step: size of every C_s tree and of the graph tree
+    uint64 checkpointInterval; // N >= 1: level 1 splits at multiples of N first (Bisection.grid)
 }
 
 /// @notice Preimage of a node hash (TensorCommit.nodeHash) other than its index.
@@ -113,6 +114,7 @@ struct Game {
     uint32 arity;
     uint32 numNodes;
     uint64 numSteps;
+    uint64 checkpointInterval;
     bytes32 initialCommitment;
     bytes32 finalCommitment;
     bytes32 graphRoot;

@@ -9,6 +9,7 @@ import {GameParams} from "../dispute/GameTypes.sol";
 struct JobTerms {
     address token; // payment/stake token; address(0) = ETH
     bytes32 specHash; // hash of the off-chain job description (ONNX model, optimizer, loss, ...)
+    string bundleUri; // where the bundle hashing to specHash can be fetched (may be empty)
     bytes32 graphRoot; // Merkle root over per-node structure leaves of the training graph
     bytes32 initialCommitment; // C_0: step commitment of the initial state
     bytes32 batchRoot; // Merkle list root over the per-step batch roots
@@ -18,8 +19,9 @@ struct JobTerms {
     uint256 trainerStake; // each trainer locks this to take a slot
     uint256 minChallengeBond; // an outside challenger locks at least this to open a dispute
     uint32 slots; // number of trainer slots (redundant trainers)
-    uint64 submissionDeadline; // last second at which slots can be taken and results submitted
-    uint64 challengeWindow; // seconds after submissionDeadline during which disputes can be opened
+    uint64 submissionDeadline; // last second at which slots can be taken and results committed
+    uint64 revealWindow; // seconds after submissionDeadline during which commitments are revealed
+    uint64 challengeWindow; // seconds after the reveal deadline during which disputes can still be opened
     uint32 arity; // k of the k-ary searches in the dispute game (a power of two in [2, 256])
     uint64 clockSeconds; // chess-clock budget of each party in a dispute game
     uint32 numNodes; // nodes per training step: size of every C_s tree and of the graph tree
@@ -33,12 +35,13 @@ enum JobStatus {
 }
 
 /// @notice Life of a trainer slot.
-///   Joined --submit--> Submitted --lose a game--> Rejected
-///   Joined/Submitted --finalize--> Settled
+///   Joined --commit--> Committed --reveal--> Revealed --beaten in a game--> Rejected
+///   Joined/Committed/Revealed --finalize--> Settled   (a slot never revealed forfeits its stake)
 enum SlotStatus {
     Empty,
     Joined,
-    Submitted,
+    Committed,
+    Revealed,
     Rejected,
     Settled
 }
@@ -58,9 +61,14 @@ struct Job {
 struct Slot {
     address trainer;
     SlotStatus status;
+    uint32 openAgainst; // games running against this result (they price the next dispute)
+    uint32 openAsRival; // rival games this slot opened and still plays (its result is at stake there too)
     uint256 stakeHeld; // stake still in escrow; zeroed when forfeited or settled
-    bytes32 result; // C_T claimed by the trainer
-    bytes32 checkpointRoot; // optional Merkle list root over its checkpoint commitments
+    bytes32 commitment; // keccak256(abi.encode(result, checkpointRoot, salt, trainer))
+    bytes32 result; // C_T claimed by the trainer (set at reveal)
+    bytes32 checkpointRoot; // optional Merkle list root over its checkpoint commitments (set at reveal)
+    uint256 beatenBy; // the earliest-opened game that beat this result (0: none)
+    address beatenWinner; // that game's winner, paid the stake (less the burn) once no game of the slot runs
 }
 
 /// @notice Who opened a dispute: an outside challenger with a bond, or a rival trainer staking its slot.
@@ -78,13 +86,13 @@ struct Dispute {
     uint32 defenderSlot;
     uint32 challengerSlot; // rival disputes only
     address challenger;
-    uint256 bond; // outside disputes only; rival disputes put the challenger's stake at risk
+    uint256 bond; // locked by every dispute; a rival also puts its own result (and stake) at risk
 }
 
 /// @notice Pure rules of the market, kept out of the contract so they can be tested and read alone.
 library JobTypes {
     /// @notice Reject specs that would make a job unplayable or unpayable.
-    function validate(JobTerms calldata s, uint256 nowTs) internal pure {
+    function validate(JobTerms calldata s) internal pure {
         if (s.numSteps == 0) revert InvalidJobTerms("numSteps", s.numSteps);
         if (s.checkpointInterval == 0 || s.checkpointInterval > s.numSteps) {
             revert InvalidJobTerms("checkpointInterval", s.checkpointInterval);
@@ -92,22 +100,33 @@ library JobTypes {
         if (s.slots == 0) revert InvalidJobTerms("slots", s.slots);
         // SAFETY: a zero stake would let anyone take every slot for free and block the job.
         if (s.trainerStake == 0) revert InvalidJobTerms("trainerStake", 0);
-        // SAFETY: a zero bond would let anyone open unlimited free games against honest trainers.
-        if (s.minChallengeBond == 0) revert InvalidJobTerms("minChallengeBond", 0);
-        if (s.submissionDeadline <= nowTs) revert InvalidJobTerms("submissionDeadline", s.submissionDeadline);
-        if (s.challengeWindow == 0) revert InvalidJobTerms("challengeWindow", 0);
+        // (clock, windows, deadline and bond are bounded by the market parameters: MarketRules.checkJob)
         // SAFETY: the game refuses these at createGame; a job it would refuse could never be
         // disputed, so a cheating trainer would be paid. Refuse such jobs up front.
         if (s.arity < 2 || s.arity > 256 || (s.arity & (s.arity - 1)) != 0) revert InvalidJobTerms("arity", s.arity);
-        if (s.clockSeconds == 0) revert InvalidJobTerms("clockSeconds", 0);
         if (s.numNodes == 0) revert InvalidJobTerms("numNodes", 0);
         if (s.initialCommitment == bytes32(0)) revert InvalidJobTerms("initialCommitment", 0);
         if (s.graphRoot == bytes32(0)) revert InvalidJobTerms("graphRoot", 0);
     }
 
+    /// @notice Last second at which commitments can be revealed.
+    function revealDeadline(JobTerms storage s) internal view returns (uint256) {
+        return uint256(s.submissionDeadline) + s.revealWindow;
+    }
+
     /// @notice Last second at which disputes can be opened.
     function challengeDeadline(JobTerms storage s) internal view returns (uint256) {
-        return uint256(s.submissionDeadline) + s.challengeWindow;
+        return uint256(s.submissionDeadline) + s.revealWindow + s.challengeWindow;
+    }
+
+    /// @notice What a trainer commits to: its result, checkpoint root and a secret salt, bound to
+    ///         its own address so a copied commitment can never be revealed by anyone else.
+    function commitment(bytes32 result, bytes32 checkpointRoot, bytes32 salt, address trainer)
+        internal
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(result, checkpointRoot, salt, trainer));
     }
 
     /// @notice Share of `reward` for the `rank`-th of `n` accepted trainers; the first gets the

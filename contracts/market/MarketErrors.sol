@@ -4,9 +4,18 @@ pragma solidity 0.8.28;
 /// @notice Errors of the JobMarket (jobs, stakes, submissions, disputes, payouts).
 /// @dev Decoded into ContractRevert (name + fields) by verde_chain/chain/market_client.py. Every error here is used.
 
+// -- deployment ------------------------------------------------------------------------------
+/// A market parameter is unusable (`field` names it, see MarketRules.check; for `bondFloors`
+/// `value` is the index of the offending entry).
+error InvalidMarketParams(string field, uint256 value);
+
 // -- job posting -----------------------------------------------------------------------------
-/// A job field is out of its allowed range (`field` names it, see JobTypes.validate).
+/// A job field is malformed (`field` names it, see JobTypes.validate).
 error InvalidJobTerms(string field, uint256 value);
+/// A job field is outside the market's bounds [min, max] (see MarketRules.checkJob).
+error TermsOutOfBounds(string field, uint256 value, uint256 min, uint256 max);
+/// The market has no bond floor for this token, so jobs cannot pay in it.
+error TokenNotAllowed(address token);
 /// ETH sent with a call does not match what the call must pay (`expected` is 0 for ERC-20 jobs).
 error WrongPayment(uint256 sent, uint256 expected);
 /// An ERC-20 transfer delivered a different amount than requested (fee-on-transfer tokens are refused).
@@ -25,11 +34,21 @@ error JobFull(uint256 jobId, uint256 slots);
 error AlreadyJoined(uint256 jobId, address trainer, uint256 slot);
 /// The caller holds no slot in this job.
 error NotATrainer(uint256 jobId, address caller);
-/// The submission deadline has passed (`deadline` < `nowTs`).
+/// The submission deadline (joins and commits) has passed (`deadline` < `nowTs`).
 error SubmissionClosed(uint256 jobId, uint256 deadline, uint256 nowTs);
-/// The slot already submitted its result; results cannot be replaced.
-error AlreadySubmitted(uint256 jobId, uint256 slot);
-/// A result commitment of zero is reserved for "nothing submitted".
+/// The slot already committed; commitments cannot be replaced.
+error AlreadyCommitted(uint256 jobId, uint256 slot);
+/// A commitment of zero is reserved for "nothing committed".
+error EmptyCommitment(uint256 jobId);
+/// Reveals open after the submission deadline (`opensAfter` >= `nowTs`).
+error RevealNotOpen(uint256 jobId, uint256 opensAfter, uint256 nowTs);
+/// The reveal window has closed (`deadline` < `nowTs`).
+error RevealClosed(uint256 jobId, uint256 deadline, uint256 nowTs);
+/// The slot has no commitment waiting to be revealed (status as JobTypes.SlotStatus).
+error NotCommitted(uint256 jobId, uint256 slot, uint8 status);
+/// keccak256(abi.encode(result, checkpointRoot, salt, caller)) is not the slot's commitment.
+error CommitmentMismatch(uint256 jobId, uint256 slot, bytes32 computed, bytes32 committed);
+/// A result of zero is reserved for "nothing revealed".
 error EmptyResult(uint256 jobId);
 
 // -- disputes -------------------------------------------------------------------------------
@@ -37,8 +56,10 @@ error EmptyResult(uint256 jobId);
 error ChallengeClosed(uint256 jobId, uint256 deadline, uint256 nowTs);
 /// The disputed slot has no submitted, still-standing result (status as JobTypes.SlotStatus).
 error NotDisputable(uint256 jobId, uint256 slot, uint8 status);
-/// The challenger's bond is below the job's minimum.
+/// The bond is below what a dispute against this result costs now (see JobMarket.requiredBond).
 error BondTooSmall(uint256 bond, uint256 minimum);
+/// This challenger already disputed this result (one game per challenger and result).
+error DuplicateDispute(uint256 jobId, uint256 slot, address challenger);
 /// A party cannot dispute its own result.
 error SelfDispute(uint256 jobId, uint256 slot);
 /// Two rival trainers submitted the same result: there is nothing to dispute.

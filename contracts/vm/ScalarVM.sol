@@ -5,6 +5,7 @@ import {IStepper, StepContext} from "./IStepper.sol";
 import {Instructions} from "./Instructions.sol";
 import {F32, SoftFloat32} from "./SoftFloat32.sol";
 import {TensorCommit} from "../commit/TensorCommit.sol";
+import {DescView} from "./DescView.sol";
 import {
     DescriptorHashMismatch,
     StepOutOfRange,
@@ -13,7 +14,8 @@ import {
     StateContextMismatch,
     InputCountMismatch,
     AddressOutOfRange,
-    UnknownOpcode
+    UnknownOpcode,
+    BadProof
 } from "./VMErrors.sol";
 
 /// @title ScalarVM — the one-step prover: executes ONE instruction of a RepOps scalar program
@@ -23,6 +25,11 @@ import {
 ///
 ///   desc = abi.encode(uint32[] outShape, uint32 K, InputMap[] inputs, bytes prologue,
 ///                     bytes body, bytes epilogue)         instructions: 8 bytes each
+///        | the packed form of a descriptor with the window extension (conv, pooling; first
+///          byte 0xE0): DescView.sol reads both where they lie in calldata
+///   LOAD t: addr = offset + sum c[d]*strides[d] + k*kstride + sum_w (v_w/div_w)*stride_w,
+///           v_w = outMul*c[axis] + kMul*kdigit[digit] + offset; a window with v_w < 0,
+///           v_w % div != 0 or v_w/div >= size reads nothing: the result is the input's fill
 ///   step j:   0 .. P-1 | P .. P+(K-1)*B-1      | P+(K-1)*B .. N-1
 ///   instr:    prologue | body[(j-P) % B]       | epilogue
 ///   k:        0        | 1 + (j-P) / B         | K-1
@@ -37,23 +44,6 @@ contract ScalarVM is IStepper {
     uint256 internal constant REGS_AT = 96;
     uint256 internal constant STATE_BYTES = REGS_AT + 4 * Instructions.NUM_REGS; // 160
     uint256 internal constant ONE = 0x3F800000;
-
-    struct InputMap {
-        uint64 numel;
-        int64[] strides;
-        int64 kstride;
-        uint64 offset;
-        int64 idxStride;
-    }
-
-    struct Desc {
-        uint32[] outShape;
-        uint32 K;
-        InputMap[] inputs;
-        bytes prologue;
-        bytes body;
-        bytes epilogue;
-    }
 
     struct Instr {
         uint256 op;
@@ -74,14 +64,14 @@ contract ScalarVM is IStepper {
 
     /// @inheritdoc IStepper
     function describe(bytes calldata desc) external pure returns (uint256 outputNumel, uint256 numSteps) {
-        Desc memory d = _decode(desc);
-        return (_numel(d), _numSteps(d));
+        DescView.Meta memory m = DescView.meta(desc);
+        return (_numel(m), _numSteps(m));
     }
 
     /// @inheritdoc IStepper
     function initialStateHash(StepContext calldata ctx) external pure returns (bytes32) {
-        Desc memory d = _checkedDesc(ctx);
-        if (ctx.element >= _numel(d)) revert ElementOutOfRange(ctx.element, _numel(d));
+        DescView.Meta memory m = _checkedMeta(ctx);
+        if (ctx.element >= _numel(m)) revert ElementOutOfRange(ctx.element, _numel(m));
         return keccak256(abi.encodePacked(ctx.descHash, ctx.element, uint256(0), new bytes(Instructions.NUM_REGS * 4)));
     }
 
@@ -91,26 +81,20 @@ contract ScalarVM is IStepper {
         pure
         returns (bytes32)
     {
-        Desc memory d = _checkedDesc(ctx);
-        uint256 numel = _numel(d);
+        DescView.Meta memory m = _checkedMeta(ctx);
+        uint256 numel = _numel(m);
         // INVARIANT: the element and step are those the game narrowed to; a pre-state from any
         // other node, element or step must not be accepted as s_j.
         if (ctx.element >= numel) revert ElementOutOfRange(ctx.element, numel);
-        uint256 n = _numSteps(d);
+        uint256 n = _numSteps(m);
         if (ctx.microStep >= n) revert StepOutOfRange(ctx.microStep, n);
-        if (preState.length != STATE_BYTES) revert BadStateLength(preState.length, STATE_BYTES);
-        if (
-            bytes32(preState[0:32]) != ctx.descHash || uint256(bytes32(preState[32:64])) != ctx.element
-                || uint256(bytes32(preState[64:96])) != ctx.microStep
-        ) {
-            revert StateContextMismatch(
-                bytes32(preState[0:32]), uint256(bytes32(preState[32:64])), uint256(bytes32(preState[64:96]))
-            );
-        }
-        if (ctx.inputRoots.length != d.inputs.length) revert InputCountMismatch(ctx.inputRoots.length, d.inputs.length);
+        _checkPreState(ctx, preState);
+        if (ctx.inputRoots.length != m.nInputs) revert InputCountMismatch(ctx.inputRoots.length, m.nInputs);
 
-        Instr memory ins = _fetch(d, ctx.microStep);
-        uint256 value = _execute(d, ctx, preState, ins, proof);
+        Instr memory ins = _fetch(ctx.desc, m, ctx.microStep);
+        uint256 value = _isMemory(ins.op)
+            ? _memory(m, ctx, ins, _reg(preState, ins.a), proof)
+            : _alu(ins.op, _reg(preState, ins.a), _reg(preState, ins.b), _reg(preState, ins.imm));
 
         bytes memory post = preState;
         assembly ("memory-safe") {
@@ -133,47 +117,36 @@ contract ScalarVM is IStepper {
 
     // ------------------------------------------------------------------ program model
 
-    function _decode(bytes calldata desc) internal pure returns (Desc memory d) {
-        (d.outShape, d.K, d.inputs, d.prologue, d.body, d.epilogue) =
-            abi.decode(desc, (uint32[], uint32, InputMap[], bytes, bytes, bytes));
-    }
-
-    function _checkedDesc(StepContext calldata ctx) internal pure returns (Desc memory) {
+    function _checkedMeta(StepContext calldata ctx) internal pure returns (DescView.Meta memory) {
         bytes32 h = keccak256(ctx.desc);
         // SAFETY: the descriptor is the node's committed op; any other program must be refused.
         if (h != ctx.descHash) revert DescriptorHashMismatch(h, ctx.descHash);
-        return _decode(ctx.desc);
+        return DescView.meta(ctx.desc);
     }
 
-    function _numel(Desc memory d) internal pure returns (uint256 n) {
+    function _numel(DescView.Meta memory m) internal pure returns (uint256 n) {
         n = 1;
-        for (uint256 i = 0; i < d.outShape.length; ++i) {
-            n *= d.outShape[i];
+        for (uint256 i = 0; i < m.shape.length; ++i) {
+            n *= m.shape[i];
         }
     }
 
-    function _numSteps(Desc memory d) internal pure returns (uint256) {
-        uint256 k = d.K == 0 ? 0 : uint256(d.K) - 1;
-        uint256 w = Instructions.INSTR_BYTES;
-        return d.prologue.length / w + k * (d.body.length / w) + d.epilogue.length / w;
+    function _numSteps(DescView.Meta memory m) internal pure returns (uint256) {
+        uint256 k = m.K == 0 ? 0 : m.K - 1;
+        return m.codeLen[0] + k * m.codeLen[1] + m.codeLen[2];
     }
 
     /// @dev The instruction at micro-step j and its loop index k, in O(1).
-    function _fetch(Desc memory d, uint256 j) internal pure returns (Instr memory ins) {
-        uint256 p = d.prologue.length / Instructions.INSTR_BYTES;
-        uint256 b = d.body.length / Instructions.INSTR_BYTES;
-        bytes memory code;
-        uint256 at;
-        if (j < p) {
-            (code, at, ins.k) = (d.prologue, j, 0);
-        } else if (j < p + (uint256(d.K) - 1) * b) {
-            (code, at, ins.k) = (d.body, (j - p) % b, 1 + (j - p) / b);
-        } else {
-            (code, at, ins.k) = (d.epilogue, j - p - (uint256(d.K) - 1) * b, uint256(d.K) - 1);
-        }
+    function _fetch(bytes calldata desc, DescView.Meta memory m, uint256 j) internal pure returns (Instr memory ins) {
+        uint256 p = m.codeLen[0];
+        uint256 b = m.codeLen[1];
         uint256 word;
-        assembly ("memory-safe") {
-            word := shr(192, mload(add(add(code, 32), mul(at, 8))))
+        if (j < p) {
+            (word, ins.k) = (DescView.word(desc, m, 0, j), 0);
+        } else if (j < p + (m.K - 1) * b) {
+            (word, ins.k) = (DescView.word(desc, m, 1, (j - p) % b), 1 + (j - p) / b);
+        } else {
+            (word, ins.k) = (DescView.word(desc, m, 2, j - p - (m.K - 1) * b), m.K - 1);
         }
         ins.op = word >> 56;
         ins.dst = (word >> 48) & 0xff;
@@ -182,36 +155,79 @@ contract ScalarVM is IStepper {
         ins.imm = word & 0xffffffff;
     }
 
+    /// @dev The pre-state is a state of this node, element and micro-step.
+    function _checkPreState(StepContext calldata ctx, bytes calldata preState) internal pure {
+        if (preState.length != STATE_BYTES) revert BadStateLength(preState.length, STATE_BYTES);
+        (bytes32 dh, uint256 el, uint256 j) = (bytes32(_word(preState, 0)), _word(preState, 32), _word(preState, 64));
+        if (dh != ctx.descHash || el != ctx.element || j != ctx.microStep) revert StateContextMismatch(dh, el, j);
+    }
+
+    /// @dev Register r of a pre-state (its length checked: STATE_BYTES).
     function _reg(bytes calldata state, uint256 r) internal pure returns (uint256) {
-        uint256 at = REGS_AT + 4 * (r & 15);
-        return uint32(bytes4(state[at:at + 4]));
+        return _word(state, REGS_AT + 4 * (r & 15)) >> 224;
     }
 
-    function _coords(Desc memory d, uint256 e) internal pure returns (uint256[] memory c) {
-        c = new uint256[](d.outShape.length);
-        for (uint256 i = d.outShape.length; i > 0; --i) {
-            c[i - 1] = e % d.outShape[i - 1];
-            e /= d.outShape[i - 1];
+    /// @dev The 32 bytes at `at` of a calldata buffer whose length was checked to cover them (one
+    ///      calldataload; a calldata slice converted to bytes32 costs some 400 gas in the legacy
+    ///      code generator).
+    function _word(bytes calldata b, uint256 at) internal pure returns (uint256 v) {
+        assembly {
+            v := calldataload(add(b.offset, at))
         }
     }
 
-    function _address(Desc memory d, uint256 t, uint256[] memory c, uint256 k) internal pure returns (int256 addr) {
-        InputMap memory m = d.inputs[t];
-        addr = int256(uint256(m.offset)) + int256(k) * m.kstride;
-        for (uint256 i = 0; i < c.length; ++i) {
-            addr += int256(c[i]) * m.strides[i];
+    function _coords(DescView.Meta memory m, uint256 e) internal pure returns (uint256[] memory c) {
+        c = new uint256[](m.shape.length);
+        for (uint256 i = m.shape.length; i > 0; --i) {
+            c[i - 1] = e % m.shape[i - 1];
+            e /= m.shape[i - 1];
         }
     }
 
-    function _load(Desc memory d, StepContext calldata ctx, uint256 t, int256 addr, bytes calldata proof)
+    function _isMemory(uint256 op) internal pure returns (bool) {
+        return op == Instructions.CONST || op == Instructions.LOAD || op == Instructions.COORD
+            || op == Instructions.LOADIDX;
+    }
+
+    /// @dev CONST, COORD, LOAD, LOADIDX (`regA`: the index register's value).
+    function _memory(
+        DescView.Meta memory m,
+        StepContext calldata ctx,
+        Instr memory ins,
+        uint256 regA,
+        bytes calldata proof
+    ) internal pure returns (uint256) {
+        if (ins.op == Instructions.CONST) return ins.imm;
+        uint256[] memory c = _coords(m, ctx.element);
+        if (ins.op == Instructions.COORD) {
+            return F32.unwrap(SoftFloat32.fromUint32(uint32(c[ins.imm])));
+        }
+        DescView.Loc memory at = DescView.locate(ctx.desc, m, ins.imm, c, ins.k);
+        if (!at.inside) return at.fill;
+        if (ins.op == Instructions.LOADIDX) {
+            (bool ok, int256 idx) = _index(regA);
+            if (!ok) return Instructions.CANONICAL_NAN;
+            at.addr += idx * at.idxStride;
+            if (at.addr < 0 || uint256(at.addr) >= at.numel) return Instructions.CANONICAL_NAN;
+        }
+        return _open(ctx.inputRoots[ins.imm], ins.imm, at.numel, at.addr, proof);
+    }
+
+    /// @dev Element `addr` of input t from its proof (abi.encode((bytes chunk, bytes32[] siblings)),
+    ///      read in place) against the input's root.
+    function _open(bytes32 root, uint256 t, uint256 numel, int256 addr, bytes calldata proof)
         internal
         pure
         returns (uint256)
     {
-        uint256 numel = d.inputs[t].numel;
         if (addr < 0 || uint256(addr) >= numel) revert AddressOutOfRange(t, addr, numel);
-        LoadProof memory lp = abi.decode(proof, (LoadProof));
-        return TensorCommit.openElement(ctx.inputRoots[t], numel, uint256(addr), lp.chunk, lp.siblings);
+        LoadProof calldata lp;
+        // SAFETY: the proof is one dynamic tuple: its first word is its offset, inside the proof.
+        if (proof.length < 32 || _word(proof, 0) >= proof.length) revert BadProof(proof.length);
+        assembly {
+            lp := add(proof.offset, calldataload(proof.offset))
+        }
+        return TensorCommit.openElement(root, numel, uint256(addr), lp.chunk, lp.siblings);
     }
 
     /// @dev Integral value of a LOADIDX index register, or ok = false (finite integral only).
@@ -223,30 +239,6 @@ contract ScalarVM is IStepper {
         int32 i = SoftFloat32.toInt32(f);
         if (i == type(int32).min && uint32(x) != 0xCF000000) return (false, 0);
         return (true, int256(i));
-    }
-
-    function _execute(Desc memory d, StepContext calldata ctx, bytes calldata pre, Instr memory ins, bytes calldata proof)
-        internal
-        pure
-        returns (uint256)
-    {
-        uint256 op = ins.op;
-        if (op == Instructions.CONST) return ins.imm;
-        if (op == Instructions.LOAD || op == Instructions.COORD || op == Instructions.LOADIDX) {
-            uint256[] memory c = _coords(d, ctx.element);
-            if (op == Instructions.COORD) {
-                return F32.unwrap(SoftFloat32.fromUint32(uint32(c[ins.imm])));
-            }
-            int256 addr = _address(d, ins.imm, c, ins.k);
-            if (op == Instructions.LOADIDX) {
-                (bool ok, int256 idx) = _index(_reg(pre, ins.a));
-                if (!ok) return Instructions.CANONICAL_NAN;
-                addr += idx * d.inputs[ins.imm].idxStride;
-                if (addr < 0 || uint256(addr) >= d.inputs[ins.imm].numel) return Instructions.CANONICAL_NAN;
-            }
-            return _load(d, ctx, ins.imm, addr, proof);
-        }
-        return _alu(op, _reg(pre, ins.a), _reg(pre, ins.b), _reg(pre, ins.imm));
     }
 
     /// @dev The arithmetic family: one SoftFloat32 operation per opcode.

@@ -20,3 +20,8 @@ error InputCountMismatch(uint256 given, uint256 expected);
 error AddressOutOfRange(uint256 input, int256 addr, uint256 numel);
 /// An opcode the RepOps instruction set does not define.
 error UnknownOpcode(uint256 opcode);
+/// The descriptor is neither abi form (six values: head 0xC0; seven with the window extension: 0xE0),
+/// or one of its top-level offsets points outside it.
+error UnknownDescriptorForm(uint256 head);
+/// A LOAD's proof is not one abi-encoded (bytes chunk, bytes32[] siblings) tuple.
+error BadProof(uint256 length);

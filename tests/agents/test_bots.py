@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from web3 import Web3
 
-from tests.support.bots import STEPS, TERMS, World, finished, node_of
+from tests.support.bots import STEPS, TERMS, World, finished, node_of, reveal_time
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import Bundles, check_against_chain
 from verde_chain.agents.challenger import ChallengerBot
@@ -36,9 +36,12 @@ from verde_chain.chain.market_client import Market
 from verde_chain.dispute.types import Phase, Resolution
 from verde_chain.graph.world import OutputFault
 from verde_chain.job import Job
+from verde_chain.market.marketparams import FAST, split_forfeit
 from verde_chain.market.types import ETH, JobStatus, SlotStatus, reward_share
 
 REPO = Path(__file__).resolve().parents[2]
+STAKE_BURN, STAKE_PAID = split_forfeit(2 * 10**17, FAST.burn_bps)  # TERMS' stake, forfeited
+BOND_BURN, BOND_PAID = split_forfeit(10**17, FAST.burn_bps)  # TERMS' bond, forfeited
 
 
 # -- off-chain pieces (no chain) -----------------------------------------------------------------
@@ -61,12 +64,15 @@ def test_strategies_parse_and_refuse_nonsense(job: Job) -> None:
         trainer_plan("sneaky", job)
     with pytest.raises(StrategyError):
         challenger_plan("lazy", job)  # a trainer-only strategy
+    for bad in ("micro:1:2:3", "micro:1:19:0:99999"):  # no micro-step; one past the program
+        with pytest.raises(StrategyError):
+            trainer_plan(bad, job)
 
 
 def test_every_cheat_changes_the_result_and_honest_agree(job: Job) -> None:
     honest = trainer_plan("honest", job).result()
     assert challenger_plan("honest", job).result() == honest
-    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", "bitflip:2:19:1:3"):
+    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", "bitflip:2:19:1:3", "micro:2:19:1:1"):
         assert trainer_plan(s, job, seed=1).result() != honest, s
     # a drawn cheat site is reproducible from the seed
     assert trainer_plan("bitflip", job, seed=5).fault == trainer_plan("bitflip", job, seed=5).fault
@@ -76,8 +82,8 @@ def test_bundle_must_match_the_posted_commitments(job: Job, bundles: Path) -> No
     from verde_chain.market.types import JobTerms
 
     fetched = Bundles(bundles).fetch(job.spec.hash())
-    spec = JobTerms(ETH, job.spec.hash(), job.spec.graph_root, job.spec.initial_commitment, job.spec.batch_root,
-                   STEPS, 1, 1, 1, 1, 1, 1, 1, 4, 1, job.spec.num_nodes)
+    spec = JobTerms(ETH, job.spec.hash(), "", job.spec.graph_root, job.spec.initial_commitment, job.spec.batch_root,
+                    STEPS, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1, job.spec.num_nodes)
     assert check_against_chain(fetched, spec) is None
     assert check_against_chain(fetched, spec.__class__(**{**spec.__dict__, "batch_root": b"\x01" * 32})) == "batchRoot"
 
@@ -93,7 +99,7 @@ def test_sender_finds_a_broadcast_transaction_it_never_marked_sent(w3: Web3, art
     from verde_chain.agents.store import Store
     from verde_chain.agents.wallet import Sender
 
-    market = Market.at(w3, artifacts, deploy("JobMarket", deploy("GameMock").address).address)
+    market = Market.deploy(w3, artifacts, deploy("GameMock").address, FAST)
     acct = account(6)
     store = Store(tmp_path / "s.sqlite")
     sender = Sender(w3, artifacts, acct, store)
@@ -162,18 +168,21 @@ def test_cheating_trainer_is_caught(world: World, name: str, strategy: Callable[
     assert slots[world.market.slot_of(job_id, cheat.address)].status == SlotStatus.REJECTED
     assert slots[world.market.slot_of(job_id, honest.address)].status == SlotStatus.SETTLED
     assert world.market.job(job_id).accepted_result == trainer_plan("honest", world.job).result()
-    # the challenger gets its bond back plus the cheater's stake; the honest trainer the whole reward
-    assert world.withdrawn(ch) == TERMS.min_challenge_bond + TERMS.trainer_stake
+    # the challenger gets its bond back plus the cheater's stake less the burned half; the honest
+    # trainer the whole reward
+    assert world.withdrawn(ch) == TERMS.min_challenge_bond + STAKE_PAID
     assert world.withdrawn(honest) == TERMS.trainer_stake + TERMS.reward
     assert world.withdrawn(cheat) == 0
+    assert world.market.burned() == STAKE_BURN
     world.solvent()
 
 
 @pytest.mark.chain
 def test_rival_trainers_dispute_each_other_and_the_honest_one_wins(world: World) -> None:
-    """No outside challenger: both trainers dispute differing rivals with their stakes. Both games
-    (honest attacks cheater, cheater attacks honest) end for the honest trainer, which takes the
-    cheater's stake and the whole reward."""
+    """No outside challenger: both trainers dispute differing rivals, each with a bond and its own
+    result at stake. Every game (honest attacks cheater, cheater attacks honest) ends for the
+    honest trainer, which gets its bond back, the cheater's stake (and bond, if the cheater
+    attacked) less the burn, and the whole reward."""
     client = world.client()
     honest = world.trainer(2, rivals=True)
     cheat = world.trainer(3, f"bitflip:2:{node_of(world.job, 'sgd/sgd_param')}:3:7", rivals=True)
@@ -183,7 +192,9 @@ def test_rival_trainers_dispute_each_other_and_the_honest_one_wins(world: World)
     assert sorted(g["role"] for g in games.values()) in (["challenger"], ["challenger", "defender"])
     assert all(g["won"] for g in games.values()) and not any(g["won"] for g in cheat.store.games().values())
     assert world.market.slot(job_id, world.market.slot_of(job_id, cheat.address)).status == SlotStatus.REJECTED
-    assert world.withdrawn(honest) == 2 * TERMS.trainer_stake + TERMS.reward
+    defended = sum(1 for g in games.values() if g["role"] == "defender")
+    assert world.withdrawn(honest) == (TERMS.trainer_stake + TERMS.reward + TERMS.min_challenge_bond + STAKE_PAID
+                                       + defended * BOND_PAID)
     assert world.withdrawn(cheat) == 0
     world.solvent()
 
@@ -199,7 +210,7 @@ def test_lying_challenger_loses_its_bond(world: World) -> None:
     v = honest.games.game(gid)
     assert v.winner == honest.address and rec["won"] and v.resolution == Resolution.STEP
     assert world.market.slot(job_id, 0).status == SlotStatus.SETTLED
-    assert world.withdrawn(honest) == TERMS.trainer_stake + TERMS.reward + TERMS.min_challenge_bond
+    assert world.withdrawn(honest) == TERMS.trainer_stake + TERMS.reward + BOND_PAID
     assert world.withdrawn(liar) == 0 and world.market.balance_of(liar.address) == 0
     world.solvent()
 
@@ -215,7 +226,7 @@ def test_silent_cheater_loses_on_time(world: World) -> None:
     v = ch.games.game(gid)
     assert v.winner == ch.address and v.resolution == Resolution.TIMEOUT
     assert cheat.store.moves(gid) == 3 and cheat.store.game(gid)["went_silent"]
-    assert world.withdrawn(ch) == TERMS.min_challenge_bond + TERMS.trainer_stake
+    assert world.withdrawn(ch) == TERMS.min_challenge_bond + STAKE_PAID
     assert world.withdrawn(honest) == TERMS.trainer_stake + TERMS.reward
     world.solvent()
 
@@ -229,7 +240,7 @@ def test_silent_challenger_loses_its_bond(world: World) -> None:
     world.run(finished(client, job_id, world.bots))
     (gid, rec), = honest.store.games().items()
     assert rec["won"] and honest.games.game(gid).resolution == Resolution.TIMEOUT
-    assert world.withdrawn(honest) == TERMS.trainer_stake + TERMS.reward + TERMS.min_challenge_bond
+    assert world.withdrawn(honest) == TERMS.trainer_stake + TERMS.reward + BOND_PAID
     world.solvent()
 
 
@@ -253,6 +264,7 @@ def test_challenger_crashes_mid_dispute_and_resumes_from_sqlite(world: World) ->
             if at_l2_choice():
                 break
             b.tick()
+        reveal_time(world, job_id)
     assert at_l2_choice()
     ch.sender.crash_before_broadcast = True
     with pytest.raises(CrashInjected):
@@ -270,7 +282,7 @@ def test_challenger_crashes_mid_dispute_and_resumes_from_sqlite(world: World) ->
     v = reborn.games.game(gid)
     assert v.winner == reborn.address and v.resolution == Resolution.STEP
     assert world.market.slot(job_id, world.market.slot_of(job_id, cheat.address)).status == SlotStatus.REJECTED
-    assert world.withdrawn(reborn) == TERMS.min_challenge_bond + TERMS.trainer_stake
+    assert world.withdrawn(reborn) == TERMS.min_challenge_bond + STAKE_PAID
     world.solvent()
 
 
@@ -284,21 +296,24 @@ def _spawn_challenger(world: World, db: Path) -> subprocess.Popen[str]:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _wait(cond: Callable[[], bool], others: list[Bot], timeout: float, proc: subprocess.Popen[str]) -> None:
+def _wait(cond: Callable[[], bool], others: list[Bot], timeout: float, proc: subprocess.Popen[str],
+          each: Callable[[], None] = lambda: None) -> None:
     end = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < end, "timed out"
         assert proc.poll() is None, f"challenger exited with {proc.returncode}"
         for b in others:
             b.tick()
+        each()
         time.sleep(0.05)
 
 
 @pytest.mark.chain
 def test_challenger_process_sigkilled_mid_dispute_still_wins(world: World) -> None:
     """A real `verde-chain challenger run` process is SIGKILLed in the middle of the game and
-    restarted on the same database; it finishes the game and wins. (No clock jumps here: the
-    in-process bots tick in real time while the subprocess follows the chain by itself.)"""
+    restarted on the same database; it finishes the game and wins. (One clock jump, to the reveal
+    window; otherwise the in-process bots tick in real time while the subprocess follows the chain
+    by itself.)"""
     client = world.client()
     world.trainer(2)
     cheat = world.trainer(3, f"bitflip:2:{node_of(world.job, 'matmul')}:1:3")
@@ -309,7 +324,7 @@ def test_challenger_process_sigkilled_mid_dispute_still_wins(world: World) -> No
     proc = _spawn_challenger(world, db)
     try:
         _wait(lambda: bool(game()) and phase().level >= 2 and phase() != Phase.RESOLVED, [client, *world.bots[1:]],
-              120, proc)
+              120, proc, lambda: reveal_time(world, job_id))
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         mid = phase()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.bots import TERMS, World, finished, node_of
+from tests.support.bots import TERMS, World, finished, node_of, reveal_time
 from verde_chain import cli
 from verde_chain.dispute.types import Phase
 
@@ -36,6 +36,7 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
             break
         for b in world.bots:
             b.tick()
+        reveal_time(world, job_id)
     assert in_l2()
     (gid, _), = ch.store.games().items()
 
@@ -47,7 +48,8 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
     rc, out = _cli(capsys, "job", "status", *at, str(job_id), "--json")
     js = json.loads(out)
     assert js["status"] == "OPEN" and js["active_disputes"] == 1
-    assert [s["status"] for s in js["slots"]] == ["SUBMITTED", "SUBMITTED"]
+    assert [s["status"] for s in js["slots"]] == ["REVEALED", "REVEALED"]
+    assert js["reveal_deadline"] == world.market.reveal_deadline(job_id)
     assert js["disputes"][0]["game_id"] == gid and js["disputes"][0]["active"] is True
 
     world.run(finished(client, job_id, world.bots))

@@ -34,6 +34,7 @@ from verde_chain.chain.market_client import Market
 from verde_chain.chain.tx import transact
 from verde_chain.dispute.types import Resolution
 from verde_chain.job import Job
+from verde_chain.market.marketparams import FAST, split_forfeit
 from verde_chain.market.types import ETH, JobStatus, SlotStatus
 
 pytestmark = pytest.mark.chain
@@ -73,9 +74,10 @@ class TokenWorld(World):
 def tw(w3: Web3, artifacts: Any, deploy: Callable[..., Any], bundles: Path, tmp_path: Path,
        job: Job) -> TokenWorld:
     game = deploy("DisputeGame", deploy("ScalarVM").address)
-    market = Market.at(w3, artifacts, deploy("JobMarket", game.address).address)
+    token = deploy("TestToken")
+    market = Market.deploy(w3, artifacts, game.address, FAST.with_token(token.address, FAST.floor(ETH)))
     world = TokenWorld(w3, artifacts, market, bundles, tmp_path, job)
-    world.token = deploy("TestToken")
+    world.token = token
     world.logs = {}
     for i in (1, 2, 3, 4):
         transact(w3, world.token.functions.mint(account(i).address, FUNDS), artifacts)
@@ -158,12 +160,13 @@ def test_token_job_end_to_end_through_crashes(tw: TokenWorld) -> None:
     assert tw.market.slot(job_id, tw.market.slot_of(job_id, cheat.address)).status == SlotStatus.REJECTED
 
     # token books: the client paid the reward, the honest trainer got it (stake back), the cheater
-    # lost its stake to the challenger (bond back); everything was withdrawn
+    # lost its stake: half burned, half to the challenger (bond back); everything else was withdrawn
+    burnt, paid = split_forfeit(t.trainer_stake, FAST.burn_bps)
     delta = {a: tw.balance(a) - tok0[a] for a in parties.values()}
     assert delta == {parties[1]: -t.reward, parties[2]: t.reward, parties[3]: -t.trainer_stake,
-                     parties[4]: t.trainer_stake}
-    assert tw.market.token_balance(t.token) == tw.market.total_owed(t.token) == 0
-    assert tw.market.held(t.token, list(parties.values()), [gid]) == 0
+                     parties[4]: paid}
+    assert tw.market.token_balance(t.token) == tw.market.total_owed(t.token) == tw.market.burned(t.token) == burnt
+    assert tw.market.held(t.token, list(parties.values()), [gid]) == burnt
     assert all(tw.market.balance_of(a, t.token) == 0 for a in parties.values())
 
     # no ETH moved: every party's transactions carried value 0 and its ETH went only to gas
@@ -182,7 +185,7 @@ def test_token_job_end_to_end_through_crashes(tw: TokenWorld) -> None:
     assert "0.1 VTT" in text.split("winner")[1]  # the dispute's bond column
     assert "bond 0.1 VTT" in format_dispute(dispute_status(tw.market, ch.games, gid, 0))
     assert any("staked 0.2 VTT" in line for line in tw.logs[honest.name])
-    assert any("withdrew 0.3 VTT" in line for line in tw.logs[ch.name])  # bond back + the cheater's stake
+    assert any("withdrew 0.2 VTT" in line for line in tw.logs[ch.name])  # bond back + half the cheater's stake
 
 
 def test_bots_without_enough_tokens_log_once_and_send_nothing(tw: TokenWorld) -> None:
@@ -212,14 +215,15 @@ def test_bots_without_enough_tokens_log_once_and_send_nothing(tw: TokenWorld) ->
     assert [r.kind for r in trainer.store.txs()] == ["approve", "join"]
     assert tw.market.slot(job_id, 0).trainer == short and tw.balance(short) == 0
 
-    # it never submits: after the deadlines the client finalizes and withdraws, in the token, the
-    # refunded reward and the no-show's stake
+    # it never commits: after the deadlines the client finalizes and withdraws, in the token, the
+    # refunded reward and the unburned half of the no-show's stake
     deadline = tw.market.job(job_id).terms.challenge_deadline
     increase_time(tw.w3, deadline - int(tw.w3.eth.get_block("latest")["timestamp"]) + 1)
     assert client.tick() and (client.store.job(job_id) or {}).get("state") == "done"
-    assert tw.balance(client.address) == FUNDS + TERMS.trainer_stake
-    assert tw.market.token_balance(tw.token.address) == tw.market.total_owed(tw.token.address) == 0
-    assert any("withdrew 1.2 VTT" in line for line in tw.logs["client-1"])
+    burnt, paid = split_forfeit(TERMS.trainer_stake, FAST.burn_bps)
+    assert tw.balance(client.address) == FUNDS + paid
+    assert tw.market.token_balance(tw.token.address) == tw.market.total_owed(tw.token.address) == burnt
+    assert any("withdrew 1.1 VTT" in line for line in tw.logs["client-1"])
 
 
 def test_token_units_and_tokens_without_metadata(tw: TokenWorld) -> None:
@@ -263,7 +267,10 @@ def test_challenger_without_bond_waits_without_re_executing(tw: TokenWorld, monk
     cheat = tw.make("trainer", 3, f"bitflip:2:{node_of(tw.job, 'matmul')}:1:3")
     cheat.tick()
     cheat.tick()
-    assert tw.market.slot(job_id, 0).status == SlotStatus.SUBMITTED
+    assert tw.market.slot(job_id, 0).status == SlotStatus.COMMITTED
+    increase_time(tw.w3, tw.market.job(job_id).terms.submission_deadline - tw.w3.eth.get_block("latest")["timestamp"] + 1)
+    cheat.tick()
+    assert tw.market.slot(job_id, 0).status == SlotStatus.REVEALED
     ch = tw.make("challenger", 6)  # holds no VTT
     assert [ch.tick() for _ in range(3)] == [False, False, False]
     assert ch.store.txs() == [] and len(runs) == 1

@@ -35,15 +35,36 @@ def test_split_points_cover_the_interval(lo: int, length: int, logk: int) -> Non
     assert max(b - a for a, b in pairwise(p)) == -(-length // min(k, length))
 
 
-@given(length=st.integers(1, 3000), logk=st.integers(1, 5), seed=st.integers(0, 2**32))
-@settings(max_examples=100, deadline=None)
-def test_bisection_rounds_is_the_worst_case(length: int, logk: int, seed: int) -> None:
+@given(lo=st.integers(0, 1000), length=st.integers(2, 5000), logk=st.integers(1, 8), ckpt=st.integers(1, 400))
+@settings(max_examples=300, deadline=None)
+def test_checkpoint_split_points(lo: int, length: int, logk: int, ckpt: int) -> None:
+    """While (lo, hi) holds a multiple of N, every inner split point is one (evenly chosen among
+    them); inside one checkpoint span the split is the plain even one. N = 1 is the even split."""
+    k, hi = 1 << logk, lo + length
+    p = bisection.split_points(lo, hi, k, ckpt)
+    inner = [m for m in range(lo + 1, hi) if m % ckpt == 0]
+    assert p[0] == lo and p[-1] == hi and all(a < b for a, b in pairwise(p))
+    if inner:
+        assert all(x % ckpt == 0 for x in p[1:-1]) and len(p) == min(k, len(inner) + 1) + 1
+        grid = [lo, *inner, hi]  # the chosen points are spread evenly over the checkpoint grid
+        q = [grid.index(x) for x in p]
+        assert max(b - a for a, b in pairwise(q)) - min(b - a for a, b in pairwise(q)) <= 1
+    else:
+        assert p == bisection.split_points(lo, hi, k)
+    assert bisection.split_points(lo, hi, k, 1) == bisection.split_points(lo, hi, k)
+
+
+@given(length=st.integers(1, 3000), logk=st.integers(1, 5), seed=st.integers(0, 2**32), ckpt=st.integers(1, 300))
+@settings(max_examples=150, deadline=None)
+def test_bisection_rounds_is_the_worst_case(length: int, logk: int, seed: int, ckpt: int) -> None:
     k, rng = 1 << logk, random.Random(seed)
-    lo, hi, rounds = 0, length, 0
-    while hi - lo > 1:
-        lo, hi = bisection.narrow(lo, hi, k, rng.randrange(bisection.parts(lo, hi, k)))
-        rounds += 1
-    assert rounds <= bisection.bisection_rounds(length, k)
+    for grid in (1, ckpt):
+        lo, hi, rounds = 0, length, 0
+        while hi - lo > 1:
+            lo, hi = bisection.narrow(lo, hi, k, rng.randrange(bisection.parts(lo, hi, k, grid)), grid)
+            rounds += 1
+        assert rounds <= bisection.step_rounds(length, k, grid)
+    assert bisection.step_rounds(length, k, 1) == bisection.bisection_rounds(length, k)
 
 
 @pytest.fixture(scope="module")
@@ -62,25 +83,27 @@ def both_refuse(twin: Callable[[], Any], sol: Callable[[], Any]) -> CustomError:
 
 @pytest.mark.chain
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data(), lo=st.integers(0, 2**40), length=st.integers(2, 10**6), logk=st.integers(1, 8))
-def test_bisection_twin(harness: Any, artifacts: Any, data: st.DataObject, lo: int, length: int, logk: int) -> None:
+@given(data=st.data(), lo=st.integers(0, 2**40), length=st.integers(2, 10**6), logk=st.integers(1, 8),
+       ckpt=st.one_of(st.just(1), st.integers(1, 10**5)))
+def test_bisection_twin(harness: Any, artifacts: Any, data: st.DataObject, lo: int, length: int, logk: int,
+                        ckpt: int) -> None:
     k, hi = 1 << logk, lo + length
     f = harness.functions
-    points = bisection.split_points(lo, hi, k)
-    assert call(f.splitPoints(lo, hi, k), artifacts) == points
+    points = bisection.split_points(lo, hi, k, ckpt)
+    assert call(f.splitPoints(lo, hi, k, ckpt), artifacts) == points
     claims = [keccak256(p.to_bytes(32, "big")) for p in points[1:-1]]
     c_lo, c_hi = b"\x0a" * 32, b"\x0b" * 32
     choice = data.draw(st.integers(0, len(points) - 2))
-    new_lo, new_hi = bisection.narrow(lo, hi, k, choice)
+    new_lo, new_hi = bisection.narrow(lo, hi, k, choice, ckpt)
     ends = [c_lo, *claims, c_hi]
-    assert call(f.narrow(lo, hi, k, c_lo, c_hi, claims, choice), artifacts) == [
+    assert call(f.narrow(lo, hi, k, ckpt, c_lo, c_hi, claims, choice), artifacts) == [
         new_lo, new_hi, ends[choice], ends[choice + 1]]
-    bisection.check_claim_count(lo, hi, k, len(claims))
-    e = both_refuse(lambda: bisection.narrow(lo, hi, k, len(points) - 1),
-                    lambda: call(f.narrow(lo, hi, k, c_lo, c_hi, claims, len(points) - 1), artifacts))
+    bisection.check_claim_count(lo, hi, k, len(claims), ckpt)
+    e = both_refuse(lambda: bisection.narrow(lo, hi, k, len(points) - 1, ckpt),
+                    lambda: call(f.narrow(lo, hi, k, ckpt, c_lo, c_hi, claims, len(points) - 1), artifacts))
     assert e.name == "ChoiceOutOfRange"
-    e = both_refuse(lambda: bisection.check_claim_count(lo, hi, k, len(claims) + 1),
-                    lambda: call(f.narrow(lo, hi, k, c_lo, c_hi, claims + [c_lo], 0), artifacts))
+    e = both_refuse(lambda: bisection.check_claim_count(lo, hi, k, len(claims) + 1, ckpt),
+                    lambda: call(f.narrow(lo, hi, k, ckpt, c_lo, c_hi, claims + [c_lo], 0), artifacts))
     assert e.decoded == ("WrongClaimCount", {"actual": len(claims) + 1, "expected": len(claims)})
     depth = data.draw(st.integers(0, 20))
     m = bisection.descent_levels(k, depth)

@@ -47,7 +47,9 @@ from verde_chain.graph.data import batch_root_list
 from verde_chain.graph.structure import Source, SourceKind, TrainingGraph
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.graph.world import OutputFault, TrainingWorld
-from verde_chain.market.types import ETH, JobTerms, SlotStatus
+from verde_chain.job import job_from_torch
+from verde_chain.market.marketparams import FAST, split_forfeit
+from verde_chain.market.types import ETH, ZERO32, JobTerms, SlotStatus
 from verde_chain.repops import library
 
 pytestmark = pytest.mark.chain
@@ -285,21 +287,26 @@ def test_cheating_trainer_loses_its_stake_in_the_job_market(w3, deploy, artifact
     _, make = _cheat(prog, name)
     liar, honest = make(), TrainingWorld(*_args(prog))
     game = deploy("DisputeGame", deploy("ScalarVM").address)
-    market = Market.deploy(w3, artifacts, game.address)
+    market = Market.deploy(w3, artifacts, game.address, FAST)
     client_acct, cheater, trainer = w3.eth.accounts[1], w3.eth.accounts[3], w3.eth.accounts[4]
-    reward, stake = 10**18, 3 * 10**17
+    reward, stake, bond = 10**18, 3 * 10**17, 10**16
     g = prog.graph
     job_spec = JobTerms(
-        ETH, b"\x11" * 32, g.root(), honest.step_commitment(0), batch_root_list(honest.batch_roots), T, T,
-        reward, stake, 10**16, 2, chain.timestamp() + 1000, 1000, ARITY, CLOCK, len(g.nodes),
+        token=ETH, spec_hash=b"\x11" * 32, bundle_uri="", graph_root=g.root(), initial_commitment=honest.step_commitment(0),
+        batch_root=batch_root_list(honest.batch_roots), num_steps=T, checkpoint_interval=T, reward=reward,
+        trainer_stake=stake, min_challenge_bond=bond, slots=2, submission_deadline=chain.timestamp() + 1000,
+        reveal_window=1000, challenge_window=1000, arity=ARITY, clock_seconds=CLOCK, num_nodes=len(g.nodes),
     )
     job_id, _ = market.post_job(job_spec, sender=client_acct)
     bad_slot, _ = market.join(job_id, sender=cheater)
     good_slot, _ = market.join(job_id, sender=trainer)
-    market.submit(job_id, liar.step_commitment(T), sender=cheater)
-    market.submit(job_id, honest.step_commitment(T), sender=trainer)
+    market.commit_result(job_id, liar.step_commitment(T), b"\x01" * 32, sender=cheater)
+    market.commit_result(job_id, honest.step_commitment(T), b"\x02" * 32, sender=trainer)
+    chain.increase_time(1001)
+    market.reveal(job_id, liar.step_commitment(T), ZERO32, b"\x01" * 32, sender=cheater)
+    market.reveal(job_id, honest.step_commitment(T), ZERO32, b"\x02" * 32, sender=trainer)
     # the honest trainer disputes its rival's different result: the cheater defends its C_T
-    gid, _ = market.dispute_rival(job_id, bad_slot, good_slot, sender=trainer)
+    gid, _ = market.dispute_rival(job_id, bad_slot, good_slot, sender=trainer, bond=bond)
     gclient = DisputeGameClient(w3, game, artifacts)
     out = runner.play(gclient, gid, pl.Defender(liar), pl.Challenger(honest), lambda s: increase_time(w3, s))
     assert out.winner == trainer
@@ -307,8 +314,35 @@ def test_cheating_trainer_loses_its_stake_in_the_job_market(w3, deploy, artifact
     chain.increase_time(2001)
     market.finalize(job_id)
     assert market.job(job_id).accepted_result == honest.step_commitment(T)
-    # the honest trainer: the whole reward, its stake back and the cheater's stake; the cheater: nothing
-    assert market.balance_of(trainer) == reward + 2 * stake
+    # the honest trainer: the whole reward, its stake and bond back and the cheater's stake less the
+    # burned half; the cheater: nothing
+    burnt, paid = split_forfeit(stake, FAST.burn_bps)
+    assert market.balance_of(trainer) == reward + stake + bond + paid
     assert market.balance_of(cheater) == 0
     assert market.balance_of(client_acct) == 0
-    assert market.total_owed() == w3.eth.get_balance(market.address) == reward + 2 * stake
+    assert market.burned() == burnt
+    assert market.total_owed() == w3.eth.get_balance(market.address) == reward + 2 * stake + bond
+
+
+# -- an inference job: a lie about an early batch's outputs is disputable ---------------------------
+
+
+@pytest.mark.parametrize("where", ["batch-1-logit", "outputs-buffer-row-0"])
+def test_lie_about_batch_1_of_a_3_batch_inference_job_loses(w3, deploy, artifacts, where: str) -> None:  # type: ignore[no-untyped-def]
+    """The cheater's result is wrong only in batch 1's outputs: a logit it computed wrong at step
+    1, or row 0 of the outputs buffer it rewrote at step 3. C_T commits every batch's outputs
+    (the outputs buffer), so the honest challenger disputes and the game convicts the lie at the
+    one-step proof (the write node is refereed like any other)."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+    X = np.random.default_rng(4).standard_normal((6, 3)).astype(np.float32)
+    job = job_from_torch(m, torch.zeros(2, 3), (X, None), steps=3, kind="inference")
+    named = job.program.graph.named
+    step, node, element = (1, named["output"], 3) if where == "batch-1-logit" else (3, named["outputs:output"], 1)
+    liar = TrainingWorld.from_job(job, OutputFault(step, node, element, bit=7))
+    honest = TrainingWorld.from_job(job)
+    assert liar.step_commitment(3) != honest.step_commitment(3)
+    g = play_real(w3, deploy, artifacts, liar, honest, steps=3, arity=ARITY, clock=CLOCK)
+    assert g.out.winner == g.challenger and g.out.resolution == Resolution.STEP, (g.out.resolution, g.out.reverts)
+    assert (g.final.step, g.final.node_index, g.final.element) == (step, node, element)
+    assert "Stepped" in g.events

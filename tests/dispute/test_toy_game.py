@@ -97,15 +97,17 @@ def _random_micro_fault(job: ToyJob, data: st.DataObject) -> Fault:
 def test_lying_defender_loses_to_honest_challenger(env: Env, data: st.DataObject, num_steps: int, num_nodes: int,
                                                    logk: int) -> None:
     k = 1 << logk
+    ckpt = data.draw(st.integers(1, num_steps), label="checkpoint interval")
     job = ToyJob(num_steps, default_graph(num_nodes, NUMELS, (1, 7, 20, 0)))
     liar, honest = ToyWorld(job, _random_micro_fault(job, data)), ToyWorld(job)
-    gid = env.create(job, liar.step_commitment(num_steps), k)
+    gid = env.create(job, liar.step_commitment(num_steps), k, ckpt=ckpt)
     out = env.play(gid, liar, honest)
     env.expect(gid, out, env.challenger, Resolution.STEP)
     assert out.final is not None and out.final.step == liar.fault.step and out.final.node_index == liar.fault.node
     assert out.final.element == liar.fault.element and out.final.lo == liar.fault.micro - 1
+    assert out.final.checkpoint_interval == ckpt
     assert out.reverts == []
-    within_bound(out, job, k)
+    within_bound(out, job, k, ckpt)
 
 
 @pytest.mark.chain
@@ -115,14 +117,15 @@ def test_lying_defender_loses_to_honest_challenger(env: Env, data: st.DataObject
 def test_honest_defender_beats_lying_challenger(env: Env, data: st.DataObject, num_steps: int, num_nodes: int,
                                                 logk: int, cstrat: str) -> None:
     k = 1 << logk
+    ckpt = data.draw(st.integers(1, num_steps), label="checkpoint interval")
     job = ToyJob(num_steps, default_graph(num_nodes, NUMELS, (7, 0, 1, 20)))
     liar, honest = ToyWorld(job, _random_micro_fault(job, data)), ToyWorld(job)
-    gid = env.create(job, honest.step_commitment(num_steps), k)
+    gid = env.create(job, honest.step_commitment(num_steps), k, ckpt=ckpt)
     out = env.play(gid, honest, liar, cstrat=cstrat, seed=data.draw(st.integers(0, 1000), label="seed"))
     env.expect(gid, out, env.defender)
     assert out.resolution in (Resolution.STEP, Resolution.PADDING, Resolution.EMPTY_PROGRAM)
     assert out.reverts == []
-    within_bound(out, job, k)
+    within_bound(out, job, k, ckpt)
 
 
 # -- lies the referee rejects at L2/L3, and padding ------------------------------------------------------
@@ -291,6 +294,7 @@ def test_create_game_validation(env: Env) -> None:
         (replace(base, num_steps=0), "InvalidGameSize"),
         (replace(base, num_nodes=0), "InvalidGameSize"),
         (replace(base, clock_seconds=0), "InvalidGameSize"),
+        (replace(base, checkpoint_interval=0), "InvalidGameSize"),
     ]
     for p, name in cases:
         assert revert(lambda p=p: env.client.create_game_via(env.resolver, p)).name == name

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from verde_chain.examples.lm import ARCHS, LMConfig, hf_model, lm_job
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.data import batch_indices
-from verde_chain.graph.errors import ShapeMismatchError
+from verde_chain.graph.errors import IntegerRangeError
 from verde_chain.graph.executor import StepExecutor
 from verde_chain.graph.onnx_import import import_onnx
 from verde_chain.job import Job
@@ -136,7 +136,7 @@ def test_integer_inputs_outside_binary32_are_refused(trained: tuple[Job, Any]) -
     y = job.dataset.Y[: job.spec.batch_size]
     for bad in (-1.0, 2.0**24, 0.5, np.nan):
         x[0, 0] = bad
-        with pytest.raises(ShapeMismatchError, match="token ids must be integers"):
+        with pytest.raises(IntegerRangeError, match="token ids must be integers"):
             prog.batch(1, {"input_ids": x}, y)
 
 

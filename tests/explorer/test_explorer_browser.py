@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.bots import TERMS, World, finished, node_of
+from tests.support.bots import TERMS, World, finished, node_of, reveal_time
 from verde_chain.agents.system import deploy_full_system
 from verde_chain.agents.trace import interval
 from verde_chain.chain import anvil as anvil_mod
@@ -93,6 +93,7 @@ def test_page_follows_a_dispute_as_it_resolves(world: World, anvil: Any, page: A
                 break
             for b in world.bots:
                 b.tick()
+            reveal_time(world, job_id)
         gid = ch.games.game_count()
         assert gid == 1 and ch.games.game(gid).phase == Phase.L1_POST
         _shows(page, f'tr[data-game="{gid}"]')

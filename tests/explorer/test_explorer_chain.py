@@ -17,7 +17,7 @@ import pytest
 import requests
 from web3 import Web3
 
-from tests.support.bots import TERMS, World, finished, node_of
+from tests.support.bots import TERMS, World, finished, node_of, reveal_time
 from verde_chain import cli
 from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.trace import game_trace, narrowing
@@ -41,6 +41,8 @@ def _tick_until(world: World, cond: Any, rounds: int = 200) -> None:
             return
         for b in world.bots:
             b.tick()
+        for job_id in range(1, world.market.job_count() + 1):
+            reveal_time(world, job_id)
     assert cond()
 
 

@@ -36,6 +36,8 @@ def _cases() -> list[tuple[program.KernelDesc, list[np.ndarray]]]:
         (library.scatter_add(5, (3,), 4), [rng.standard_normal(15).astype(np.float32),
                                         np.array([1, 3, 1, 0, 2], np.float32)]),
         (library.map_unary("sqrt", (4,)), [np.array([4.0, -1.0, 0.0, 2.0], np.float32)]),
+        (library.max_pool(library.ConvGeometry.make((1, 1, 3, 3), (2, 2), pads=(1, 1, 0, 0))),
+         [rng.standard_normal(9).astype(np.float32)]),  # padded taps read the fill -inf
     ]
 
 
@@ -73,3 +75,11 @@ def test_assembly_names_the_read() -> None:
     got = explain_step(desc.encode(), states[j].encode(), vm.prove_step(desc, ins, states[j]).proof)
     assert got["memory"]["address"] is None and got["result"]["float"] == "nan"
     assert "nothing (index out of range)" in got["assembly"]
+
+
+def test_assembly_names_a_window_fill() -> None:
+    desc, ins = _cases()[4]
+    states = vm.run_states(desc, ins, 0)  # output (0, 0): its first taps lie in the padding
+    got = explain_step(desc.encode(), states[0].encode(), vm.prove_step(desc, ins, states[0]).proof)
+    assert got["memory"]["address"] is None and got["result"]["float"] == "-inf"
+    assert "nothing (window out of range: fill 0xff800000)" in got["assembly"]

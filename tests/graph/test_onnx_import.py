@@ -65,6 +65,28 @@ def test_unknown_op_names_the_node_and_the_supported_set() -> None:
     assert "Gemm" in str(e.value) and isinstance(e.value, VerdeError)
 
 
+def test_every_unsupported_node_is_named_in_one_error() -> None:
+    """Hardmax and Det are refused; the Relu after Hardmax is not (its op is supported, it only
+    lacks its input), nor is the shape arithmetic on Det's output (it would have been folded);
+    Round after Relu is refused too: one message names all three nodes."""
+    nodes = [
+        helper.make_node("Hardmax", ["x"], ["h"], name="first_bad"),
+        helper.make_node("Relu", ["h"], ["r"], name="fine_after_bad"),
+        helper.make_node("Round", ["r"], ["y"], name="third_bad"),
+        helper.make_node("Det", ["m"], ["d"], name="second_bad"),
+        helper.make_node("Shape", ["d"], ["ds"], name="shape_of_bad"),
+        helper.make_node("ConstantOfShape", ["ds"], ["z"], name="folded_on_bad"),
+    ]
+    with pytest.raises(UnsupportedModelError) as e:
+        import_onnx(make(nodes, [vi("x", [2, 3]), vi("m", [2, 2])], [vi("y", [2, 3]), vi("z", [0])]))
+    assert [p.node for p in e.value.problems] == [
+        "Hardmax node 'first_bad'", "Round node 'third_bad'", "Det node 'second_bad'"]
+    text = str(e.value)
+    assert "3 unsupported nodes" in text and all(n in text for n in ("first_bad", "second_bad", "third_bad"))
+    assert "fine_after_bad" not in text and "folded_on_bad" not in text
+    assert text.count("Gemm") == 1  # the supported list is said once
+
+
 def test_dynamic_dimension_is_refused() -> None:
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     with pytest.raises(UnsupportedModelError, match="dynamic dimension 'batch'"):
@@ -151,5 +173,7 @@ def test_every_ir_op_has_its_rules_and_every_onnx_op_its_importer() -> None:
          "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "Min", "Mul", "Neg",
          "Not", "Or", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceSum", "Relu", "Reshape", "SequenceAt",
          "Sigmoid", "Sin", "Slice", "Softmax", "Split", "SplitToSequence", "Sqrt", "Squeeze", "Sub", "Tanh",
-         "Transpose", "Trilu", "Unsqueeze", "Where", "Xor"]
+         "Transpose", "Trilu", "Unsqueeze", "Where", "Xor",
+         "AveragePool", "BatchNormalization", "Clip", "Conv", "Dropout", "GlobalAveragePool", "HardSigmoid",
+         "HardSwish", "MaxPool", "Pad", "Softplus"]
     )  # fmt: skip

@@ -16,7 +16,7 @@ from tests.support.graph import build
 from verde_chain.graph.executor import StepExecutor, TrainingRun
 from verde_chain.graph.onnx_import import import_torch
 from verde_chain.graph.structure import SourceKind
-from verde_chain.graph.training import OptimizerSpec, build_inference_graph
+from verde_chain.graph.training import OUTPUT_ROW_FIELD, OptimizerSpec, build_inference_graph
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,16 +91,21 @@ def test_inference_graph_is_forward_only() -> None:
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2))
     model, _ = import_torch(m, torch.zeros(3, 4), ["x"])
-    g = build_inference_graph(model)
+    g = build_inference_graph(model, steps=2)
     assert not any("grad" in n.label or "sgd" in n.label for n in g.nodes)
     ex = StepExecutor(g)
-    init = {v.name: v.data for v in model.params()}
+    init = {v.name: v.data for v in model.params()} | {"outputs:output": np.zeros((2, 6), dtype=np.float32)}
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
-    res = ex.run_step(ex.initial_state(init), g.pack_batch({"x": x}))
-    assert np.allclose(res.output(g, "output"), m(torch.tensor(x)).detach().numpy(), atol=1e-5)
+    res = ex.run_step(ex.initial_state(init), g.pack_batch({"x": x, OUTPUT_ROW_FIELD: np.zeros(1)}))
+    want = m(torch.tensor(x)).detach().numpy()
+    assert np.allclose(res.output(g, "output"), want, atol=1e-5)
+    # the step wrote its outputs into row 0 of the outputs buffer (row 1 is still zero), and
     # parameters are carried unchanged, so the next step reads the same weights
+    buf = res.output(g, "outputs:output")
+    assert np.array_equal(buf[0], res.output(g, "output").reshape(-1)) and not buf[1].any()
     for slot in g.states:
-        assert np.array_equal(res.state.tensors[slot.producer], init[slot.name].reshape(-1))
+        if slot.role != "outputs":
+            assert np.array_equal(res.state.tensors[slot.producer], init[slot.name].reshape(-1))
     assert any(s.kind == SourceKind.PREV_STEP_NODE_OUTPUT for n in g.nodes for s in n.inputs)
 
 

@@ -1,15 +1,16 @@
-"""JobMarket: lifecycle, disputes, pairwise rival disputes, deadlines and solvency, in ETH and ERC-20.
+"""JobMarket: lifecycle, commit-reveal, disputes, pairwise rival disputes, forfeits and burns,
+deadlines and solvency, in ETH and ERC-20 (market deployed with the fast profile).
 
 Every scenario ends with the solvency check: the market's ETH and token balances equal what it
 owes, computed two ways (its own ``totalOwed`` and the sum of rewards + stakes + active bonds +
-withdrawable balances read back from the views).
+withdrawable balances + the burned total read back from the views). Amounts are checked to the
+wei; the burned share of a forfeit comes from the Python twin ``split_forfeit``.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -18,6 +19,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from web3 import Web3
 
+from tests.support.market import (
+    BOND,
+    BOND_BURN,
+    BOND_PAID,
+    C_0,
+    REWARD,
+    STAKE,
+    STAKE_BURN,
+    STAKE_PAID,
+    TRUE_RESULT,
+    Env,
+    expect,
+    join_and_submit,
+    make_env,
+    wrong_result,
+)
 from tests.support.toy import Fault, ToyJob, ToyWorld, default_graph
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
@@ -26,183 +43,19 @@ from verde_chain.dispute import players as pl
 from verde_chain.dispute import runner
 from verde_chain.dispute.types import Resolution
 from verde_chain.errors import ContractRevert, CustomError
-from verde_chain.market.types import ETH, MAX_SLOTS, ZERO32, JobStatus, JobTerms, SlotStatus, reward_share, validate
+from verde_chain.market.marketparams import FAST, check_job, split_forfeit
+from verde_chain.market.types import (
+    ETH,
+    MAX_SLOTS,
+    ZERO32,
+    JobStatus,
+    SlotStatus,
+    commitment,
+    reward_share,
+    validate,
+)
 
 pytestmark = pytest.mark.chain
-
-REWARD = 1_000_003  # not divisible by 2 or 3: the remainder must go somewhere, not stay as dust
-STAKE = 50_000
-BOND = 20_000
-SUBMIT_WINDOW = 3_600
-CHALLENGE_WINDOW = 7_200
-C_0 = keccak(b"C_0")
-TRUE_RESULT = keccak(b"honest C_T")
-
-
-def wrong_result(tag: str = "") -> bytes:
-    return keccak(b"wrong C_T " + tag.encode())
-
-
-@dataclass
-class Env:
-    w3: Web3
-    artifacts: Any
-    chain: Any
-    market: Market
-    game: Any
-    token: str  # ETH or the TestToken address
-    token_contract: Any
-    client: str
-    trainers: list[str]
-    challenger: str
-    outsider: str
-    mock: bool = False  # GameMock (test decides winners) instead of DisputeGame + ToyStepper
-    game_ids: list[int] = field(default_factory=list)
-
-    @property
-    def accounts(self) -> list[str]:
-        """Every account that may be owed something: the node's accounts plus a contract client."""
-        return list(dict.fromkeys([*self.w3.eth.accounts, self.client]))
-
-    def terms(self, **over: Any) -> JobTerms:
-        now = self.chain.timestamp()
-        fields: dict[str, Any] = {
-            "token": self.token,
-            "spec_hash": keccak(b"job spec"),
-            "graph_root": keccak(b"graph"),
-            "initial_commitment": C_0,
-            "batch_root": keccak(b"batches"),
-            "num_steps": 1000,
-            "checkpoint_interval": 100,
-            "reward": REWARD,
-            "trainer_stake": STAKE,
-            "min_challenge_bond": BOND,
-            "slots": 3,
-            "submission_deadline": now + SUBMIT_WINDOW,
-            "challenge_window": CHALLENGE_WINDOW,
-            "arity": 8,
-            "clock_seconds": 600,
-            "num_nodes": 4,
-        }
-        fields.update(over)
-        return JobTerms(**fields)
-
-    def post(self, **over: Any) -> int:
-        job_id, _ = self.market.post_job(self.terms(**over), sender=self.client)
-        return job_id
-
-    def game_state(self, game_id: int) -> dict[str, Any]:
-        """The real DisputeGame's Game struct as a dict keyed by field name."""
-        fn = self.game.functions.getGame(game_id)
-        names = [c["name"] for c in fn.abi["outputs"][0]["components"]]
-        return dict(zip(names, fn.call()))
-
-    def _answer(self, game_id: int, job_id: int, defender_slot: int) -> None:
-        """An honest defender (result == TRUE_RESULT) answers at once with its first L1 claims;
-        a cheater never answers. Either way the other side then runs out of clock."""
-        if self.mock or self.market.slot(job_id, defender_slot).result != TRUE_RESULT:
-            return
-        g = self.game_state(game_id)
-        n = min(g["arity"], g["hi"] - g["lo"])
-        claims = [keccak(b"step claim %d" % i) for i in range(1, n)]
-        transact(self.w3, self.game.functions.postClaims(game_id, claims), self.artifacts, sender=g["defender"])
-
-    def resolve(self, game_id: int, defender_wins: bool) -> None:
-        """End a game with the given winner: the mock is told; the real game is timed out on the
-        party to move (the defender if it never answered, else the challenger)."""
-        if self.mock:
-            transact(self.w3, self.game.functions.resolve(game_id, defender_wins), self.artifacts)
-            return
-        g = self.game_state(game_id)
-        assert (self.game.functions.turn(game_id).call() == g["challenger"]) == defender_wins
-        try:
-            transact(self.w3, self.game.functions.claimTimeout(game_id), self.artifacts, sender=self.outsider)
-        except ContractRevert as exc:
-            assert exc.name == "ClockNotExpired", exc
-            self.chain.increase_time(self.market.job(self.market.dispute(game_id).job_id).terms.clock_seconds + 1)
-            transact(self.w3, self.game.functions.claimTimeout(game_id), self.artifacts, sender=self.outsider)
-        g = self.game_state(game_id)
-        assert g["winner"] == (g["defender"] if defender_wins else g["challenger"])
-
-    def dispute(self, job_id: int, slot: int, sender: str | None = None, bond: int = BOND) -> int:
-        gid, _ = self.market.open_dispute(job_id, slot, bond, sender=sender or self.challenger)
-        self.game_ids.append(gid)
-        self._answer(gid, job_id, slot)
-        return gid
-
-    def rival(self, job_id: int, defender_slot: int, own_slot: int) -> int:
-        sender = self.market.slot(job_id, own_slot).trainer
-        gid, _ = self.market.dispute_rival(job_id, defender_slot, own_slot, sender=sender)
-        self.game_ids.append(gid)
-        self._answer(gid, job_id, defender_slot)
-        return gid
-
-    def past_submission(self, job_id: int) -> None:
-        self.chain.increase_time(self.market.job(job_id).terms.submission_deadline - self.chain.timestamp() + 1)
-
-    def past_challenge(self, job_id: int) -> None:
-        self.chain.increase_time(self.market.challenge_deadline(job_id) - self.chain.timestamp() + 1)
-
-    def assert_solvent(self) -> None:
-        for tok in {ETH, self.token}:
-            held = self.market.held(tok, self.accounts, self.game_ids)
-            assert self.market.token_balance(tok) == self.market.total_owed(tok) == held, tok
-
-    def withdraw_all(self) -> dict[str, int]:
-        """Every account withdraws everything it is owed; returns the amounts."""
-        out = {}
-        for a in self.accounts:
-            if self.market.balance_of(a, self.token):
-                out[a] = self.market.withdraw(self.token, sender=a)
-        return out
-
-
-def make_env(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any, token_kind: str, mock: bool) -> Env:
-    if mock:
-        game = deploy("GameMock")
-    else:
-        game = deploy("DisputeGame", deploy("ToyStepper").address)
-    market = Market.deploy(w3, artifacts, game.address)
-    acc = w3.eth.accounts
-    token_contract = None
-    token = ETH
-    if token_kind == "token":
-        token_contract = deploy("TestToken")
-        token = token_contract.address
-        for a in acc:
-            transact(w3, token_contract.functions.mint(a, 10**12), artifacts)
-    return Env(w3, artifacts, chain, market, game, token, token_contract, acc[1], [acc[2], acc[3], acc[4]], acc[5],
-               acc[6], mock)
-
-
-@pytest.fixture(params=["eth", "token"])
-def env(request: pytest.FixtureRequest, w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> Env:
-    """Market wired to the real DisputeGame (toy stepper), paying in ETH or in the TestToken."""
-    return make_env(w3, artifacts, deploy, chain, request.param, mock=False)
-
-
-@pytest.fixture
-def mock_env(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> Env:
-    """Market wired to GameMock, which can report outcomes the real game never would."""
-    return make_env(w3, artifacts, deploy, chain, "eth", mock=True)
-
-
-def join_and_submit(env: Env, job_id: int, results: list[bytes]) -> list[int]:
-    slots = []
-    for trainer, result in zip(env.trainers, results):
-        slot, _ = env.market.join(job_id, sender=trainer)
-        env.market.submit(job_id, result, keccak(b"ckpt" + result), sender=trainer)
-        slots.append(slot)
-    return slots
-
-
-def expect(error: str, fn: Callable[[], Any], **fields: Any) -> ContractRevert:
-    with pytest.raises(ContractRevert) as ei:
-        fn()
-    assert ei.value.name == error, ei.value
-    for k, v in fields.items():
-        assert ei.value.fields[k] == v, (k, ei.value.fields)
-    return ei.value
 
 
 # -- pure rules ---------------------------------------------------------------------------------
@@ -236,9 +89,13 @@ def test_honest_lifecycle(env: Env) -> None:
     assert [env.market.balance_of(t, env.token) for t in env.trainers] == expected
     assert all(s.status is SlotStatus.SETTLED and s.stake_held == 0 for s in env.market.slots(job_id))
     env.assert_solvent()
-    # a bot following the chain sees every submission in the logs
-    subs = env.market.logs("ResultSubmitted", from_block=0)
+    # a bot following the chain sees every commitment, then every reveal, in the logs
+    coms = env.market.logs("ResultCommitted", from_block=0)
+    assert [e.args["commitment"] for e in coms] == [env.market.slot(job_id, i).commitment for i in range(3)]
+    subs = env.market.logs("ResultRevealed", from_block=0)
     assert [(e.args["slot"], e.args["result"]) for e in subs] == [(i, TRUE_RESULT) for i in range(3)]
+    (posted,) = env.market.logs("JobPosted", from_block=0)
+    assert posted.args["bundleUri"] == env.market.job(job_id).terms.bundle_uri == "https://bundles.example/job-spec"
     paid = env.withdraw_all()
     assert paid == dict(zip(env.trainers, expected))
     assert env.market.token_balance(env.token) == 0 == env.market.total_owed(env.token)
@@ -292,7 +149,9 @@ def test_cheating_trainer_loses_stake_to_challenger(env: Env) -> None:
     assert env.market.job(job_id).active_disputes == 1
     env.assert_solvent()
     env.resolve(gid, defender_wins=False)
-    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE
+    # the bond comes back whole; of the beaten stake half is burned, the rest goes to the winner
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE_PAID
+    assert env.market.burned(env.token) == STAKE_BURN
     assert env.market.slot(job_id, 0).status is SlotStatus.REJECTED
     env.assert_solvent()
     env.past_challenge(job_id)
@@ -311,19 +170,20 @@ def test_lying_challenger_loses_bond(env: Env) -> None:
     join_and_submit(env, job_id, [TRUE_RESULT])
     gid = env.dispute(job_id, 0, bond=BOND + 7)  # bonds above the minimum are allowed and at risk
     env.resolve(gid, defender_wins=True)
-    assert env.market.balance_of(env.trainers[0], env.token) == BOND + 7
+    burn, paid = split_forfeit(BOND + 7, FAST.burn_bps)
+    assert env.market.balance_of(env.trainers[0], env.token) == paid and env.market.burned(env.token) == burn
     assert env.market.balance_of(env.challenger, env.token) == 0
-    assert env.market.slot(job_id, 0).status is SlotStatus.SUBMITTED
+    assert env.market.slot(job_id, 0).status is SlotStatus.REVEALED
     env.assert_solvent()
     env.past_challenge(job_id)
     env.market.finalize(job_id)
-    assert env.market.balance_of(env.trainers[0], env.token) == BOND + 7 + STAKE + REWARD
+    assert env.market.balance_of(env.trainers[0], env.token) == paid + STAKE + REWARD
     env.assert_solvent()
 
 
 def test_concurrent_challengers_against_a_cheater(env: Env) -> None:
-    """Two honest challengers: the first to win takes the stake, the second gets its bond back;
-    neither loses money, and a lying challenger cannot block them."""
+    """Two honest challengers: the EARLIEST-OPENED winner takes the stake (less the burn) even if
+    the other's game ends first; the stake waits until both games are over; neither loses money."""
     job_id = env.post(slots=1)
     join_and_submit(env, job_id, [wrong_result()])
     g1 = env.dispute(job_id, 0, sender=env.challenger)
@@ -332,9 +192,17 @@ def test_concurrent_challengers_against_a_cheater(env: Env) -> None:
     # the result is now rejected: a third dispute would be pointless and is refused
     expect("NotDisputable", lambda: env.dispute(job_id, 0, sender=env.client), slot=0,
            status=int(SlotStatus.REJECTED))
+    # g1 still runs, so the stake is not assigned yet: only g2's bond came back
+    s = env.market.slot(job_id, 0)
+    assert (s.stake_held, s.beaten_by, s.beaten_winner) == (STAKE, g2, env.outsider)
+    assert env.market.balance_of(env.outsider, env.token) == BOND
+    env.assert_solvent()
     env.resolve(g1, defender_wins=False)
-    assert env.market.balance_of(env.outsider, env.token) == BOND + STAKE
-    assert env.market.balance_of(env.challenger, env.token) == BOND
+    s = env.market.slot(job_id, 0)
+    assert (s.stake_held, s.beaten_by, s.beaten_winner) == (0, g1, env.challenger)
+    assert env.market.balance_of(env.outsider, env.token) == BOND
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE_PAID
+    assert env.market.burned(env.token) == STAKE_BURN
     env.assert_solvent()
 
 
@@ -345,18 +213,21 @@ def test_pairwise_rivals_k3(env: Env) -> None:
     join_and_submit(env, job_id, [TRUE_RESULT, TRUE_RESULT, wrong_result()])
     assert env.market.rivals(job_id, 0) == [2] and env.market.rivals(job_id, 2) == [0, 1]
     expect("SameResult", lambda: env.rival(job_id, 0, 1), result=TRUE_RESULT)
-    g = env.rival(job_id, 0, 2)  # the cheater attacks an honest result
-    assert env.market.dispute(g).challenger == env.trainers[2]
+    g = env.rival(job_id, 0, 2)  # the cheater attacks an honest result, locking a bond like anyone
+    assert (env.market.dispute(g).challenger, env.market.dispute(g).bond) == (env.trainers[2], BOND)
     env.resolve(g, defender_wins=True)
     assert env.market.slot(job_id, 2).status is SlotStatus.REJECTED
-    assert env.market.balance_of(env.trainers[0], env.token) == STAKE
+    # the honest defender wins the rival's bond and its stake, each less the burn
+    won = BOND_PAID + STAKE_PAID
+    assert env.market.balance_of(env.trainers[0], env.token) == won
+    assert env.market.burned(env.token) == BOND_BURN + STAKE_BURN
     # the rejected result can no longer be disputed nor used to dispute
     expect("NotDisputable", lambda: env.rival(job_id, 2, 1), slot=2)
     expect("NotDisputable", lambda: env.rival(job_id, 1, 2), slot=2)
     env.assert_solvent()
     env.past_challenge(job_id)
     env.market.finalize(job_id)
-    assert env.market.balance_of(env.trainers[0], env.token) == STAKE + STAKE + reward_share(REWARD, 2, 0)
+    assert env.market.balance_of(env.trainers[0], env.token) == won + STAKE + reward_share(REWARD, 2, 0)
     assert env.market.balance_of(env.trainers[1], env.token) == STAKE + reward_share(REWARD, 2, 1)
     assert env.market.balance_of(env.trainers[2], env.token) == 0
     assert env.market.job(job_id).accepted_result == TRUE_RESULT
@@ -373,7 +244,9 @@ def test_pairwise_honest_attacks_cheater(env: Env) -> None:
     env.resolve(g0, defender_wins=False)
     env.resolve(g2, defender_wins=False)
     env.market.finalize(job_id)
-    assert env.market.balance_of(env.trainers[1], env.token) == 3 * STAKE + REWARD
+    # both bonds back, both cheaters' stakes less the burn, its own stake and the whole reward
+    assert env.market.balance_of(env.trainers[1], env.token) == 2 * BOND + 2 * STAKE_PAID + STAKE + REWARD
+    assert env.market.burned(env.token) == 2 * STAKE_BURN
     assert [s.status for s in env.market.slots(job_id)] == [SlotStatus.REJECTED, SlotStatus.SETTLED,
                                                             SlotStatus.REJECTED]
     env.assert_solvent()
@@ -392,15 +265,25 @@ def test_disagreeing_survivors_refund_client(env: Env) -> None:
     env.assert_solvent()
 
 
-def test_no_show_trainer_stake_goes_to_client(env: Env) -> None:
-    job_id = env.post(slots=2)
-    env.market.join(job_id, sender=env.trainers[0])
-    env.market.join(job_id, sender=env.trainers[1])
-    env.market.submit(job_id, TRUE_RESULT, sender=env.trainers[0])
+def test_no_show_and_unrevealed_stakes_are_forfeited(env: Env) -> None:
+    """A slot that never committed and one that committed but never revealed forfeit their
+    stakes at finalize: half burned, the rest to the client."""
+    job_id = env.post(slots=3)
+    for t in env.trainers:
+        env.market.join(job_id, sender=t)
+    env.commit(job_id, TRUE_RESULT, env.trainers[0])
+    env.commit(job_id, TRUE_RESULT, env.trainers[1])
+    env.past_submission(job_id)
+    env.reveal(job_id, TRUE_RESULT, env.trainers[0])
     env.past_challenge(job_id)
-    env.market.finalize(job_id)
-    assert env.market.balance_of(env.client, env.token) == STAKE
+    receipt = env.market.finalize(job_id)
+    forfeits = env.market.events(receipt, "StakeForfeited")
+    assert [(e.args["slot"], e.args["beneficiary"], e.args["paid"], e.args["burnt"]) for e in forfeits] == [
+        (1, env.client, STAKE_PAID, STAKE_BURN), (2, env.client, STAKE_PAID, STAKE_BURN)]
+    assert env.market.balance_of(env.client, env.token) == 2 * STAKE_PAID
+    assert env.market.burned(env.token) == 2 * STAKE_BURN
     assert env.market.balance_of(env.trainers[0], env.token) == STAKE + REWARD
+    assert [s.status for s in env.market.slots(job_id)] == [SlotStatus.SETTLED] * 3
     env.assert_solvent()
 
 
@@ -416,7 +299,6 @@ def test_no_trainers_refunds_client(env: Env) -> None:
 
 
 def test_posting_rejects_bad_specs(env: Env) -> None:
-    now = env.chain.timestamp()
     for over, fld in [
         ({"num_steps": 0}, "numSteps"),
         ({"checkpoint_interval": 0}, "checkpointInterval"),
@@ -424,23 +306,24 @@ def test_posting_rejects_bad_specs(env: Env) -> None:
         ({"slots": 0}, "slots"),
         ({"slots": 33}, "slots"),
         ({"trainer_stake": 0}, "trainerStake"),
-        ({"min_challenge_bond": 0}, "minChallengeBond"),
-        ({"submission_deadline": now - 1}, "submissionDeadline"),
-        ({"challenge_window": 0}, "challengeWindow"),
         ({"arity": 1}, "arity"),
         ({"arity": 12}, "arity"),
         ({"arity": 512}, "arity"),
         ({"num_nodes": 0}, "numNodes"),
-        ({"clock_seconds": 0}, "clockSeconds"),
         ({"initial_commitment": ZERO32}, "initialCommitment"),
         ({"graph_root": ZERO32}, "graphRoot"),
         ({"reward": 0}, "reward"),
+        ({"bundle_uri": "x" * 2049}, "bundleUri"),
     ]:
         with pytest.raises(CustomError) as twin:  # the Python twin raises what the market reverts with
-            validate(env.terms(**over), env.chain.timestamp() + 1)
+            validate(env.terms(**over))
         sol = expect("InvalidJobTerms", lambda over=over: env.post(**over), field=fld)
         assert twin.value.decoded == sol.decoded
-    validate(env.terms(), env.chain.timestamp() + 1)
+    validate(env.terms())
+    check_job(env.terms(), env.market.params(), env.chain.timestamp() + 1)
+    # an empty bundle URI and one of the maximum length are fine
+    env.post(bundle_uri="")
+    env.post(bundle_uri="u" * 2048)
     env.assert_solvent()
 
 
@@ -452,8 +335,7 @@ def test_payment_must_match(env: Env) -> None:
         expect("WrongPayment", lambda: m._tx(fn, env.client, REWARD - 1), sent=REWARD - 1, expected=REWARD)
         job_id = env.post()
         expect("WrongPayment", lambda: m._tx(m.contract.functions.join(job_id), env.trainers[0], STAKE + 1))
-        m.join(job_id, sender=env.trainers[0])
-        m.submit(job_id, TRUE_RESULT, sender=env.trainers[0])
+        join_and_submit(env, job_id, [TRUE_RESULT])
         fn2 = m.contract.functions.openDispute(job_id, 0, BOND)
         expect("WrongPayment", lambda: m._tx(fn2, env.challenger, 0), sent=0, expected=BOND)
     else:
@@ -478,12 +360,35 @@ def test_trainer_rules(env: Env) -> None:
     expect("AlreadyJoined", lambda: m.join(job_id, sender=t0), trainer=t0, slot=0)
     m.join(job_id, sender=t1)
     expect("JobFull", lambda: m.join(job_id, sender=t2), slots=2)
-    expect("NotATrainer", lambda: m.submit(job_id, TRUE_RESULT, sender=t2), caller=t2)
-    expect("EmptyResult", lambda: m.submit(job_id, ZERO32, sender=t0))
-    m.submit(job_id, TRUE_RESULT, sender=t0)
-    expect("AlreadySubmitted", lambda: m.submit(job_id, wrong_result(), sender=t0), slot=0)
+    expect("NotATrainer", lambda: m.commit(job_id, keccak(b"c"), sender=t2), caller=t2)
+    expect("EmptyCommitment", lambda: m.commit(job_id, ZERO32, sender=t0))
+    c0 = env.commit(job_id, TRUE_RESULT, t0)
+    expect("AlreadyCommitted", lambda: m.commit(job_id, keccak(b"other"), sender=t0), slot=0)
+    # nothing is revealed before the deadline: every commitment must be final first
+    deadline = m.job(job_id).terms.submission_deadline
+    err = expect("RevealNotOpen", lambda: env.reveal(job_id, TRUE_RESULT, t0), opensAfter=deadline)
+    assert err.fields["nowTs"] <= deadline
     env.past_submission(job_id)
-    expect("SubmissionClosed", lambda: m.submit(job_id, TRUE_RESULT, sender=t1))
+    expect("SubmissionClosed", lambda: m.commit(job_id, keccak(b"late"), sender=t1), deadline=deadline)
+    expect("NotCommitted", lambda: env.reveal(job_id, TRUE_RESULT, t1), slot=1, status=int(SlotStatus.JOINED))
+    expect("NotATrainer", lambda: env.reveal(job_id, TRUE_RESULT, t2), caller=t2)
+    expect("EmptyResult", lambda: m.reveal(job_id, ZERO32, keccak(b"ckpt" + TRUE_RESULT), env.salt(t0), sender=t0))
+    # the preimage must be exact: another result, checkpoint root or salt does not open it
+    for result, ckpt, salt in [(wrong_result(), keccak(b"ckpt" + TRUE_RESULT), env.salt(t0)),
+                               (TRUE_RESULT, keccak(b"other ckpt"), env.salt(t0)),
+                               (TRUE_RESULT, keccak(b"ckpt" + TRUE_RESULT), env.salt(t1))]:
+        err = expect("CommitmentMismatch", lambda r=result, c=ckpt, sa=salt: m.reveal(job_id, r, c, sa, sender=t0),
+                     slot=0, committed=c0)
+        assert err.fields["computed"] == commitment(result, ckpt, salt, t0)
+    # the contract's own helper agrees with the Python twin
+    assert m.contract.functions.commitmentOf(TRUE_RESULT, keccak(b"ckpt" + TRUE_RESULT), env.salt(t0), t0).call() == c0
+    env.reveal(job_id, TRUE_RESULT, t0)
+    s0 = m.slot(job_id, 0)
+    assert (s0.status, s0.result, s0.checkpoint_root) == (SlotStatus.REVEALED, TRUE_RESULT, keccak(b"ckpt" + TRUE_RESULT))
+    expect("NotCommitted", lambda: env.reveal(job_id, TRUE_RESULT, t0), slot=0, status=int(SlotStatus.REVEALED))
+    env.past_reveal(job_id)
+    err = expect("RevealClosed", lambda: env.reveal(job_id, TRUE_RESULT, t1), deadline=m.reveal_deadline(job_id))
+    assert err.fields["nowTs"] > m.reveal_deadline(job_id)
     env.assert_solvent()
 
 
@@ -501,17 +406,29 @@ def test_dispute_rules(env: Env) -> None:
     t0, t1, t2 = env.trainers
     m.join(job_id, sender=t0)
     m.join(job_id, sender=t1)
-    m.submit(job_id, TRUE_RESULT, sender=t0)
+    env.commit(job_id, TRUE_RESULT, t0)
+    env.commit(job_id, wrong_result(), t1)
+    # a committed result is not public yet, so it cannot be disputed
+    expect("NotDisputable", lambda: env.dispute(job_id, 0), slot=0, status=int(SlotStatus.COMMITTED))
+    env.past_submission(job_id)
+    env.reveal(job_id, TRUE_RESULT, t0)
     expect("UnknownSlot", lambda: env.dispute(job_id, 2), slot=2, slotsTaken=2)
-    expect("NotDisputable", lambda: env.dispute(job_id, 1), slot=1, status=int(SlotStatus.JOINED))
+    expect("NotDisputable", lambda: env.dispute(job_id, 1), slot=1, status=int(SlotStatus.COMMITTED))
     expect("SelfDispute", lambda: env.dispute(job_id, 0, sender=t0), slot=0)
     expect("BondTooSmall", lambda: env.dispute(job_id, 0, bond=BOND - 1), bond=BOND - 1, minimum=BOND)
-    # rival disputes: caller must own the slot it names, and that slot must have submitted
+    # rival disputes: caller must own the slot it names, and that slot must have revealed
     expect("NotATrainer", lambda: m.dispute_rival(job_id, 0, 1, sender=t2), caller=t2)
     expect("NotATrainer", lambda: m.dispute_rival(job_id, 0, 0, sender=t1))
     expect("NotDisputable", lambda: m.dispute_rival(job_id, 0, 1, sender=t1), slot=1)
-    m.submit(job_id, wrong_result(), sender=t1)
+    env.reveal(job_id, wrong_result(), t1)
     expect("SelfDispute", lambda: m.dispute_rival(job_id, 1, 1, sender=t1))
+    expect("BondTooSmall", lambda: m.dispute_rival(job_id, 0, 1, sender=t1, bond=BOND - 1), minimum=BOND)
+    # one game per challenger and result, rival or outside
+    env.dispute(job_id, 1)
+    expect("DuplicateDispute", lambda: env.dispute(job_id, 1), slot=1, challenger=env.challenger)
+    env.rival(job_id, 0, 1)
+    expect("DuplicateDispute", lambda: env.rival(job_id, 0, 1), slot=0, challenger=t1)
+    assert m.has_disputed(job_id, 0, t1) and not m.has_disputed(job_id, 0, env.challenger)
     env.past_challenge(job_id)
     expect("ChallengeClosed", lambda: env.dispute(job_id, 0))
     expect("ChallengeClosed", lambda: env.rival(job_id, 0, 1))
@@ -542,7 +459,7 @@ def test_resolution_rules(mock_env: Env) -> None:
     with pytest.raises(ContractRevert) as ei:
         env.resolve(gid, defender_wins=False)
     assert ei.value.name == "UnknownDispute" and ei.value.fields["gameId"] == gid
-    assert m.balance_of(env.trainers[0], env.token) == BOND
+    assert m.balance_of(env.trainers[0], env.token) == BOND_PAID
     env.assert_solvent()
 
 
@@ -559,7 +476,7 @@ def test_game_resolves_once_and_pays_once(env: Env) -> None:
         transact(env.w3, env.game.functions.postClaims(gid, [keccak(b"x")] * 7), env.artifacts,
                  sender=env.trainers[0])
     assert ei.value.name == "GameAlreadyResolved"
-    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE_PAID
     assert not env.market.dispute(gid).active
     env.assert_solvent()
 
@@ -599,16 +516,19 @@ def test_random_scenarios_honest_never_lose(env: Env, seed: int) -> None:
     for _ in range(rng.randint(0, 4)):
         slot = rng.randrange(n)
         s = env.market.slot(job_id, slot)
-        if s.status is not SlotStatus.SUBMITTED:
+        if s.status is not SlotStatus.REVEALED:
             continue
         if rng.random() < 0.5 and n > 1:
             own = rng.choice([i for i in range(n) if i != slot])
             o = env.market.slot(job_id, own)
-            if o.status is not SlotStatus.SUBMITTED or o.result == s.result:
+            if o.status is not SlotStatus.REVEALED or o.result == s.result \
+                    or env.market.has_disputed(job_id, slot, o.trainer):
                 continue
             games.append((env.rival(job_id, slot, own), honest[slot]))
         else:
             sender = rng.choice([env.challenger, env.outsider])
+            if env.market.has_disputed(job_id, slot, sender):
+                continue
             games.append((env.dispute(job_id, slot, sender=sender), honest[slot]))
         env.assert_solvent()
         if rng.random() < 0.5:  # resolve some games while others are still being opened
@@ -639,7 +559,7 @@ def test_random_scenarios_honest_never_lose(env: Env, seed: int) -> None:
         assert env.market.balance_of(who, env.token) >= BOND * len(won)
     env.withdraw_all()
     env.assert_solvent()
-    assert env.market.total_owed(env.token) == 0
+    assert env.market.total_owed(env.token) == env.market.burned(env.token)  # all but the burned share paid out
 
 
 # -- hostile payees and tokens ------------------------------------------------------------------
@@ -647,7 +567,7 @@ def test_random_scenarios_honest_never_lose(env: Env, seed: int) -> None:
 
 def test_reentrant_withdraw_is_refused(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> None:
     game = deploy("DisputeGame", deploy("ToyStepper").address)
-    market = Market.deploy(w3, artifacts, game.address)
+    market = Market.deploy(w3, artifacts, game.address, FAST)
     attacker = deploy("ReentrantClient", market.address)
     env = Env(w3, artifacts, chain, market, game, ETH, None, attacker.address, [], w3.eth.accounts[5],
               w3.eth.accounts[6])
@@ -670,10 +590,10 @@ def test_reentrant_withdraw_is_refused(w3: Web3, artifacts: Any, deploy: Callabl
 
 def test_fee_on_transfer_token_refused(w3: Web3, artifacts: Any, deploy: Callable[..., Any], chain: Any) -> None:
     game = deploy("DisputeGame", deploy("ToyStepper").address)
-    market = Market.deploy(w3, artifacts, game.address)
     fee = deploy("FeeOnTransferToken")
+    market = Market.deploy(w3, artifacts, game.address, FAST.with_token(fee.address, BOND))
     client = w3.eth.accounts[1]
-    transact(w3, fee.functions.mint(client, 10**9), artifacts)
+    transact(w3, fee.functions.mint(client, 10 * REWARD), artifacts)
     env = Env(w3, artifacts, chain, market, game, fee.address, fee, client, [], w3.eth.accounts[5], w3.eth.accounts[6])
     err = expect("TokenTransferShort", lambda: env.post())
     assert err.fields["received"] == REWARD - REWARD // 100 and err.fields["expected"] == REWARD
@@ -701,37 +621,39 @@ def test_full_games_settle_through_market(env: Env) -> None:
     join_and_submit(env, job_id, [t_true, t_bad, t_true])
     client = DisputeGameClient(env.w3, env.game, env.artifacts)
 
-    gid, _ = env.market.dispute_rival(job_id, 1, 0, sender=env.trainers[0])
+    gid, _ = env.market.dispute_rival(job_id, 1, 0, sender=env.trainers[0], bond=BOND)
     out = runner.play(client, gid, pl.Defender(faulty), pl.Challenger(honest), env.chain.increase_time)
     assert out.winner == env.trainers[0] and out.resolution == Resolution.STEP
     assert env.market.slot(job_id, 1).status is SlotStatus.REJECTED
-    assert env.market.balance_of(env.trainers[0], env.token) == STAKE
+    assert env.market.balance_of(env.trainers[0], env.token) == BOND + STAKE_PAID
     env.game_ids.append(gid)
     env.assert_solvent()
 
     gid2 = env.market.open_dispute(job_id, 2, BOND, sender=env.challenger)[0]
     out2 = runner.play(client, gid2, pl.Defender(honest), pl.Challenger(faulty), env.chain.increase_time)
     assert out2.winner == env.trainers[2]
-    assert env.market.balance_of(env.trainers[2], env.token) == BOND
+    assert env.market.balance_of(env.trainers[2], env.token) == BOND_PAID
     env.game_ids.append(gid2)
     env.assert_solvent()
 
     env.past_challenge(job_id)
     env.market.finalize(job_id)
-    assert env.market.balance_of(env.trainers[0], env.token) == 2 * STAKE + reward_share(REWARD, 2, 0)
-    assert env.market.balance_of(env.trainers[2], env.token) == BOND + STAKE + reward_share(REWARD, 2, 1)
+    assert env.market.balance_of(env.trainers[0], env.token) == BOND + STAKE_PAID + STAKE + reward_share(REWARD, 2, 0)
+    assert env.market.balance_of(env.trainers[2], env.token) == BOND_PAID + STAKE + reward_share(REWARD, 2, 1)
+    assert env.market.burned(env.token) == STAKE_BURN + BOND_BURN
     assert env.market.balance_of(env.trainers[1], env.token) == 0
     assert env.market.balance_of(env.challenger, env.token) == 0
     assert env.market.job(job_id).accepted_result == t_true
     env.withdraw_all()
     env.assert_solvent()
-    assert env.market.total_owed(env.token) == 0
+    assert env.market.total_owed(env.token) == env.market.burned(env.token)  # all but the burned share paid out
 
 
 @pytest.mark.parametrize("fault", [("input", 3, 2), ("desc", 1, 0), ("micro", 5, 1)])
 def test_played_game_cheater_loses_stake_to_challenger(env: Env, fault: tuple[str, int, int]) -> None:
     """An outside challenger with the honest execution beats a faulty trainer in a game played
-    to the end; it receives its bond back plus the trainer's stake, and the client its reward."""
+    to the end; it receives its bond back plus the trainer's stake less the burn, and the client its
+    reward."""
 
     job = ToyJob(num_steps=6, nodes=default_graph(4, numels=[3, 200], micro=[4, 2]))
     honest = ToyWorld(job)
@@ -746,10 +668,30 @@ def test_played_game_cheater_loses_stake_to_challenger(env: Env, fault: tuple[st
     client = DisputeGameClient(env.w3, env.game, env.artifacts)
     out = runner.play(client, gid, pl.Defender(faulty), pl.Challenger(honest), env.chain.increase_time)
     assert out.winner == env.challenger
-    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE
+    assert env.market.balance_of(env.challenger, env.token) == BOND + STAKE_PAID
     env.assert_solvent()
     env.past_challenge(job_id)
     env.market.finalize(job_id)
     assert env.market.balance_of(env.client, env.token) == REWARD
     assert env.market.balance_of(env.trainers[0], env.token) == 0
+    env.assert_solvent()
+
+
+def test_a_mined_revert_keeps_its_own_error(env: Env) -> None:
+    """A transaction that fails once mined (sent with a fixed gas limit, so nothing is estimated
+    first) is decoded as it failed in its own block: a commit landing one second after the deadline
+    reads SubmissionClosed, though the same call replayed at the block before would succeed."""
+    job_id = env.post(slots=1)
+    t0 = env.trainers[0]
+    env.market.join(job_id, sender=t0)
+    deadline = env.market.job(job_id).terms.submission_deadline
+    env.w3.provider.make_request("evm_setNextBlockTimestamp", [deadline + 1])  # type: ignore[arg-type]
+    fn = env.market.contract.functions.commit(job_id, keccak(b"late"))
+    with pytest.raises(ContractRevert) as ei:
+        transact(env.w3, fn, env.artifacts, sender=t0, gas=200_000)
+    assert ei.value.name == "SubmissionClosed"
+    assert (ei.value.fields["deadline"], ei.value.fields["nowTs"]) == (deadline, deadline + 1)
+    failed = env.w3.eth.get_block("latest")
+    assert failed["timestamp"] == deadline + 1
+    fn.call({"from": t0}, block_identifier=failed["number"] - 1)  # the old replay: no revert at all
     env.assert_solvent()

@@ -376,6 +376,9 @@ def test_copies_gathers_and_scatter(be: CpuBackend) -> None:
     g = edge_array((7, 3), 103)
     idx = np.array([0, 4, 4, 2, 0, 1, 4], np.float32)
     assert_same(library.scatter_add(7, (3,), 5), [g, idx], be)
+    buf, row = edge_array((4, 300), 111), edge_array((300,), 112)  # an inference job's outputs buffer
+    for r in (0.0, 3.0, 4.0, -1.0):  # rows 4 and -1 do not exist: nothing is written
+        assert_same(library.write_row(4, 300), [buf, row, np.float32([r])], be)
 
 
 # ======================================================================= compositions

@@ -49,13 +49,16 @@ OPS = frozenset(
         "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "Transpose", "Reshape", "Flatten", "Squeeze",
         "Unsqueeze", "Expand", "Slice", "Gather", "GatherElements", "LayerNormalization",
         "SoftmaxCrossEntropyLoss", "Adam", "Momentum", "Cast", "CastLike", "Sum", "Pow",
-        "NegativeLogLikelihoodLoss",
+        "NegativeLogLikelihoodLoss", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization",
+        "Pad", "HardSigmoid", "HardSwish", "Softplus", "Dropout", "Concat",
     ]
 )
 NAME_RE = re.compile(
     r"^test_(add|sub|mul|div|max|min|abs|neg|floor|ceil|sqrt|exp|log|tanh|erf|sigmoid|reciprocal|relu|round|"
     r"identity|leakyrelu|clip|equal|less|greater|where|gelu|matmul|gemm|softmax|logsoftmax|reduce_|transpose|"
-    r"reshape|flatten|squeeze|unsqueeze|expand|slice|gather|layer_normalization|sce|adam|momentum|nesterov)"
+    r"reshape|flatten|squeeze|unsqueeze|expand|slice|gather|layer_normalization|sce|adam|momentum|nesterov|"
+    r"conv|maxpool|averagepool|globalaveragepool|batchnorm|constant_pad|pad|hardsigmoid|hardswish|softplus|"
+    r"dropout|training_dropout|concat|reflect_pad|edge_pad|wrap_pad|basic_conv)"
 )
 
 
@@ -284,7 +287,80 @@ def translate(node: Any, opset: int, raw: list[np.ndarray]) -> tuple[library.Com
             comps.append(c)
             ins.append(xs)
         return _multi(comps, ins, n)
+    vision = _vision(op, at, present, opt, [o for o in node.output if o])
+    if vision is not None:
+        return vision
     raise Unsupported(f"op {op} is not in the RepOps ONNX set")
+
+
+def _viewed(desc: KernelDesc, ins: list[np.ndarray], shape: tuple[int, ...]) -> tuple[library.Composite, list[np.ndarray]]:
+    """One node whose output is read as ``shape`` (a free view, as the graph does)."""
+    b = library.Builder(desc.label, *[x.shape for x in ins])
+    return b.build(b.view(b.node(desc, *b.inputs()), shape)), ins
+
+
+def _vision(op: str, at: dict[str, Any], present: list[np.ndarray], opt: Any, outputs: list[str]) -> Any:
+    """The vision operators (repops/library/conv.py, nn.py, maps.py, movement.py), or None."""
+    if op in ("MaxPool", "Dropout") and len(outputs) > 1:
+        raise Unsupported(f"{op}'s second output ({'Indices' if op == 'MaxPool' else 'mask'}): the importer "
+                          "refuses a model that reads it")
+    if op == "Concat":
+        xs = [_f32(x, op) for x in present]
+        return _single(library.concat([x.shape for x in xs], at["axis"]), xs)
+    if op in ("Conv", "MaxPool", "AveragePool"):
+        x = _f32(present[0], op)
+        if op == "MaxPool" and at.get("storage_order", 0):
+            raise Unsupported("MaxPool storage_order (only its Indices output, which is not supported)")
+        if op == "Conv":
+            w = _f32(present[1], "weight")
+            geo = library.ConvGeometry.from_onnx(x.shape, w.shape[2:], at)
+            ins = [x, w] + ([_f32(present[2], "bias")] if len(present) > 2 else [])
+            desc = library.convolution(geo, w.shape, at.get("group", 1), len(ins) == 3)
+            return _viewed(desc, ins, (x.shape[0], w.shape[0], *geo.out_spatial))
+        geo = library.ConvGeometry.from_onnx(x.shape, at["kernel_shape"], at)
+        desc = library.max_pool(geo) if op == "MaxPool" else library.avg_pool(geo, bool(at.get("count_include_pad", 0)))
+        return _single(desc, [x])
+    if op == "GlobalAveragePool":
+        x = _f32(present[0], op)
+        return library.reduce_composite("mean", x.shape, tuple(range(2, x.ndim)), True), [x]
+    if op == "BatchNormalization":
+        x, sc, bi, mean, var = (_f32(v, op) for v in present[:5])
+        if at.get("training_mode", 0):
+            comp = library.batch_norm_training(x.shape, at.get("epsilon", 1e-5), at.get("momentum", 0.9))
+            return _multi_out(comp, [0, 3, 4]), [x, sc, bi, mean, var]
+        return _multi_out(library.batch_norm_inference(x.shape, at.get("epsilon", 1e-5)), [0]), [x, sc, bi, mean, var]
+    if op == "Pad":
+        x = _f32(present[0], op)
+        if at.get("mode", "constant") != "constant":
+            raise Unsupported(f"Pad mode={at.get('mode')!r}: only constant padding is supported")
+        axes = [int(a) for a in opt(3)] if opt(3) is not None else None
+        value = float(opt(2).reshape(())) if opt(2) is not None else 0.0
+        return _single(library.pad(x.shape, library.onnx_pads(x.ndim, present[1], axes), value), [x])
+    if op in ("HardSigmoid", "HardSwish"):
+        x = _f32(present[0], op)
+        if op == "HardSwish":
+            return _single(library.hard_swish(x.shape), [x])
+        return _single(library.hard_sigmoid(x.shape, at.get("alpha", 0.2), at.get("beta", 0.5)), [x])
+    if op == "Softplus":
+        x = _f32(present[0], op)
+        b = library.Builder("softplus", x.shape)
+        t = b.unary("exp", 0)
+        lg = b.node(library.log1p_exp_log(x.shape), t)
+        return b.build(b.node(library.softplus_tail(x.shape), 0, t, lg)), [x]
+    if op == "Dropout":
+        x = _f32(present[0], op)
+        training = opt(2) is not None and bool(opt(2))
+        ratio = float(opt(1)) if opt(1) is not None else 0.5
+        if training and ratio > 0:
+            raise Unsupported("Dropout in training mode: the mask comes from the job's counter-based RNG "
+                              "(rng.dropout_keep), not from numpy's generator the reference outputs used")
+        return _single(library.map_unary("identity", x.shape), [x])
+    return None
+
+
+def _multi_out(comp: library.Composite, keep: list[int]) -> library.Composite:
+    """``comp`` with only the outputs ``keep`` (ONNX's optional outputs in order)."""
+    return library.Composite(comp.label, comp.in_shapes, comp.nodes, tuple(comp.outputs[i] for i in keep))
 
 
 def _multi(comps: list[library.Composite], ins: list[list[np.ndarray]], n: int) -> tuple[library.Composite, list[np.ndarray]]:

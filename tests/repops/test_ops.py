@@ -223,6 +223,12 @@ def _lm_movement(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     return b.build(c, back, tri), [arr(draw, (2, 3, 4)), arr(draw, (2, 1, 4)), arr(draw, (2, 2, 4))]
 
 
+@case("write_row")
+def _write_row(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
+    r = ints(draw, (1,), -1, 3)  # -1 and 3 are outside the 3 rows: nothing is written
+    return library.single(library.write_row(3, 4), [(3, 4), (4,), (1,)]), [arr(draw, (3, 4)), arr(draw, (4,)), r]
+
+
 @case("gather_grads")
 def _gather_grads(draw: st.DrawFn) -> tuple[library.Composite, list[np.ndarray]]:
     axis = draw(st.sampled_from([0, 1, 2]))
@@ -384,6 +390,20 @@ def test_scatter_add_matches_sequential_definition() -> None:
             acc = (acc + np.where(idx[p] == v, g[p], F32(0))).astype(F32)
         want[v] = acc
     assert_bits_equal(got, want)
+
+
+def test_write_row_replaces_exactly_one_row() -> None:
+    from verde_chain.repops import reference
+
+    r = np.random.default_rng(3)
+    buf, row = r.standard_normal((4, 5)).astype(F32), r.standard_normal(5).astype(F32)
+    row[1] = np.float32(np.nan)  # bits are moved, not computed
+    for t in (-1.0, 0.0, 2.0, 3.0, 4.0, 1.5):
+        got = reference.run(library.write_row(4, 5), [buf, row, np.array([t], F32)])
+        want = buf.copy()
+        if t in (0.0, 2.0, 3.0):
+            want[int(t)] = row
+        assert_bits_equal(got, want)
 
 
 # ------------------------------------------------------------------ torch agreement

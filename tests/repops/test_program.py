@@ -246,3 +246,101 @@ def test_loadidx_index_must_be_int32_everywhere() -> None:
         np.testing.assert_array_equal(np.asarray(out).reshape(5, 2), want, err_msg=name)
     for e in range(10):
         assert vm.run_states(desc, [data, idx], e)[-1].regs[0] == int(want.reshape(-1).view(np.uint32)[e])
+
+
+# ----------------------------------------------------------------------------- window extension
+def _pad_desc(fill: int = 0, div: int = 1) -> KernelDesc:
+    """out[i] = x[(i - 1) / div] over a 3-element x (out of range / inexact -> fill), then + y[i]."""
+    xm = InputMap(3, (0,), windows=(program.Window(0, 1, 0, 0, -1, div, 3, 1),), fill=fill)
+    ym = InputMap(6, (1,))
+    pro = (Instr(Op.LOAD, 1, imm=0), Instr(Op.LOAD, 2, imm=1), Instr(Op.ADD, 0, 1, 2))
+    return KernelDesc((6,), 1, (xm, ym), pro)
+
+
+def test_window_reads_fill_outside_and_only_exact_divisions() -> None:
+    x, y = np.array([1, 2, 3], F32), np.zeros(6, F32)
+    for run in (program.run_spec, reference.run):
+        assert run(_pad_desc(), [x, y]).tolist() == [0, 1, 2, 3, 0, 0]
+        assert run(_pad_desc(fill=f32_bits(-7.0)), [x, y]).tolist() == [-7, 1, 2, 3, -7, -7]
+        # v = i - 1 must be even: i = 1 -> x[0], i = 3 -> x[1], i = 5 -> x[2]
+        assert run(_pad_desc(div=2), [x, y]).tolist() == [0, 1, 0, 2, 0, 3]
+    tr = trace(_pad_desc(fill=f32_bits(-7.0)), [x, y], 0)
+    assert tr[0].access == program.MemAccess(0, None, f32_bits(-7.0))
+
+
+def test_window_encoding_is_the_packed_form_and_plain_stays_abi() -> None:
+    plain = library.matmul((2, 3), (3, 4))
+    assert int.from_bytes(plain.encode()[:32], "big") == program.HEAD_PLAIN == 0xC0
+    d = _pad_desc(fill=5, div=2)
+    data = d.encode()
+    assert data[0] == program.PACKED_TAG == 0xE0
+    assert KernelDesc.decode(data) == d
+    # the documented layout, field by field
+    rank_shape_k = bytes([0xE0, 1]) + (6).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    assert data.startswith(rank_shape_k + bytes([0, 2]))  # no kdims, two inputs
+    x_map = ((3).to_bytes(8, "big") + (0).to_bytes(8, "big", signed=True) + bytes(8 * 3) + (5).to_bytes(4, "big")
+             + bytes([1]) + bytes([0]) + (1).to_bytes(8, "big") + bytes([0]) + bytes(8)
+             + (-1).to_bytes(8, "big", signed=True) + (2).to_bytes(4, "big") + (3).to_bytes(8, "big")
+             + (1).to_bytes(8, "big"))
+    assert data[len(rank_shape_k) + 2:].startswith(x_map)
+    assert data.endswith((3).to_bytes(4, "big") + isa_words(d.prologue) + bytes(8))  # P = 3, then B = E = 0
+    for bad in (data[:-1], data + b"\0", b"\xe1" + data[1:]):
+        with pytest.raises((DescriptorError, ValueError)):
+            KernelDesc.decode(bad)
+    # every window field is committed
+    w = d.inputs[0].windows[0]
+    import dataclasses
+
+    variants = [dataclasses.replace(w, **{f: v}) for f, v in
+                (("out_mul", 2), ("offset", 0), ("div", 3), ("size", 2), ("stride", 0))]
+    hashes = {d.hash()} | {
+        dataclasses.replace(d, inputs=(dataclasses.replace(d.inputs[0], windows=(v,)), d.inputs[1])).hash()
+        for v in variants
+    }
+    assert len(hashes) == 1 + len(variants)
+    # one digit is k itself: kdims=(K,) is the plain descriptor
+    assert library.matmul((2, 3), (3, 4)) == dataclasses.replace(plain, kdims=(3,))
+
+
+def isa_words(prog: tuple[Instr, ...]) -> bytes:
+    return b"".join(i.encode() for i in prog)
+
+
+def test_kdigits_and_conv_descriptor_round_trip() -> None:
+    from verde_chain.repops.library import conv as cv
+
+    g = cv.ConvGeometry.make((2, 4, 5, 4), (3, 2), (2, 1), (1, 2), (1, 2, 2, 0))
+    for d in (cv.convolution(g, (6, 2, 3, 2), 2, True), cv.conv_grad_input(g, (6, 2, 3, 2), 2),
+              cv.conv_grad_weight(g, (6, 2, 3, 2), 2)):
+        assert d.extended and KernelDesc.decode(d.encode()) == d
+        assert [d.kdigits(k) for k in range(d.K)] == [tuple(t) for t in np.ndindex(*d.kdims)]
+
+
+def test_window_validation() -> None:
+    d = _pad_desc()
+    import dataclasses
+
+    bad_windows = [
+        program.Window(1, 1, 0, 0, 0, 1, 3, 1),  # axis past the rank
+        program.Window(0, 0, 1, 1, 0, 1, 3, 1),  # digit past the digits
+        program.Window(0, 1, 0, 0, 0, 0, 3, 1),  # div 0
+        program.Window(0, 1, 0, 0, 0, 1, 9, 1),  # size lets the load leave the tensor
+        program.Window(3, 0, 0, 0, 0, 1, 3, 1),  # unused axis must be 0 (one encoding)
+    ]
+    for w in bad_windows:
+        with pytest.raises(DescriptorError):
+            dataclasses.replace(d, inputs=(dataclasses.replace(d.inputs[0], windows=(w,)), d.inputs[1]))
+    with pytest.raises(DescriptorError, match="fill"):
+        dataclasses.replace(d, inputs=(d.inputs[0], dataclasses.replace(d.inputs[1], fill=1)))
+    with pytest.raises(DescriptorError, match="kdims"):
+        dataclasses.replace(library.matmul((2, 6), (6, 1)), kdims=(4, 2))
+
+
+def test_loadidx_checks_windows_before_its_index() -> None:
+    xm = InputMap(3, (0,), idx_stride=1, windows=(program.Window(0, 1, 0, 0, -1, 1, 1, 0),), fill=f32_bits(2.5))
+    pro = (Instr(Op.CONST, 1, imm=f32_bits(float("nan"))), Instr(Op.LOADIDX, 0, 1, 0, 0))
+    d = KernelDesc((3,), 1, (xm,), pro)
+    x = np.array([4, 5, 6], F32)
+    got = program.run_spec(d, [x]).view(np.uint32).tolist()
+    assert got == [f32_bits(2.5), CANONICAL_NAN, f32_bits(2.5)]
+    assert reference.run(d, [x]).view(np.uint32).tolist() == got

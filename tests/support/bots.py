@@ -17,9 +17,11 @@ from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.system import Conductor
 from verde_chain.agents.trainer import TrainerBot
+from verde_chain.chain.anvil import increase_time
 from verde_chain.chain.market_client import Market
 from verde_chain.job import Job
-from verde_chain.market.types import ETH
+from verde_chain.market.marketparams import FAST
+from verde_chain.market.types import ETH, SlotStatus
 
 STEPS = 3
 TERMS = JobOffer(kind="digits", steps=STEPS, reward=10**18, trainer_stake=2 * 10**17, min_challenge_bond=10**17,
@@ -75,6 +77,17 @@ class World:
         return sum(int(e.args["amount"]) for e in self.market.logs("Withdrawn", 0) if e.args["account"] == bot.address)
 
 
+def reveal_time(world: World, job_id: int) -> None:
+    """Once every slot of the job has committed, move the chain past the submission deadline so
+    the trainers can reveal (for tests that tick bots by hand instead of running the Conductor)."""
+    job = world.market.job(job_id)
+    slots = world.market.slots(job_id)
+    now = int(world.w3.eth.get_block("latest")["timestamp"])
+    if now <= job.terms.submission_deadline and len(slots) == job.terms.slots \
+            and all(s.status == SlotStatus.COMMITTED for s in slots):
+        increase_time(world.w3, job.terms.submission_deadline - now + 1)
+
+
 def finished(client: ClientBot, job_id: int, bots: list[Bot]) -> Callable[[], bool]:
     return lambda: ((client.store.job(job_id) or {}).get("state") == "done"
                     and all(g.get("done") for b in bots for g in b.store.games().values()))
@@ -97,5 +110,5 @@ def bundles(job: Job, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def world(w3: Web3, artifacts: Any, deploy: Callable[..., Any], bundles: Path, tmp_path: Path, job: Job) -> World:
     game = deploy("DisputeGame", deploy("ScalarVM").address)
-    market = Market.at(w3, artifacts, deploy("JobMarket", game.address).address)
+    market = Market.deploy(w3, artifacts, game.address, FAST)
     return World(w3, artifacts, market, bundles, tmp_path, job)

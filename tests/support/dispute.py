@@ -46,14 +46,14 @@ class Env:
         return cls(w3, artifacts, DisputeGameClient(w3, game, artifacts), st, deploy("ResolverMock"),
                    w3.eth.accounts[1], w3.eth.accounts[2])
 
-    def create(self, job: ToyJob, final: bytes, k: int = 4, clock: int = CLOCK) -> int:
-        """A game over a toy job whose defender claims C_T = `final`."""
-        return self.create_from(job, ToyWorld(job).step_commitment(0), final, k, clock)
+    def create(self, job: ToyJob, final: bytes, k: int = 4, clock: int = CLOCK, ckpt: int = 1) -> int:
+        """A game over a toy job whose defender claims C_T = `final` (level 1 on checkpoint grid `ckpt`)."""
+        return self.create_from(job, ToyWorld(job).step_commitment(0), final, k, clock, ckpt)
 
-    def create_from(self, job: Any, c0: bytes, final: bytes, k: int = 4, clock: int = CLOCK) -> int:
+    def create_from(self, job: Any, c0: bytes, final: bytes, k: int = 4, clock: int = CLOCK, ckpt: int = 1) -> int:
         """A game over any job with graph_root/batch_root/num_steps/num_nodes, from C_0 to C_T = `final`."""
         p = GameParams(self.defender, self.challenger, c0, final, job.num_steps, job.graph_root, job.batch_root, k,
-                       clock, job.num_nodes)
+                       clock, job.num_nodes, ckpt)
         return self.client.create_game_via(self.resolver, p)
 
     def play(self, gid: int, dworld: World, cworld: World, dstrat: str = "consistent", cstrat: str = "consistent",
@@ -98,10 +98,10 @@ def revert(fn: Callable[[], Any]) -> ContractRevert:
     return err.value
 
 
-def within_bound(out: runner.Outcome, job: ToyJob, k: int) -> None:
+def within_bound(out: runner.Outcome, job: ToyJob, k: int, ckpt: int = 1) -> None:
     leaves = max(-(-n.numel // LEAF_ELEMS) for n in job.nodes)
     micro = max(max(n.micro_steps for n in job.nodes), 1)
-    b = bisection.move_bound(job.num_steps, job.num_nodes, leaves, micro, k)
+    b = bisection.move_bound(job.num_steps, job.num_nodes, leaves, micro, k, ckpt)
     # +1: the winner of a timeout game also sends claimTimeout
     assert out.total_moves("defender") <= b.defender + 1
     assert out.total_moves("challenger") <= b.challenger + 1

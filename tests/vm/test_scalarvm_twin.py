@@ -12,7 +12,7 @@ import pytest
 from verde_chain.chain.deploy import deploy_contract
 from verde_chain.chain.tx import call
 from verde_chain.commit.tensor import tensor_root
-from verde_chain.errors import ContractRevert, CustomError
+from verde_chain.errors import ContractRevert, CustomError, RepOpsError
 from verde_chain.repops import library, program
 from verde_chain.repops.edges import EDGE_BITS
 from verde_chain.repops.isa import Op
@@ -36,11 +36,27 @@ def _descs() -> list[program.KernelDesc]:
         library.where((4,), (4,), (4,)),
         library.transpose((2, 3, 4), (2, 0, 1)),
     ]
+    out += _windowed_descs()
     out += [library.map_unary(n, (7,)) for n in library.UNARY_CODE if n != "identity"]
     from verde_chain.repops import transcendental
 
     out += [library.map_unary(n, (7,)) for n in library.TRANSCENDENTAL_UNARY if n in transcendental.PROGRAMS]
     return out
+
+
+def _windowed_descs() -> list[program.KernelDesc]:
+    """The window extension: conv loads with padding, dilation, groups and strided gradients."""
+    from verde_chain.repops.library import conv as cv
+
+    g = cv.ConvGeometry.make((2, 4, 5, 4), (3, 2), (2, 1), (1, 2), (1, 2, 2, 0))
+    g1 = cv.ConvGeometry.make((1, 2, 7), (3,), (2,), (1,), (1, 1))
+    return [
+        cv.convolution(g, (6, 2, 3, 2), groups=2, bias=True),
+        cv.conv_grad_input(g, (6, 2, 3, 2), groups=2),
+        cv.conv_grad_weight(g, (6, 2, 3, 2), groups=2),
+        cv.convolution(g1, (2, 2, 3)),
+        cv.channel_sum((3, 2, 2, 2)),
+    ]
 
 
 DESCS = _descs()
@@ -185,3 +201,93 @@ def test_final_value(scalar_vm, artifacts) -> None:  # type: ignore[no-untyped-d
     last = vm.run_states(desc, ins, 2)[-1]
     h, v = call(scalar_vm.functions.finalValue(last.encode()), artifacts)
     assert h == last.hash() and v == last.regs[0]
+
+
+@pytest.mark.chain
+def test_desc_view_reads_both_forms_as_the_python_twin(_session_w3, artifacts) -> None:  # type: ignore[no-untyped-def]
+    h = deploy_contract(_session_w3, artifacts, "DescViewHarness")
+    for desc in _windowed_descs() + [library.matmul((3, 5), (5, 2)), library.gemm((3, 4), (4, 2), (2,))]:
+        data = desc.encode()
+        shape, K, n_in, code_len, kdims = call(h.functions.meta(data), artifacts)
+        assert (tuple(shape), K, n_in) == (desc.out_shape, desc.K, len(desc.inputs))
+        assert list(code_len) == [len(desc.prologue), len(desc.body), len(desc.epilogue)]
+        assert tuple(kdims) == desc.kdims
+        for t, m in enumerate(desc.inputs):
+            numel, strides, kstride, offset, idx_stride, fill, windows = call(h.functions.input(data, t), artifacts)
+            assert (numel, tuple(strides), kstride, offset, idx_stride, fill) == (
+                m.numel, m.strides, m.kstride, m.offset, m.idx_stride, m.fill)
+            assert [tuple(w) for w in windows] == [
+                (w.axis, w.out_mul, w.digit, w.k_mul, w.offset, w.div, w.size, w.stride) for w in m.windows]
+    packed = _windowed_descs()[0].encode()
+    for bad in (packed[:-1], packed + b"\x00", packed[:1] + b"\x09" + packed[2:]):
+        with pytest.raises(ContractRevert) as ei:
+            call(h.functions.meta(bad), artifacts)
+        assert ei.value.name == "UnknownDescriptorForm"
+
+
+def _vision_family(rng: random.Random) -> program.KernelDesc:
+    """A random descriptor of the vision families: conv (padding, dilation, groups, strides; both
+    gradients), pooling (max, argmax, its backward, average with its count), batch-norm
+    statistics and normalisation."""
+    from verde_chain.repops.library import conv as cv
+    from verde_chain.repops.library import nn as lnn
+
+    r = rng.choice((1, 2))
+    groups = rng.choice((1, 2))
+    n, cg, mg = rng.randint(1, 2), rng.randint(1, 2), rng.randint(1, 2)
+    spatial = [rng.randint(3, 6) for _ in range(r)]
+    kernel = [rng.randint(1, 3) for _ in range(r)]
+    strides = [rng.randint(1, 2) for _ in range(r)]
+    dil = [rng.randint(1, 2) for _ in range(r)]
+    pads = [rng.randint(0, 2) for _ in range(2 * r)]
+    try:
+        geo = cv.ConvGeometry.make((n, cg * groups, *spatial), kernel, strides, dil, pads, rng.random() < 0.3)
+    except RepOpsError:
+        return _vision_family(rng)
+    w = (mg * groups, cg, *kernel)
+    x_shape = geo.x_shape
+    choices = [
+        lambda: cv.convolution(geo, w, groups, rng.random() < 0.5),
+        lambda: cv.conv_grad_input(geo, w, groups),
+        lambda: cv.conv_grad_weight(geo, w, groups),
+        lambda: cv.max_pool(geo),
+        lambda: cv.max_pool_argmax(geo),
+        lambda: cv.max_pool_backward(geo),
+        lambda: cv.avg_pool(geo, rng.random() < 0.5),
+        lambda: cv.window_sum_backward(geo),
+        lambda: cv.channel_mean(x_shape),
+        lambda: cv.channel_centered_meansq(x_shape),
+        lambda: cv.channel_dot_xhat(x_shape),
+        lambda: lnn.batch_norm_training(x_shape).nodes[-3].desc,  # bn_normalise
+    ]
+    try:
+        return rng.choice(choices)()
+    except RepOpsError:  # e.g. a window that does not fit: pick again
+        return _vision_family(rng)
+
+
+@pytest.mark.chain
+def test_one_step_matches_twin_1000_random_vision_instructions(scalar_vm, artifacts) -> None:  # type: ignore[no-untyped-def]
+    """Random conv / pooling / batch-norm descriptors and random micro-steps, memory steps
+    favoured: ScalarVM's post-state equals the twin's, including loads that read a window's fill."""
+    rng = random.Random(15)
+    cases, fills, reads = 0, 0, 0
+    labels: set[str] = set()
+    while cases < 1000:
+        desc = _vision_family(rng)
+        labels.add(desc.label)
+        ins = _inputs(desc, rng)
+        e = rng.randrange(desc.numel)
+        states = vm.run_states(desc, ins, e)
+        loads = [j for j in range(desc.num_steps) if program.instruction_at(desc, j)[0].op in (Op.LOAD, Op.LOADIDX)]
+        for _ in range(4):
+            j = rng.choice(loads) if loads and rng.random() < 0.6 else rng.randrange(desc.num_steps)
+            _check_step(scalar_vm, artifacts, desc, ins, e, states, j)
+            instr, k = program.instruction_at(desc, j)
+            if instr.op == Op.LOAD:
+                _, addr, _ = vm.memory_read(desc, states[j], instr, k)
+                fills += addr is None
+                reads += addr is not None
+            cases += 1
+    assert fills >= 100 and reads >= 100, (fills, reads)
+    assert {"conv", "conv_grad_input", "conv_grad_weight", "max_pool_backward", "avg_pool", "channel_var"} <= labels

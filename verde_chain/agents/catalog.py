@@ -12,10 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from verde_chain.agents.errors import AgentError
+from verde_chain.dispute.world import World
+from verde_chain.errors import VerdeError
 from verde_chain.job import Job, load_job, save_job
 from verde_chain.market.types import JobTerms
+from verde_chain.results import ResultOpening, load_result, open_result, save_result
 
-JOB_KINDS = ("digits", "transformer", "llama", "llama-inference")
+JOB_KINDS = ("digits", "transformer", "llama", "llama-inference", "resnet18", "mobilenet_v2", "digits_cnn")
 
 
 def build_job(kind: str, steps: int, seed: int = 7) -> Job:
@@ -37,6 +40,12 @@ def build_job(kind: str, steps: int, seed: int = 7) -> Job:
         inference = kind == "llama-inference"
         return lm_job(LMConfig("llama"), "inference" if inference else "train", steps=1 if inference else steps,
                       checkpoint_interval=max(1, steps // 4), seed=seed)
+    if kind in ("resnet18", "mobilenet_v2", "digits_cnn"):
+        from verde_chain.examples.vision import vision_job
+
+        # the CIFAR-shaped nets at batch 2 on 8 random images: a dispute, not a training run
+        return vision_job(kind, steps=steps, batch_size=2 if kind != "digits_cnn" else 32, samples=8,
+                          checkpoint_interval=max(1, steps // 4), seed=seed)
     raise AgentError(f"unknown job kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
 
 
@@ -58,11 +67,27 @@ class Bundles:
             d = self.root / spec_hash.hex()
             if not (d / "job.json").exists():
                 raise AgentError(f"no bundle for spec 0x{spec_hash.hex()} under {self.root}", spec_hash=spec_hash)
-            job = load_job(d)
+            try:
+                job = load_job(d)
+            except VerdeError as exc:  # a bad bundle is one job refused, never a bot down
+                raise AgentError(f"bundle {d} refused: {exc}", spec_hash=spec_hash) from exc
             if job.spec.hash() != spec_hash:
                 raise AgentError(f"bundle {d} hashes to 0x{job.spec.hash().hex()}", spec_hash=spec_hash)
             self._cache[spec_hash] = job
         return self._cache[spec_hash]
+
+
+    def results_dir(self, spec_hash: bytes) -> Path:
+        """Where trainers publish the openings of their results (``verde_chain/results.py``)."""
+        return self.root / spec_hash.hex() / "results"
+
+    def publish_result(self, job: Job, world: World) -> Path:
+        """Publish the opening of the result ``world`` computes, beside the job's bundle."""
+        return save_result(open_result(job, world), self.results_dir(job.spec.hash()))
+
+    def result(self, spec_hash: bytes, result: bytes) -> ResultOpening | None:
+        """The published opening of ``result`` (None if no trainer published one)."""
+        return load_result(self.results_dir(spec_hash), result)
 
 
 def check_against_chain(job: Job, terms: JobTerms) -> str | None:

@@ -2,7 +2,7 @@
 from its own, and plays the games to the end.
 
 Whether a (job, slot) still needs a dispute is re-derived on every tick from the chain (the slot
-still SUBMITTED, the challenge window open, no game of ours against it), so a crash between
+still REVEALED, the challenge window open, no game of ours against it), so a crash between
 opening a dispute and recording it cannot open a second one: the ``DisputeOpened`` event is read
 back on restart before anything is sent.
 """
@@ -20,7 +20,7 @@ from verde_chain.market.types import ETH, SlotStatus
 
 class ChallengerBot(Bot):
     role = "challenger"
-    EVENTS = ("ResultSubmitted", "DisputeOpened", "DisputeSettled", "JobFinalized")
+    EVENTS = ("ResultRevealed", "DisputeOpened", "DisputeSettled", "JobFinalized")
 
     def __init__(self, *args, bond: int | None = None, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kw)
@@ -40,7 +40,7 @@ class ChallengerBot(Bot):
         acted = False
         for ev in self.poll():
             a = ev.args
-            if ev.name == "ResultSubmitted":
+            if ev.name == "ResultRevealed":
                 key = f"{a['jobId']}:{a['slot']}"
                 watch = self.store.get("watch", {})
                 watch.setdefault(key, {"result": "0x" + bytes(a["result"]).hex(), "state": "new"})
@@ -98,10 +98,10 @@ class ChallengerBot(Bot):
             self._mark(key, "agreed")
             self.log(f"job {job_id} slot {slot}: result 0x{s.result.hex()[:16]}... matches my re-execution")
             return True
-        if s.status != SlotStatus.SUBMITTED or self.now() > job.terms.challenge_deadline:
+        if s.status != SlotStatus.REVEALED or self.now() > job.terms.challenge_deadline:
             self._mark(key, "missed")
             return False
-        bond = max(self.bond or 0, job.terms.min_challenge_bond)
+        bond = max(self.bond or 0, retry(lambda: self.market.required_bond(job_id, slot)))
         try:
             self.pay(self.market.contract.functions.openDispute(job_id, slot, bond), "openDispute", job.terms.token, bond)
         except InsufficientFunds:

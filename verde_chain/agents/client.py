@@ -36,11 +36,12 @@ class JobOffer:
     clock_seconds: int = 600
     job_seed: int = 7
     token: str = ETH
+    reveal_window: int = 600
 
 
 class ClientBot(Bot):
     role = "client"
-    EVENTS = ("JobPosted", "ResultSubmitted", "DisputeOpened", "DisputeSettled", "JobFinalized")
+    EVENTS = ("JobPosted", "ResultRevealed", "DisputeOpened", "DisputeSettled", "JobFinalized")
 
     def plan(self, job_id: int):  # type: ignore[no-untyped-def]
         raise NotImplementedError("the client plays no games")
@@ -58,12 +59,13 @@ class ClientBot(Bot):
         self.store.put("posting", spec_hash.hex())
         now = self.now()
         terms = JobTerms(
-            token=offer.token, spec_hash=spec_hash, graph_root=job.spec.graph_root,
+            token=offer.token, spec_hash=spec_hash, bundle_uri="", graph_root=job.spec.graph_root,
             initial_commitment=job.spec.initial_commitment, batch_root=job.spec.batch_root,
             num_steps=job.spec.steps, checkpoint_interval=max(1, job.spec.checkpoint_interval),
             reward=offer.reward, trainer_stake=offer.trainer_stake, min_challenge_bond=offer.min_challenge_bond,
             slots=offer.slots, submission_deadline=now + offer.submission_window,
-            challenge_window=offer.challenge_window, arity=offer.arity, clock_seconds=offer.clock_seconds,
+            reveal_window=offer.reveal_window, challenge_window=offer.challenge_window, arity=offer.arity,
+            clock_seconds=offer.clock_seconds,
             num_nodes=job.spec.num_nodes,
         )
         # (a restart between an approve and postJob finds the allowance in place: see Bot.pay)
@@ -86,8 +88,8 @@ class ClientBot(Bot):
             rec = self.store.job(jid)
             if rec is None:
                 continue
-            if ev.name == "ResultSubmitted":
-                self.log(f"job {jid}: slot {ev.args['slot']} submitted 0x{bytes(ev.args['result']).hex()[:16]}...")
+            if ev.name == "ResultRevealed":
+                self.log(f"job {jid}: slot {ev.args['slot']} revealed 0x{bytes(ev.args['result']).hex()[:16]}...")
             elif ev.name == "DisputeOpened":
                 self.log(f"job {jid}: dispute {ev.args['gameId']} opened against slot {ev.args['defenderSlot']}")
             elif ev.name == "DisputeSettled":

@@ -11,9 +11,9 @@ from web3 import Web3
 
 from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.catalog import JOB_KINDS
+from verde_chain.agents.endpoint import check_address, check_market, connect_node
 from verde_chain.agents.errors import AgentError
 from verde_chain.agents.strategies import ChallengerStrategy, TrainerStrategy
-from verde_chain.agents.wallet import connect
 from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import DeploymentRecord
 from verde_chain.chain.dispute_client import DisputeGameClient
@@ -44,16 +44,26 @@ def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
 
 
 def connect_market(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
-    w3 = connect(args.rpc_url)
+    """The node, the artifacts and the JobMarket (``--market``, else the deployment record's),
+    every one checked first (``agents/endpoint.py``: one line naming the problem and the fix)."""
+    if args.market is not None:
+        check_address(args.market)
+    w3 = connect_node(args.rpc_url)
     artifacts = compile_contracts()
-    market = args.market
+    market, fix = args.market, "--market must be the JobMarket's address (`verde-chain deploy` prints it)"
     if market is None:
         rec = Path("build") / "deployments" / f"{w3.eth.chain_id}.json"
         if not rec.exists():
             raise AgentError(f"no --market given and no deployment record at {rec}; run `verde-chain deploy` first")
-        market = DeploymentRecord.read(rec).contracts.get("JobMarket")
+        try:
+            market = DeploymentRecord.read(rec).contracts.get("JobMarket")
+        except (OSError, ValueError, TypeError) as exc:
+            raise AgentError(f"{rec} is not a deployment record ({type(exc).__name__}); run `verde-chain deploy` "
+                             "again") from exc
         if market is None:
             raise AgentError(f"{rec} has no JobMarket; redeploy with `verde-chain deploy`")
+        fix = f"the deployment record {rec} is stale (was the node restarted?): run `verde-chain deploy` again"
+    check_market(w3, artifacts, market, args.rpc_url, fix)
     return w3, artifacts, Web3.to_checksum_address(market)
 
 
@@ -131,7 +141,10 @@ def configure_client(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bond", type=int, default=d.min_challenge_bond, help="minimum challenge bond (smallest units)")
     p.add_argument("--slots", type=int, default=d.slots)
     p.add_argument("--submission-window", type=int, default=d.submission_window, help="seconds")
-    p.add_argument("--challenge-window", type=int, default=d.challenge_window, help="seconds")
+    p.add_argument("--reveal-window", type=int, default=d.reveal_window,
+                   help="seconds after the submission deadline in which trainers reveal their committed results")
+    p.add_argument("--challenge-window", type=int, default=d.challenge_window,
+                   help="seconds after the reveal deadline in which results can still be disputed")
     p.add_argument("--clock", type=int, default=d.clock_seconds, help="chess-clock seconds per party per game")
     p.add_argument("--arity", type=int, default=d.arity)
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
@@ -151,7 +164,8 @@ def run_client(args: argparse.Namespace) -> int:
     w3, artifacts, market = connect_market(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
     offer = JobOffer(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
-                     args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token)
+                     args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token,
+                     reveal_window=args.reveal_window)
     job_id = bot.post(offer)
     done = lambda: (bot.store.job(job_id) or {}).get("state") == "done"
     try:
@@ -169,9 +183,8 @@ def run_client(args: argparse.Namespace) -> int:
 
 # -- status --------------------------------------------------------------------------------------------
 
-def configure_job(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    s = sub.add_parser("status", help="a job's spec, slots and disputes")
+def job_status_args(s: argparse.ArgumentParser) -> None:
+    """``job status``'s arguments (the ``job`` command is ``verde_chain/job_cli.py``)."""
     chain_args(s)
     s.add_argument("job_id", type=int)
     s.add_argument("--json", action="store_true")

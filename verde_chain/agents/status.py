@@ -37,7 +37,8 @@ def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[st
         "spec_hash": _hex(s.spec_hash), "num_steps": s.num_steps, "num_nodes": s.num_nodes, "arity": s.arity,
         "reward": s.reward, "reward_held": job.reward_held, "trainer_stake": s.trainer_stake,
         "min_challenge_bond": s.min_challenge_bond, "submission_deadline": s.submission_deadline,
-        "challenge_deadline": s.challenge_deadline, "clock_seconds": s.clock_seconds,
+        "reveal_deadline": s.reveal_deadline, "challenge_deadline": s.challenge_deadline,
+        "clock_seconds": s.clock_seconds,
         "active_disputes": job.active_disputes, "accepted_result": _hex(job.accepted_result),
         "slots": [{"slot": i, "trainer": sl.trainer, "status": sl.status.name, "stake_held": sl.stake_held,
                    "result": _hex(sl.result)} for i, sl in enumerate(market.slots(job_id))],
@@ -83,8 +84,8 @@ def format_job(st: dict[str, Any]) -> str:
              f"  paid in {paid_in}",
              (f"  reward {u(st['reward'])} (held {u(st['reward_held'])}), stake {u(st['trainer_stake'])}, "
               f"min bond {u(st['min_challenge_bond'])}"),
-             (f"  submission deadline {st['submission_deadline']}, challenge deadline {st['challenge_deadline']}, "
-              f"clock {st['clock_seconds']} s"),
+             (f"  submission deadline {st['submission_deadline']}, reveal deadline {st['reveal_deadline']}, "
+              f"challenge deadline {st['challenge_deadline']}, clock {st['clock_seconds']} s"),
              f"  accepted result {st['accepted_result']}", "",
              f"  {'slot':<5}{'trainer':<44}{'status':<11}{'stake held':>22}  result"]
     for s in st["slots"]:

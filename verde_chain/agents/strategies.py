@@ -46,6 +46,7 @@ class TrainerStrategy(enum.StrEnum):
     INCONSISTENT = "inconsistent"
     GARBAGE = "garbage"
     SILENT = "silent"
+    MICRO = "micro"
 
 
 class ChallengerStrategy(enum.StrEnum):
@@ -109,15 +110,20 @@ def check_fault(job: Job, f: OutputFault) -> OutputFault:
     return f
 
 
-def draw_fault(job: Job, seed: int, honest_result: bytes | None = None, node: int | None = None) -> OutputFault:
+def draw_fault(job: Job, seed: int, honest_result: bytes | None = None, node: int | None = None,
+               labels: tuple[str, ...] = ()) -> OutputFault:
     """A cheat site drawn from `seed` that changes the final commitment (a flip in a value nothing
     later reads, e.g. the reported loss of the last step, would change C_s but not C_T, and nobody
     could tell the cheater from an honest trainer at the market's level); `node` fixes the node
-    (an inference job's logits)."""
+    (an inference job's logits); `labels` keeps the nodes whose label starts with one of these
+    (e.g. ``conv``, ``batch_norm``)."""
     rng = random.Random(seed)
-    nodes = [n for n in job.program.graph.nodes if not n.label.startswith("batch:")]
+    nodes = [n for n in job.program.graph.nodes
+             if not n.label.startswith("batch:") and (not labels or n.label.startswith(labels))]
     if node is not None:
         nodes = [job.program.graph.nodes[node]]
+    if not nodes:
+        raise StrategyError(f"no node labelled {labels} to cheat at")
     want = honest_result or honest_world(job).step_commitment(job.spec.steps)
     for _ in range(64):
         site = rng.choice(nodes)
@@ -153,6 +159,27 @@ def _faulty(job: Job, site: list[int], seed: int, style: PlayStyle = PlayStyle.C
     return Plan(TrainingWorld.from_job(job, f), style, silent_after, fault=f)
 
 
+def _micro(job: Job, args: list[int], seed: int) -> Plan:
+    """micro:STEP:NODE:ELEM:J[:BIT]: instruction J (1..N) of one element computes a wrong result
+    (bit BIT, default 30, flipped) and the trainer keeps it, so the dispute ends on instruction J
+    (a LOAD, an FMA, ...) instead of the element's last one."""
+    from verde_chain.dispute.cheats import CheatError, MicroFault, MicroStepWorld
+
+    if len(args) not in (4, 5):
+        raise StrategyError("micro wants STEP:NODE:ELEM:J[:BIT]")
+    f = check_fault(job, OutputFault(args[0], args[1], args[2], args[4] if len(args) == 5 else 30))
+    n = job.program.graph.nodes[f.node].desc.num_steps
+    if not 1 <= args[3] <= n:
+        raise StrategyError(f"micro-step {args[3]} not in 1..{n} of node {f.node}")
+    world = MicroStepWorld(job.program.graph, job.init_state, job.batch, job.spec.steps,
+                           micro_fault=MicroFault(f.step, f.node, f.element, args[3], f.bit))
+    try:
+        world.step_commitment(job.spec.steps)
+    except CheatError as exc:
+        raise StrategyError(str(exc)) from exc
+    return Plan(world)
+
+
 def _silent(job: Job, args: list[int], seed: int) -> Plan:
     """silent[:N[:SITE]]: a cheat (at SITE, or one drawn from the seed) that stops after N moves."""
     return _faulty(job, args[1:], seed, silent_after=args[0] if args else 2)
@@ -166,6 +193,7 @@ TRAINER_PLANS: dict[TrainerStrategy, PlanBuilder] = {
     TrainerStrategy.INCONSISTENT: lambda job, args, seed: Plan(honest_world(job), tamper_result=True),
     TrainerStrategy.GARBAGE: lambda job, args, seed: _faulty(job, args, seed, PlayStyle.GARBAGE),
     TrainerStrategy.SILENT: _silent,
+    TrainerStrategy.MICRO: _micro,
 }
 CHALLENGER_PLANS: dict[ChallengerStrategy, PlanBuilder] = {
     ChallengerStrategy.HONEST: lambda job, args, seed: Plan(honest_world(job)),

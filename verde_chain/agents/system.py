@@ -10,17 +10,19 @@ seconds.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from web3 import Web3
 
 from verde_chain.chain.anvil import increase_time
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.deploy import DeploymentRecord, deploy_contract
+from verde_chain.chain.deploy import DeploymentRecord, deploy_contract, deploy_market
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
 from verde_chain.dispute.types import Phase, Side
 from verde_chain.errors import ChainError
+from verde_chain.market.marketparams import MAINNET, MarketParams
 from verde_chain.market.types import JobStatus
 
 if TYPE_CHECKING:
@@ -31,17 +33,19 @@ HELPER_CONTRACTS = ["MerkleHarness"]
 SYSTEM_CONTRACTS = ["ScalarVM", "DisputeGame", "JobMarket"]
 
 
-def deploy_full_system(w3: Web3, artifacts: Mapping[str, Artifact], rpc_url: str,
-                       sender: str | None = None) -> tuple[DeploymentRecord, dict[str, Any]]:
+def deploy_full_system(w3: Web3, artifacts: Mapping[str, Artifact], rpc_url: str, sender: str | None = None,
+                       params: MarketParams = MAINNET) -> tuple[DeploymentRecord, dict[str, Any]]:
+    """Deploy the system; the JobMarket gets `params` (immutable; the mainnet profile by default)."""
     sender = sender or w3.eth.accounts[0]
     out: dict[str, Any] = {n: deploy_contract(w3, artifacts, n, sender=sender) for n in HELPER_CONTRACTS}
     out["ScalarVM"] = deploy_contract(w3, artifacts, "ScalarVM", sender=sender)
     out["DisputeGame"] = deploy_contract(w3, artifacts, "DisputeGame", out["ScalarVM"].address, sender=sender)
-    out["JobMarket"] = deploy_contract(w3, artifacts, "JobMarket", out["DisputeGame"].address, sender=sender)
+    out["JobMarket"] = deploy_market(w3, artifacts, out["DisputeGame"].address, params, sender=sender)
     names = HELPER_CONTRACTS + SYSTEM_CONTRACTS
     record = DeploymentRecord(
         chain_id=w3.eth.chain_id, rpc_url=rpc_url, block=w3.eth.block_number, deployer=sender,
         contracts={n: out[n].address for n in names}, abi_hashes={n: artifacts[n].abi_hash for n in names},
+        market_params=asdict(params),
     )
     return record, out
 
@@ -68,7 +72,7 @@ class Conductor:
         for job_id in range(1, self.market.job_count() + 1):
             job = self.market.job(job_id)
             if job.status == JobStatus.OPEN:
-                cands += [job.terms.submission_deadline, job.terms.challenge_deadline]
+                cands += [job.terms.submission_deadline, job.terms.reveal_deadline, job.terms.challenge_deadline]
         for gid in range(1, self.games.game_count() + 1):
             v = self.games.game(gid)
             if v.phase not in (Phase.NONE, Phase.RESOLVED):

@@ -13,6 +13,7 @@ Intervals, per level (what "narrowing" means in the live view and the picture)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from verde_chain.chain.dispute_client import DisputeGameClient
@@ -87,45 +88,100 @@ def settled(prev: GameView, v: GameView) -> Interval | None:
     return Interval(3, "elements", v.element, v.element, max(1, v.output_numel) - 1)
 
 
-def narrowing(trace: list[tuple[int, GameView]]) -> dict[int, list[Interval]]:
-    """Per level, the successive disputed intervals, ending with the point it settled on."""
-    per_level: dict[int, list[Interval]] = {1: [], 2: [], 3: [], 4: []}
+# Who made an interval: the side that moved, "opening" for the interval a level opens with, and
+# "referee" for the one-step proof that ends a game at L4 (anyone may send it; ScalarVM executes)
+OPENING, REFEREE = "opening", "referee"
+
+
+def _mover(prev: GameView, v: GameView) -> str:
+    if prev.phase == Phase.L4_STEP and v.phase == Phase.RESOLVED:
+        return REFEREE
+    return prev.phase.mover.name.lower()
+
+
+def narrowing_moves(trace: list[tuple[int, GameView]]) -> dict[int, list[tuple[Interval, str]]]:
+    """Per level, the disputed interval after every move made at that level, with who made it
+    ("defender", "challenger", "referee", or "opening" for the interval a level opens with),
+    ending with the point it settled on. A move that posts claims leaves the interval as it is;
+    the choice that follows narrows it."""
+    per_level: dict[int, list[tuple[Interval, str]]] = {1: [], 2: [], 3: [], 4: []}
     prev: GameView | None = None
     for _, v in trace:
-        for iv in (settled(prev, v) if prev is not None else None, interval(v)):
-            if iv is not None and (not per_level[iv.level] or per_level[iv.level][-1] != iv):
-                per_level[iv.level].append(iv)
+        iv = interval(v)
+        if prev is None or prev.phase in (Phase.NONE, Phase.RESOLVED):
+            if iv is not None:
+                per_level[iv.level].append((iv, OPENING))
+            prev = v
+            continue
+        mover = _mover(prev, v)
+        done = settled(prev, v)
+        if done is not None:
+            per_level[done.level].append((done, mover))
+        if iv is not None:
+            per_level[iv.level].append((iv, OPENING if done is not None or not per_level[iv.level] else mover))
+        elif done is None and (last := interval(prev)) is not None:  # the move that resolved the game
+            per_level[last.level].append((last, mover))
         prev = v
     return per_level
 
 
-def plot_bisection(trace: list[tuple[int, GameView]], path: str, title: str) -> None:
-    """One panel per level: the disputed interval (as a fraction of the level's range) per move."""
+def narrowing(trace: list[tuple[int, GameView]]) -> dict[int, list[Interval]]:
+    """Per level, the successive disputed intervals, ending with the point it settled on."""
+    out: dict[int, list[Interval]] = {}
+    for lvl, ivs in narrowing_moves(trace).items():
+        out[lvl] = [iv for i, (iv, _) in enumerate(ivs) if i == 0 or ivs[i - 1][0] != iv]
+    return out
+
+
+MOVER_COLOURS = {OPENING: "0.7", "defender": "tab:orange", "challenger": "tab:blue", REFEREE: "tab:green"}
+
+
+def plot_bisection(trace: list[tuple[int, GameView]], path: str, title: str,
+                   names: Mapping[str, str] | None = None, caption: str = "") -> None:
+    """One panel per level: the disputed interval (in the level's own units) after every move,
+    coloured by who moved, the point the level settled on outlined in red; a legend says which
+    colour is whom (``names``: "defender"/"challenger" -> e.g. "cheating trainer"), and
+    ``caption`` (what the cheat was, what the referee executed) is written under the panels."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    per_level = narrowing(trace)
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.6))
-    names = {1: "L1 training steps", 2: "L2 graph nodes", 3: "L3 output elements", 4: "L4 micro-steps"}
+    who = {"defender": "defender", "challenger": "challenger", **(names or {})}
+    per_level = narrowing_moves(trace)
+    lines = textwrap.wrap(caption, 150) if caption else []
+    fig, axes = plt.subplots(1, 4, figsize=(14, 4.2 + 0.22 * len(lines)))
+    titles = {1: "L1 training steps", 2: "L2 graph nodes", 3: "L3 output elements", 4: "L4 micro-steps"}
     for lvl, ax in zip((1, 2, 3, 4), axes):
         ivs = per_level[lvl]
-        ax.set_title(names[lvl], fontsize=10)
+        ax.set_title(titles[lvl], fontsize=10)
         ax.set_xlabel("move")
         if not ivs:
             ax.text(0.5, 0.5, "not reached", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             continue
-        total = max(1, ivs[0].total)
-        for i, iv in enumerate(ivs):
-            ax.bar(i, max(iv.hi - iv.lo, total * 0.01), bottom=iv.lo, width=0.6,
-                   color="tab:red" if i == len(ivs) - 1 else "tab:blue")
+        total = max(1, ivs[0][0].total)
+        for i, (iv, mover) in enumerate(ivs):
+            last = i == len(ivs) - 1
+            ax.bar(i, max(iv.hi - iv.lo, total * 0.01), bottom=iv.lo, width=0.6, color=MOVER_COLOURS[mover],
+                   edgecolor="tab:red" if last else "none", linewidth=2 if last else 0)
             ax.text(i, iv.hi + total * 0.02, f"[{iv.lo},{iv.hi}]", ha="center", fontsize=7, rotation=90)
         ax.set_ylim(0, total * 1.35)
         ax.set_xticks(range(len(ivs)))
-        ax.set_ylabel(ivs[0].unit)
+        ax.set_ylabel(ivs[0][0].unit)
+    legend = [Patch(color=MOVER_COLOURS[OPENING], label="the interval a level opens with"),
+              Patch(color=MOVER_COLOURS["defender"], label=f"after a move of the {who['defender']}"),
+              Patch(color=MOVER_COLOURS["challenger"], label=f"after a move of the {who['challenger']}"),
+              Patch(color=MOVER_COLOURS[REFEREE], label="the one-step proof (ScalarVM executes one instruction)"),
+              Patch(facecolor="white", edgecolor="tab:red", linewidth=2, label="where the level settled")]
+    fig.legend(handles=legend, loc="upper center", ncol=5, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.93))
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    if lines:
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=8, va="bottom", ha="left")
+    bottom = (0.05 + 0.045 * len(lines)) if lines else 0
+    fig.tight_layout(rect=(0, bottom, 1, 0.88))
     fig.savefig(path, dpi=110)
     plt.close(fig)

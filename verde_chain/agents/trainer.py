@@ -1,12 +1,16 @@
-"""The trainer bot: takes jobs, stakes, trains with RepOps, submits C_T, defends its result.
+"""The trainer bot: takes jobs, stakes, trains with RepOps, commits to C_T, reveals it, defends it.
 
-Per job, the state lives on chain (``getSlot``): no slot -> join; JOINED -> train and submit;
-SUBMITTED -> defend the games opened against it (and, with ``dispute_rivals``, dispute every rival
-trainer whose C_T differs from its own, staking its own slot instead of a bond: results are
-deterministic, so one of the two is wrong); after ``JobFinalized`` -> withdraw.
+Per job, the state lives on chain (``getSlot``): no slot -> join; JOINED -> train and commit
+(the salt is stored before the commitment is sent); COMMITTED -> reveal once the submission
+deadline has passed; REVEALED -> defend the games opened against it (and, with
+``dispute_rivals``, dispute every rival trainer whose C_T differs from its own, with a bond and
+its own result at stake: results are deterministic, so one of the two is wrong); after
+``JobFinalized`` -> withdraw.
 """
 
 from __future__ import annotations
+
+import os
 
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
@@ -14,7 +18,7 @@ from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.strategies import Plan, train, trainer_plan
 from verde_chain.agents.wallet import retry
 from verde_chain.errors import ContractRevert
-from verde_chain.market.types import JobStatus, SlotStatus
+from verde_chain.market.types import ZERO32, JobStatus, SlotStatus, commitment
 
 
 class TrainerBot(Bot):
@@ -45,7 +49,7 @@ class TrainerBot(Bot):
                 self.store.update_job(int(ev.args["jobId"]), finalized=True)
         self.commit_cursor()
         for job_id, rec in self.store.jobs().items():
-            if rec.get("state") in ("joining", "joined", "submitted"):
+            if rec.get("state") in ("joining", "joined", "committed", "submitted"):
                 acted |= self._advance(job_id, rec)
         acted |= self.play_games()
         return acted
@@ -53,7 +57,8 @@ class TrainerBot(Bot):
     def _consider(self, job_id: int) -> None:
         if self.store.job(job_id) is not None:
             return
-        active = sum(1 for r in self.store.jobs().values() if r.get("state") in ("joining", "joined", "submitted"))
+        active = sum(1 for r in self.store.jobs().values()
+                     if r.get("state") in ("joining", "joined", "committed", "submitted"))
         if active >= self.max_jobs:
             self.store.update_job(job_id, state="skipped", reason="busy")
             return
@@ -108,13 +113,27 @@ class TrainerBot(Bot):
             every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
             result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
                            if i % every == 0 or i == n else None)
-            self.sender.send(self.market.contract.functions.submit(job_id, result, b"\x00" * 32), "submit")
-            self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + result.hex())
-            self.log(f"job {job_id}: submitted C_T = 0x{result.hex()[:16]}...")
+            # the salt is stored before the commitment is sent, so a restart can still reveal it
+            salt = rec.get("salt") or "0x" + os.urandom(32).hex()
+            self.store.update_job(job_id, slot=slot, result="0x" + result.hex(), salt=salt)
+            com = commitment(result, ZERO32, bytes.fromhex(salt[2:]), self.address)
+            self.sender.send(self.market.contract.functions.commit(job_id, com), "commit")
+            self.store.update_job(job_id, state="committed")
+            self.log(f"job {job_id}: committed to C_T = 0x{result.hex()[:16]}... (revealed after the deadline)")
+            return True
+        if s.status == SlotStatus.COMMITTED:
+            now = self.now()
+            if now <= job.terms.submission_deadline or now > job.terms.reveal_deadline:
+                return False
+            rec = self.store.job(job_id) or rec
+            result, salt = bytes.fromhex(rec["result"][2:]), bytes.fromhex(rec["salt"][2:])
+            self.sender.send(self.market.contract.functions.reveal(job_id, result, ZERO32, salt), "reveal")
+            self.store.update_job(job_id, state="submitted", slot=slot)
+            self.log(f"job {job_id}: revealed C_T = 0x{result.hex()[:16]}...")
             return True
         if rec.get("state") != "submitted":
             self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + s.result.hex())
-        if self.dispute_rivals and job.status == JobStatus.OPEN and s.status == SlotStatus.SUBMITTED \
+        if self.dispute_rivals and job.status == JobStatus.OPEN and s.status == SlotStatus.REVEALED \
                 and self.now() <= job.terms.challenge_deadline and self._dispute_rivals(job_id, slot):
             return True
         if job.status == JobStatus.FINALIZED:
@@ -126,14 +145,20 @@ class TrainerBot(Bot):
 
     def _dispute_rivals(self, job_id: int, own_slot: int) -> bool:
         mine = {g["slot"] for g in self.store.games().values() if g["job_id"] == job_id and g["role"] == "challenger"}
+        token = retry(lambda: self.market.job(job_id)).terms.token
         for rival in retry(lambda: self.market.rivals(job_id, own_slot)):
-            if rival in mine:
+            if rival in mine or retry(lambda r=rival: self.market.has_disputed(job_id, r, self.address)):  # type: ignore[misc]
                 continue
+            bond = retry(lambda r=rival: self.market.required_bond(job_id, r))  # type: ignore[misc]
             try:
-                self.sender.send(self.market.contract.functions.disputeRival(job_id, rival, own_slot), "disputeRival")
+                self.pay(self.market.contract.functions.disputeRival(job_id, rival, own_slot, bond), "disputeRival",
+                         token, bond)
+            except InsufficientFunds:
+                return False  # logged once by pay; retried while the window is open
             except ContractRevert as exc:
                 self.log(f"job {job_id}: disputeRival against slot {rival} refused: {exc.name}")
                 continue
-            self.log(f"job {job_id}: slot {rival}'s result differs from mine; disputed it with my stake")
+            self.log(f"job {job_id}: slot {rival}'s result differs from mine; disputed it with a "
+                     f"{self.units(token, bond)} bond and my own result at stake")
             return True  # the DisputeOpened event (next tick) records the game
         return False

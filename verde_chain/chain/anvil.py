@@ -26,6 +26,7 @@ from verde_chain.errors import ChainError
 DEFAULT_MNEMONIC = "test test test test test test test test test test test junk"
 DEFAULT_BALANCE_ETH = 10_000
 BLOCK_GAS_LIMIT = 1_000_000_000  # lets test harnesses push thousands of softfloat ops per call
+MAINNET_GAS_LIMIT = 30_000_000  # an Ethereum mainnet block (the mainnet-shaped test profile)
 
 
 def free_port() -> int:
@@ -49,6 +50,7 @@ class Anvil:
         log_dir: Path | None = None,
         block_time: float | None = None,
         chain_id: int = 31337,
+        gas_limit: int = BLOCK_GAS_LIMIT,
     ) -> None:
         binary = anvil_binary()
         if not binary.exists():
@@ -67,7 +69,7 @@ class Anvil:
             "--balance", str(DEFAULT_BALANCE_ETH),
             "--mnemonic", DEFAULT_MNEMONIC,
             "--chain-id", str(chain_id),
-            "--gas-limit", str(BLOCK_GAS_LIMIT),
+            "--gas-limit", str(gas_limit),
             "--code-size-limit", str(0x6000),
             "--hardfork", "cancun",
         ]

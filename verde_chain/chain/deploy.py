@@ -15,6 +15,7 @@ from web3.contract import Contract
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.tx import transact_raw
 from verde_chain.errors import ChainError
+from verde_chain.market.marketparams import MarketParams
 
 
 def deploy_contract(
@@ -38,6 +39,13 @@ def deploy_contract(
     return w3.eth.contract(address=address, abi=art.abi)
 
 
+def deploy_market(w3: Web3, artifacts: Mapping[str, Artifact], game: str, params: MarketParams,
+                  sender: str | None = None) -> Contract:
+    """Deploy a JobMarket over `game` with its immutable `params` (the one path: the CLI's and the
+    demo's system, the typed client and the test fixtures all come through here)."""
+    return deploy_contract(w3, artifacts, "JobMarket", game, params.as_tuple(), sender=sender)
+
+
 @dataclass
 class DeploymentRecord:
     chain_id: int
@@ -47,6 +55,7 @@ class DeploymentRecord:
     contracts: dict[str, str] = field(default_factory=dict)
     abi_hashes: dict[str, str] = field(default_factory=dict)
     timestamp: float = field(default_factory=time.time)
+    market_params: dict[str, Any] = field(default_factory=dict)  # the JobMarket's MarketParams, if deployed
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ class MoveRecord:
     function: str
     level: int
     gas: int
+    game_id: int = 0
 
 
 EVENT_NAMES = (
@@ -61,7 +62,7 @@ class DisputeGameClient:
 
     def _send(self, fn: str, args: Sequence[Any], sender: str, level: int) -> TxReceipt:
         receipt = transact(self.w3, getattr(self.contract.functions, fn)(*args), self.artifacts, sender=sender)
-        self.moves.append(MoveRecord(sender, fn, level, int(receipt["gasUsed"])))
+        self.moves.append(MoveRecord(sender, fn, level, int(receipt["gasUsed"]), int(args[0])))
         return receipt
 
     def move_call(self, game_id: int, move: Move) -> Any:

@@ -4,12 +4,15 @@ Bots (client, trainers, challengers) use this instead of raw web3 so that
 
 * job parameters travel as one typed, hashable ``JobTerms`` (``verde_chain.market.types``, the
   Solidity tuple, same field order),
+* results are committed (``commit``, with ``market.types.commitment`` computing the preimage's
+  hash) before the submission deadline and revealed (``reveal``) in the reveal window after it,
 * every revert surfaces as ``ContractRevert`` carrying the custom error's name and fields
   (``err.name == "SubmissionClosed"``, ``err.fields["deadline"]``), and
 * ERC-20 approvals are handled here: a payment in a token approves exactly what the call pulls.
 
-Money flow (see docs/protocol.md): deposits go into escrow, every settlement is a credit to an
-internal balance, and only ``withdraw(token)`` moves funds out (pull payments).
+Money flow (see docs/protocol.md, "Job market"): deposits go into escrow, every settlement is a
+credit to an internal balance (or to the burned total), and only ``withdraw(token)`` moves funds
+out (pull payments).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from web3.logs import DISCARD
 from web3.types import TxReceipt
 
 from verde_chain.chain.compile import Artifact
-from verde_chain.chain.deploy import deploy_contract
+from verde_chain.chain.deploy import deploy_market
 from verde_chain.chain.tx import call, transact
+from verde_chain.market.marketparams import MarketParams
 from verde_chain.market.types import (
     ETH,
     ZERO32,
@@ -36,11 +40,12 @@ from verde_chain.market.types import (
     MarketEvent,
     Slot,
     SlotStatus,
+    commitment,
 )
 
 EVENT_NAMES = (
-    "JobPosted", "TrainerJoined", "ResultSubmitted", "DisputeOpened", "DisputeSettled", "Credited",
-    "JobFinalized", "Withdrawn",
+    "JobPosted", "TrainerJoined", "ResultCommitted", "ResultRevealed", "DisputeOpened", "DisputeSettled",
+    "StakeForfeited", "Burned", "Credited", "JobFinalized", "Withdrawn",
 )
 
 
@@ -53,8 +58,9 @@ class Market:
         self.contract = contract
 
     @classmethod
-    def deploy(cls, w3: Web3, artifacts: Mapping[str, Artifact], game: str, sender: str | None = None) -> Market:
-        return cls(w3, artifacts, deploy_contract(w3, artifacts, "JobMarket", game, sender=sender))
+    def deploy(cls, w3: Web3, artifacts: Mapping[str, Artifact], game: str, params: MarketParams,
+               sender: str | None = None) -> Market:
+        return cls(w3, artifacts, deploy_market(w3, artifacts, game, params, sender=sender))
 
     @classmethod
     def at(cls, w3: Web3, artifacts: Mapping[str, Artifact], address: str) -> Market:
@@ -94,16 +100,34 @@ class Market:
         receipt = self._tx(self.contract.functions.join(job_id), sender, value)
         return int(self.events(receipt, "TrainerJoined")[0].args["slot"]), receipt
 
-    def submit(self, job_id: int, result: bytes, checkpoint_root: bytes = ZERO32, sender: str | None = None) -> TxReceipt:
-        return self._tx(self.contract.functions.submit(job_id, result, checkpoint_root), sender)
+    def commit(self, job_id: int, commitment: bytes, sender: str) -> TxReceipt:
+        """Commit to a result (``commitment(result, checkpoint_root, salt, sender)``) by the
+        submission deadline; keep the salt secret until ``reveal``."""
+        return self._tx(self.contract.functions.commit(job_id, commitment), sender)
 
-    def open_dispute(self, job_id: int, slot: int, bond: int, sender: str) -> tuple[int, TxReceipt]:
+    def commit_result(self, job_id: int, result: bytes, salt: bytes, sender: str,
+                      checkpoint_root: bytes = ZERO32) -> TxReceipt:
+        """Commit to `result` for `sender` (the commitment computed here with the same `salt` that
+        ``reveal`` will need)."""
+        return self.commit(job_id, commitment(result, checkpoint_root, salt, sender), sender)
+
+    def reveal(self, job_id: int, result: bytes, checkpoint_root: bytes, salt: bytes, sender: str) -> TxReceipt:
+        """Open the commitment in the reveal window (after the submission deadline)."""
+        return self._tx(self.contract.functions.reveal(job_id, result, checkpoint_root, salt), sender)
+
+    def open_dispute(self, job_id: int, slot: int, bond: int | None, sender: str) -> tuple[int, TxReceipt]:
+        """Dispute slot `slot`'s revealed result; `bond` None locks what ``required_bond`` asks now."""
+        bond = self.required_bond(job_id, slot) if bond is None else bond
         value = self._pay(self.job(job_id).terms.token, bond, sender)
         receipt = self._tx(self.contract.functions.openDispute(job_id, slot, bond), sender, value)
         return int(self.events(receipt, "DisputeOpened")[0].args["gameId"]), receipt
 
-    def dispute_rival(self, job_id: int, defender_slot: int, own_slot: int, sender: str) -> tuple[int, TxReceipt]:
-        receipt = self._tx(self.contract.functions.disputeRival(job_id, defender_slot, own_slot), sender)
+    def dispute_rival(self, job_id: int, defender_slot: int, own_slot: int, sender: str,
+                      bond: int | None = None) -> tuple[int, TxReceipt]:
+        """A trainer disputes a rival's different result with a bond (None: ``required_bond``)."""
+        bond = self.required_bond(job_id, defender_slot) if bond is None else bond
+        value = self._pay(self.job(job_id).terms.token, bond, sender)
+        receipt = self._tx(self.contract.functions.disputeRival(job_id, defender_slot, own_slot, bond), sender, value)
         return int(self.events(receipt, "DisputeOpened")[0].args["gameId"]), receipt
 
     def finalize(self, job_id: int, sender: str | None = None) -> TxReceipt:
@@ -122,6 +146,10 @@ class Market:
     def max_slots(self) -> int:
         return int(self._call(self.contract.functions.MAX_SLOTS()))
 
+    def params(self) -> MarketParams:
+        """The parameters the market was deployed with (immutable)."""
+        return MarketParams.from_tuple(self._call(self.contract.functions.marketParams()))
+
     def job_count(self) -> int:
         return int(self._call(self.contract.functions.jobCount()))
 
@@ -131,8 +159,10 @@ class Market:
         return Job(JobTerms(*terms_raw), client, JobStatus(status), taken, active, reward_held, bytes(accepted))
 
     def slot(self, job_id: int, slot: int) -> Slot:
-        trainer, status, stake, result, ckpt = self._call(self.contract.functions.getSlot(job_id, slot))
-        return Slot(trainer, SlotStatus(status), stake, bytes(result), bytes(ckpt))
+        trainer, status, against, as_rival, stake, com, result, ckpt, beaten_by, beaten_winner = self._call(
+            self.contract.functions.getSlot(job_id, slot))
+        return Slot(trainer, SlotStatus(status), against, as_rival, stake, bytes(com), bytes(result), bytes(ckpt),
+                    beaten_by, beaten_winner)
 
     def slots(self, job_id: int) -> list[Slot]:
         return [self.slot(job_id, i) for i in range(self.job(job_id).slots_taken)]
@@ -150,13 +180,28 @@ class Market:
     def total_owed(self, token: str = ETH) -> int:
         return int(self._call(self.contract.functions.totalOwed(token)))
 
+    def burned(self, token: str = ETH) -> int:
+        """Forfeits burned in `token`: held by the market for ever, withdrawable by nobody."""
+        return int(self._call(self.contract.functions.burned(token)))
+
+    def reveal_deadline(self, job_id: int) -> int:
+        return int(self._call(self.contract.functions.revealDeadline(job_id)))
+
     def challenge_deadline(self, job_id: int) -> int:
         return int(self._call(self.contract.functions.challengeDeadline(job_id)))
 
+    def required_bond(self, job_id: int, slot: int) -> int:
+        """The bond a new dispute against `slot` must lock now (doubles per 16 games running against it)."""
+        return int(self._call(self.contract.functions.requiredBond(job_id, slot)))
+
+    def has_disputed(self, job_id: int, slot: int, challenger: str) -> bool:
+        return bool(self._call(self.contract.functions.hasDisputed(job_id, slot, challenger)))
+
     def held(self, token: str, accounts: Iterable[str], game_ids: Iterable[int] = ()) -> int:
         """Recompute what the market owes in `token` from its parts: rewards + stakes held by every
-        job in that token, bonds of the given disputes still active, and withdrawable balances of
-        the given accounts. Equal to ``total_owed`` and the token balance when the books are right."""
+        job in that token, bonds of the given disputes still active, withdrawable balances of the
+        given accounts, and the burned total. Equal to ``total_owed`` and the token balance when
+        the books are right."""
         total = 0
         token_key = int(token, 16)
         for job_id in range(1, self.job_count() + 1):
@@ -168,13 +213,13 @@ class Market:
             d = self.dispute(gid)
             if d.active and int(self.job(d.job_id).terms.token, 16) == token_key:
                 total += d.bond
-        return total + sum(self.balance_of(a, token) for a in set(accounts))
+        return total + sum(self.balance_of(a, token) for a in set(accounts)) + self.burned(token)
 
     def rivals(self, job_id: int, own_slot: int) -> list[int]:
         """Slots a trainer in `own_slot` should dispute: standing results that differ from its own."""
         slots = self.slots(job_id)
         own = slots[own_slot].result
-        return [i for i, s in enumerate(slots) if i != own_slot and s.status is SlotStatus.SUBMITTED and s.result != own]
+        return [i for i, s in enumerate(slots) if i != own_slot and s.standing and s.result != own]
 
     def token_balance(self, token: str) -> int:
         if int(token, 16) == 0:

@@ -7,7 +7,7 @@ from typing import Any
 
 from web3 import Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, ContractPanicError
-from web3.types import TxReceipt
+from web3.types import RPCEndpoint, TxReceipt
 
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.revert import decode_revert
@@ -28,13 +28,40 @@ def transact_raw(
         raise decode_revert(artifacts, exc) from exc
     receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=120)
     if receipt["status"] != 1:
-        # Replay as a call at the same block to recover the revert data.
-        try:
-            fn_call.call(params, block_identifier=receipt["blockNumber"] - 1)
-        except _REVERTS as exc:
-            raise decode_revert(artifacts, exc) from exc
-        raise decode_revert(artifacts, b"")
+        raise decode_revert(artifacts, mined_revert_data(w3, tx_hash) or b"")
     return receipt
+
+
+def call_trace(w3: Web3, tx_hash: Any) -> dict[str, Any]:
+    """The node's call tree of a mined transaction (``callTracer``: from, to, input, output,
+    gasUsed and the nested ``calls``); empty if the node has no tracer."""
+    h = tx_hash.hex() if isinstance(tx_hash, (bytes, bytearray)) else str(tx_hash)
+    res = w3.provider.make_request(
+        RPCEndpoint("debug_traceTransaction"), ["0x" + h.removeprefix("0x"), {"tracer": "callTracer"}])
+    out = res.get("result") if isinstance(res, dict) else None
+    return out if isinstance(out, dict) else {}
+
+
+def mined_revert_data(w3: Web3, tx_hash: Any) -> bytes | None:
+    """The revert data of a mined, failed transaction, as it failed in its own block.
+
+    Replaying it as an ``eth_call`` at the block before would run it with that block's timestamp,
+    so a time-dependent revert (a deadline passed, a clock ran out) would read as another error or
+    as none; the node's call tracer gives the transaction's own output instead. None if the node
+    has no tracer or the transaction ran out of gas (no output)."""
+    out = call_trace(w3, tx_hash).get("output")
+    return bytes.fromhex(out.removeprefix("0x")) if isinstance(out, str) and len(out) > 2 else None
+
+
+def gas_in_calls_to(w3: Web3, tx_hash: Any, address: str) -> int:
+    """Gas a mined transaction spent inside its calls to `address` (outermost ones, with whatever
+    they call in turn), read from the node's call tracer."""
+    def walk(node: dict[str, Any]) -> int:
+        if int(node.get("to") or "0x0", 16) == int(address, 16):
+            return int(node.get("gasUsed", "0x0"), 16)
+        return sum(walk(c) for c in node.get("calls", ()))
+
+    return sum(walk(c) for c in call_trace(w3, tx_hash).get("calls", ()))
 
 
 def transact(

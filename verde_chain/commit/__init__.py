@@ -4,17 +4,20 @@ from verde_chain.commit.merkle import keccak256, merkle_proof, merkle_root, veri
 from verde_chain.commit.tensor import (
     LEAF_ELEMS,
     ElementOpening,
+    NodeOpening,
     list_commitment,
     node_hash,
     open_element,
     step_commitment,
     tensor_root,
     verify_element,
+    verify_node_output,
 )
 
 __all__ = [
     "LEAF_ELEMS",
     "ElementOpening",
+    "NodeOpening",
     "keccak256",
     "list_commitment",
     "merkle_proof",
@@ -25,4 +28,5 @@ __all__ = [
     "tensor_root",
     "verify",
     "verify_element",
+    "verify_node_output",
 ]

@@ -106,6 +106,26 @@ def node_hash(index: int, desc_hash: bytes, input_roots: Sequence[bytes], output
     return keccak256(b"".join([head, word(len(ins)), *ins, word(len(outs)), *outs]))
 
 
+@dataclass(frozen=True)
+class NodeOpening:
+    """A node's whole output opened against a step commitment: what its hash needs besides the
+    output's root (the node's index, its input roots) and the Merkle proof of that hash among
+    the step's ``size`` node hashes."""
+
+    index: int
+    input_roots: tuple[bytes, ...]
+    size: int
+    proof: tuple[bytes, ...]
+
+
+def verify_node_output(commitment: bytes, desc_hash: bytes, opening: NodeOpening, tensor: object) -> None:
+    """Raise ``CommitmentError`` unless ``tensor`` is the output node ``opening.index`` (of
+    descriptor ``desc_hash``) committed to in ``commitment``: its root makes the node hash, and
+    the node hash is leaf ``index`` of C_s's tree."""
+    leaf = node_hash(opening.index, desc_hash, opening.input_roots, [tensor_root(tensor)])
+    merkle.verify(commitment, leaf, opening.index, opening.size, list(opening.proof))
+
+
 def step_commitment(node_hashes: Sequence[bytes] | np.ndarray) -> bytes:
     """C_s: root over the node hashes of one training step, in topological order (the native
     twin of ``merkle.merkle_root``; an ``(n, 32)`` uint8 array is taken as it is)."""

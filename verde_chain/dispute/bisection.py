@@ -1,11 +1,17 @@
 """Python twin of ``contracts/dispute/Bisection.sol``, plus the move bounds of a game (used by
 players to build moves and by tests to check the bounds). The clock's twin is ``clock.py``.
 
-Interval bisection (L1 over training steps, L4 over micro-states)::
+Interval bisection (L1 over training steps, L4 over micro-states) splits on a grid of [lo, hi]
+fixed by the checkpoint interval N (L1: the job's, L4: 1). While a multiple of N lies strictly
+inside (lo, hi), the grid is lo, those multiples, hi (S segments); inside one checkpoint span it
+is every step (S = hi - lo). N = 1 is the plain even split::
 
-    p_0 = lo    p_1        p_2   ...   p_{n-1}     p_n = hi        n = min(k, hi - lo)
-     |----------|----------|------ ... --|-----------|           p_i = lo + (hi - lo) * i // n
+    p_0 = lo    p_1        p_2   ...   p_{n-1}     p_n = hi        n = min(k, S)
+     |----------|----------|------ ... --|-----------|           p_i = grid[S * i // n]
    claimLo   claims[0]  claims[1]    claims[n-2]  claimHi
+
+So level 1 narrows to one checkpoint span with claims the trainer has stored, then bisects
+inside it: a full bisection re-executes about N steps (plus the O(log) inner rounds' sweeps).
 
 Merkle descent (L2 over a step's node tree, L3 over an output tensor tree): from the node at
 ``cursor`` with ``depth_left`` levels below it, the defender reveals the ``2**m`` nodes ``m =
@@ -21,26 +27,42 @@ from verde_chain.commit.merkle import keccak256
 from verde_chain.errors import CustomError
 
 
-def parts(lo: int, hi: int, k: int) -> int:
-    return min(k, hi - lo)
+def grid(lo: int, hi: int, ckpt: int = 1) -> tuple[int, int]:
+    """Twin of Bisection.grid: (segments S, index a of the first interior multiple of `ckpt`, or 0
+    when no multiple lies strictly inside (lo, hi) and the grid is every step)."""
+    a, b = lo // ckpt + 1, (hi - 1) // ckpt
+    return (b - a + 2, a) if b >= a else (hi - lo, 0)
 
 
-def split_points(lo: int, hi: int, k: int) -> list[int]:
+def parts(lo: int, hi: int, k: int, ckpt: int = 1) -> int:
+    return min(k, grid(lo, hi, ckpt)[0])
+
+
+def split_points(lo: int, hi: int, k: int, ckpt: int = 1) -> list[int]:
     """All n + 1 split points p_0 = lo .. p_n = hi of one bisection round."""
-    n = parts(lo, hi, k)
-    return [lo + (hi - lo) * i // n for i in range(n + 1)]
+    segs, first = grid(lo, hi, ckpt)
+    n = min(k, segs)
+
+    def point(q: int) -> int:
+        if q == 0:
+            return lo
+        if q == segs:
+            return hi
+        return lo + q if first == 0 else (first + q - 1) * ckpt
+
+    return [point(segs * i // n) for i in range(n + 1)]
 
 
-def check_claim_count(lo: int, hi: int, k: int, count: int) -> None:
+def check_claim_count(lo: int, hi: int, k: int, count: int, ckpt: int = 1) -> None:
     """Bisection.checkClaimCount: a round of n parts takes n - 1 claims."""
-    n = parts(lo, hi, k)
+    n = parts(lo, hi, k, ckpt)
     if count != n - 1:
         raise CustomError("WrongClaimCount", actual=count, expected=n - 1)
 
 
-def narrow(lo: int, hi: int, k: int, choice: int) -> tuple[int, int]:
+def narrow(lo: int, hi: int, k: int, choice: int, ckpt: int = 1) -> tuple[int, int]:
     """Bisection.narrow's new interval: sub-interval ``choice`` of [lo, hi]."""
-    p = split_points(lo, hi, k)
+    p = split_points(lo, hi, k, ckpt)
     if not 0 <= choice < len(p) - 1:
         raise CustomError("ChoiceOutOfRange", choice=choice, count=len(p) - 1)
     return p[choice], p[choice + 1]
@@ -81,6 +103,15 @@ def bisection_rounds(length: int, k: int) -> int:
     return rounds
 
 
+def step_rounds(num_steps: int, k: int, ckpt: int = 1) -> int:
+    """Most rounds of a level-1 bisection over [0, T] on the checkpoint grid: the rounds that
+    narrow the checkpoint segments to one, then the rounds inside one span (at most N steps)."""
+    segs, first = grid(0, num_steps, ckpt)
+    if first == 0:
+        return bisection_rounds(num_steps, k)
+    return bisection_rounds(segs, k) + bisection_rounds(ckpt, k)
+
+
 def descent_rounds(depth: int, k: int) -> int:
     return -(-depth // log2_floor(k)) if depth else 0
 
@@ -97,14 +128,15 @@ class MoveBound:
     challenger: int
 
 
-def move_bound(num_steps: int, num_nodes: int, output_leaves: int, micro_steps: int, k: int) -> MoveBound:
+def move_bound(num_steps: int, num_nodes: int, output_leaves: int, micro_steps: int, k: int,
+               ckpt: int = 1) -> MoveBound:
     """Moves of a game that goes all the way to the one-step proof, given the sizes it meets.
 
     defender:   L1 posts + L2 posts + revealNode + L3 posts + revealChunk + revealFinalState
                 + L4 posts + step
     challenger: L1 choices + L2 choices + L3 choices + chooseElement + L4 choices + step
     """
-    r1 = bisection_rounds(num_steps, k)
+    r1 = step_rounds(num_steps, k, ckpt)
     r2 = descent_rounds(tree_depth(num_nodes), k)
     r3 = descent_rounds(tree_depth(output_leaves), k)
     r4 = bisection_rounds(micro_steps, k)

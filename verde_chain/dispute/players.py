@@ -85,7 +85,7 @@ class Defender:
         if self.strategy == PlayStyle.STALL:
             return None
         if v.phase in (Phase.L1_POST, Phase.L4_POST):
-            points = bisection.split_points(v.lo, v.hi, v.arity)[1:-1]
+            points = bisection.split_points(v.lo, v.hi, v.arity, v.grid)[1:-1]
             if self.strategy == PlayStyle.GARBAGE:
                 return PostClaims(tuple(self.rng.randbytes(32) for _ in points))
             if self.strategy == PlayStyle.COPY:
@@ -141,7 +141,7 @@ class Challenger:
         if self.strategy == PlayStyle.STALL:
             return None
         if v.phase in (Phase.L1_CHOOSE, Phase.L4_CHOOSE):
-            points = bisection.split_points(v.lo, v.hi, v.arity)[1:]
+            points = bisection.split_points(v.lo, v.hi, v.arity, v.grid)[1:]
             posted = list(seen.claims) + [v.claim_hi]  # right ends of the sub-intervals
             if v.phase == Phase.L1_CHOOSE:
                 own = [w.step_commitment(p) for p in points]

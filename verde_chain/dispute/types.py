@@ -75,11 +75,12 @@ class GameParams:
     arity: int
     clock_seconds: int
     num_nodes: int
+    checkpoint_interval: int = 1  # 1: level 1 splits evenly (every step is a checkpoint)
 
     def as_tuple(self) -> tuple[Any, ...]:
         return (
             self.defender, self.challenger, self.initial_commitment, self.final_commitment, self.num_steps,
-            self.graph_root, self.batch_root, self.arity, self.clock_seconds, self.num_nodes,
+            self.graph_root, self.batch_root, self.arity, self.clock_seconds, self.num_nodes, self.checkpoint_interval,
         )
 
 
@@ -133,6 +134,7 @@ class GameView:
     arity: int
     num_nodes: int
     num_steps: int
+    checkpoint_interval: int
     initial_commitment: bytes
     final_commitment: bytes
     graph_root: bytes
@@ -164,13 +166,18 @@ class GameView:
 
     @classmethod
     def from_tuple(cls, t: Sequence[Any]) -> GameView:
-        (d, c, r, ph, k, nn, ns, c0, ct, gr, br, clock, lo, hi, clo, chi, pend, cur, dl, node, st, ag, ds, ni, dh,
-         orr, on, ms, ir, el, val, win, res) = t
+        (d, c, r, ph, k, nn, ns, ck, c0, ct, gr, br, clock, lo, hi, clo, chi, pend, cur, dl, node, st, ag, ds, ni,
+         dh, orr, on, ms, ir, el, val, win, res) = t
         return cls(
-            d, c, r, Phase(ph), k, nn, ns, bytes(c0), bytes(ct), bytes(gr), bytes(br), clock[0], clock[1], clock[2],
+            d, c, r, Phase(ph), k, nn, ns, ck, bytes(c0), bytes(ct), bytes(gr), bytes(br), clock[0], clock[1], clock[2],
             lo, hi, bytes(clo), bytes(chi), bytes(pend), cur, dl, bytes(node), st, bytes(ag), bytes(ds), ni,
             bytes(dh), bytes(orr), on, ms, tuple(bytes(x) for x in ir), el, val, win, Resolution(res),
         )
+
+    @property
+    def grid(self) -> int:
+        """The checkpoint interval of the running bisection level (L1: the job's; L4: 1)."""
+        return self.checkpoint_interval if self.phase.level == 1 else 1
 
     @property
     def to_move(self) -> str | None:

@@ -29,24 +29,22 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from eth_typing import HexStr
 from web3 import Web3
 from web3.exceptions import BlockNotFound
 
 from verde_chain.agents.commands import connect_market
+from verde_chain.agents.endpoint import check_market
 from verde_chain.agents.status import dispute_status, job_status
 from verde_chain.agents.trace import game_trace, interval, narrowing
-from verde_chain.agents.wallet import TRANSIENT, connect
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import EVENT_NAMES as MARKET_EVENTS
 from verde_chain.chain.market_client import Market, MarketEvent
 from verde_chain.dispute.clock import ChessClockModel
 from verde_chain.dispute.types import GameView, Phase, Resolution, Side
-from verde_chain.errors import ChainError, VerdeError
-from verde_chain.explorer.errors import ExplorerError, NoContracts
+from verde_chain.errors import VerdeError
 from verde_chain.explorer.instruction import explain_step, f32
 
 if TYPE_CHECKING:
@@ -77,11 +75,6 @@ def jsonable(x: Any) -> Any:
     return str(x)
 
 
-def check_rpc_url(url: str) -> None:
-    if urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
-        raise ExplorerError(f"--rpc-url {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8545)")
-
-
 class _GameLog:
     """What is known of one game so far: its state after every block with one of its events."""
 
@@ -110,17 +103,8 @@ class ChainView:
     @classmethod
     def open(cls, args: argparse.Namespace) -> ChainView:
         """From ``--rpc-url`` / ``--market`` / ``--bundles``: every bad input is one clear error."""
-        check_rpc_url(args.rpc_url)
-        if args.market is not None and not Web3.is_address(args.market):
-            raise ExplorerError(f"--market {args.market!r} is not an address (want 0x and 40 hex digits)")
-        try:
-            connect(args.rpc_url)
-        except ChainError as exc:
-            raise ExplorerError(f"no JSON-RPC node answers at {args.rpc_url} (is the chain running?)") from exc
-        w3, artifacts, market = connect_market(args)  # the market from the deployment record when not given
-        view = cls(w3, artifacts, market, args.rpc_url, args.bundles)
-        view.check_deployed()
-        return view
+        w3, artifacts, market = connect_market(args)  # every bad argument is one line (agents/endpoint.py)
+        return cls(w3, artifacts, market, args.rpc_url, args.bundles)
 
     def _reset(self) -> None:
         self._seen: tuple[int, bytes] | None = None
@@ -141,18 +125,7 @@ class ChainView:
         return self._games
 
     def check_deployed(self) -> None:
-        addr = self.market.address
-        if not self.w3.eth.get_code(Web3.to_checksum_address(addr)):
-            raise NoContracts(f"no contracts deployed at {addr} on chain {self.w3.eth.chain_id} ({self.rpc_url})")
-        try:
-            game = self.games.contract.address
-        except TRANSIENT:
-            raise
-        except Exception as exc:  # any other failure to answer game() means "not a JobMarket"
-            raise NoContracts(f"{addr} on chain {self.w3.eth.chain_id} is not a JobMarket ({type(exc).__name__})") \
-                from exc
-        if not self.w3.eth.get_code(game):
-            raise NoContracts(f"the JobMarket at {addr} points at {game}, which holds no DisputeGame")
+        check_market(self.w3, self.artifacts, self.market.address, self.rpc_url)
 
     @property
     def market_address(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verde_chain.agents.endpoint import NoContracts
 from verde_chain.errors import VerdeError
 
 
@@ -9,5 +10,5 @@ class ExplorerError(VerdeError):
     """The explorer cannot start or read what it was pointed at (bad URL, bad address, busy port)."""
 
 
-class NoContracts(ExplorerError):
-    """No JobMarket answers at the address (nothing deployed there, or the chain was restarted)."""
+# one class for "no JobMarket answers there", wherever a command is pointed (agents/endpoint.py)
+__all__ = ["ExplorerError", "NoContracts"]

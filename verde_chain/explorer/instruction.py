@@ -20,7 +20,7 @@ import numpy as np
 from eth_abi import decode as abi_decode
 
 from verde_chain.commit.tensor import ElementOpening
-from verde_chain.repops.isa import REG_READS, Instr, Op, bits_f32
+from verde_chain.repops.isa import CANONICAL_NAN, REG_READS, Instr, Op, bits_f32
 from verde_chain.repops.program import KernelDesc, instruction_at
 from verde_chain.vm import scalarvm as vm
 
@@ -46,7 +46,9 @@ def _assembly(ins: Instr, k: int, memory: dict[str, Any] | None) -> str:
     if ins.op == Op.COORD:
         return f"r{ins.dst} = coord axis {ins.imm}"
     if memory is not None:
-        where = "nothing (index out of range)" if memory["address"] is None else f"in{ins.imm}[{memory['address']}]"
+        where = (f"in{ins.imm}[{memory['address']}]" if memory["address"] is not None
+                 else "nothing (index out of range)" if memory["bits"] == f"0x{CANONICAL_NAN:08x}"
+                 else f"nothing (window out of range: fill {memory['bits']})")
         return f"r{ins.dst} = {op}({regs + ', ' if regs else ''}{where})  k={k}"
     return f"r{ins.dst} = {op}({regs})"
 
@@ -60,8 +62,8 @@ def explain_step(desc: bytes, pre_state: bytes, proof: bytes) -> dict[str, Any]:
     memory: dict[str, Any] | None = None
     loaded: int | None = None
     if ins.op in (Op.LOAD, Op.LOADIDX):
-        slot, addr = vm.memory_read(d, pre, ins, k)  # the twin's own addressing rule, not a copy of it
-        memory = {"input": slot, "address": addr}
+        slot, addr, bits = vm.memory_read(d, pre, ins, k)  # the twin's own addressing rule, not a copy of it
+        memory = {"input": slot, "address": addr, **f32(bits)}  # without a read: the value it yields
         if addr is not None:
             chunk, siblings = abi_decode(LOAD_PROOF_TYPES, proof)[0]
             loaded = ElementOpening(addr, d.inputs[ins.imm].numel, bytes(chunk), tuple(siblings)).bits

@@ -41,6 +41,8 @@ class GraphBuilder:
         self._batch_numel = 0
         self._sealed = False
         self._desc_hash_cache: dict[KernelDesc, bytes] = {}
+        # carried state a forward rule computes anew each step (batch norm's running statistics)
+        self.state_updates: dict[str, Ref] = {}
 
     # -------------------------------------------------------------- leaves
     def state(self, name: str, shape: Sequence[int], role: str) -> Ref:
@@ -49,6 +51,15 @@ class GraphBuilder:
             raise GraphError(f"state {name!r} declared with two shapes", state=name)
         self._states[name] = (shp, role)
         return Ref("state", name, shp)
+
+    def update_state(self, state: Ref, new: Ref) -> None:
+        """``new`` is the next step's value of the carried ``state`` (its producer, instead of a
+        carry copy)."""
+        if state.kind != "state" or new.kind != "node" or new.numel != state.numel:
+            raise GraphError(f"state update {state} <- {new}: a state and a node output of its size")
+        if state.key in self.state_updates:
+            raise GraphError(f"state {state.key!r} updated twice", state=state.key)
+        self.state_updates[str(state.key)] = new
 
     def batch_field(self, name: str, shape: Sequence[int]) -> Ref:
         """Declare a field of the packed batch and unpack it with one copy node."""

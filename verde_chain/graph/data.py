@@ -2,7 +2,10 @@
 
 Dataset commitment: ``dataset_root = list_commitment([tensor_root(X), tensor_root(Y)])`` over
 the float32 sample tensor X (N, ...) and the target tensor Y (N, ...) (class ids / token ids are
-float32 integers).
+float32 integers). ``Dataset.from_arrays`` takes a user's arrays as they come: integers (int32 /
+int64 token ids, class labels) and booleans are converted exactly, which binary32 can do for
+every integer of magnitude below 2**24 (larger ones are refused with ``IntegerRangeError``);
+float64 and float16 are rounded once to the nearest binary32.
 
 Batch schedule (counter-based, so any step can be rebuilt alone): sample position
 ``p = (s - 1) * B + j`` (step s >= 1, j < B) is sample ``perm_e[p mod N]`` of epoch ``e = p // N``,
@@ -29,7 +32,8 @@ from eth_abi import encode as abi_encode
 from verde_chain.commit import list_commitment, tensor_root
 from verde_chain.commit.merkle import keccak256
 from verde_chain.commit.native import keccak_many
-from verde_chain.graph.errors import ShapeMismatchError
+from verde_chain.graph.errors import IntegerRangeError, NonFiniteDataError, ShapeMismatchError
+from verde_chain.graph.ir import EXACT_INT
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,48 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.X)
 
+    @classmethod
+    def from_arrays(cls, X: np.ndarray, Y: np.ndarray | None = None, input_name: str = "x") -> Dataset:
+        """A dataset from arrays of any numeric dtype (module docstring); no ``Y`` (an inference
+        job's) is zeros, one per sample."""
+        x = as_binary32("X", X)
+        y = np.zeros(len(x), dtype=np.float32) if Y is None else as_binary32("Y", Y)
+        return cls(x, y, input_name)
+
     def root(self) -> bytes:
         return list_commitment([tensor_root(self.X), tensor_root(self.Y)])
+
+
+def as_binary32(name: str, arr: np.ndarray) -> np.ndarray:
+    """``arr`` as float32: integers and booleans exactly (magnitude below 2**24, else
+    ``IntegerRangeError``), floats rounded once to nearest."""
+    a = np.asarray(arr)
+    if a.dtype == np.bool_:
+        return a.astype(np.float32)
+    if np.issubdtype(a.dtype, np.integer):
+        big = np.abs(a.astype(np.int64)) >= EXACT_INT if a.size else np.zeros(0, dtype=bool)
+        if big.any():
+            i = int(np.argmax(big.reshape(-1)))
+            raise IntegerRangeError(
+                f"{name} holds the integer {int(a.reshape(-1)[i])} at flat index {i}: binary32 holds integers "
+                f"exactly only below 2**24 = {EXACT_INT} in magnitude (renumber the ids or labels)",
+                tensor=name, index=i, value=int(a.reshape(-1)[i]))
+        return a.astype(np.float32)
+    if not np.issubdtype(a.dtype, np.floating):
+        raise ShapeMismatchError(f"{name} has dtype {a.dtype}; a dataset holds numbers (floats, integers, booleans)",
+                                 tensor=name)
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def check_finite(name: str, arr: np.ndarray) -> None:
+    """Refuse NaN and infinities (``NonFiniteDataError`` naming the first one)."""
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i = int(np.argmax(bad.reshape(-1)))
+        v = float(arr.reshape(-1)[i])
+        row = np.unravel_index(i, arr.shape)[0] if arr.ndim else 0
+        raise NonFiniteDataError(f"{name} holds {v} at flat index {i} (sample {row}); the job's data must be finite "
+                                 "(drop or impute those samples)", tensor=name, index=i, value=v)
 
 
 @functools.lru_cache(maxsize=64)

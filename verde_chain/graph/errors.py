@@ -17,6 +17,8 @@ class UnsupportedModelError(GraphError):
     """An ONNX model uses an op, attribute, dtype or dynamic shape that we do not support.
 
     ``node`` names the offending ONNX node (or graph input), ``supported`` lists what is.
+    ``problems`` holds every such error of one model (the import goes on past the first so a
+    user sees them all at once, see ``UnsupportedModelError.of``); a single error lists itself.
     """
 
     def __init__(self, node: str, message: str, supported: object = None) -> None:
@@ -25,7 +27,21 @@ class UnsupportedModelError(GraphError):
             text += f" (supported: {supported})"
         super().__init__(text, node=node, supported=supported)
         self.node = node
+        self.message = message
         self.supported = supported
+        self.problems: tuple[UnsupportedModelError, ...] = (self,)
+
+    @classmethod
+    def of(cls, problems: list[UnsupportedModelError]) -> UnsupportedModelError:
+        """One error naming every problem; the supported lists are said once, at the end."""
+        if len(problems) == 1:
+            return problems[0]
+        parts = [f"{p.node}: {p.message}" for p in problems]
+        lists = list(dict.fromkeys(str(p.supported) for p in problems if p.supported is not None))
+        text = f"{len(problems)} unsupported nodes: " + "; ".join(parts)
+        err = cls("model", text, " / ".join(lists) if lists else None)
+        err.problems = tuple(problems)
+        return err
 
 
 class ShapeMismatchError(GraphError):
@@ -42,3 +58,26 @@ class CheckpointError(GraphError):
 
 class JobSpecError(GraphError):
     """A job spec is malformed or does not match the model, data or initial state it names."""
+
+
+class ModelExportError(JobSpecError):
+    """torch could not export a module to ONNX (``export_torch``); names the module and torch's reason."""
+
+
+class DataError(JobSpecError):
+    """A job's dataset cannot be used as given: ``tensor`` is ``X`` or ``Y`` (or a model input),
+    ``index`` the flat position of the first offending value, ``value`` that value."""
+
+
+class NonFiniteDataError(DataError):
+    """The dataset holds NaN or an infinity where the job reads numbers."""
+
+
+class IntegerRangeError(DataError):
+    """An integer (token id, class label, integer sample) that binary32 cannot hold exactly
+    (magnitude 2**24 and beyond), or a negative or fractional value where ids are read."""
+
+
+class LabelRangeError(DataError):
+    """A class label the loss cannot read: outside [0, classes) (other than the loss's ignore
+    index) or not an integer."""

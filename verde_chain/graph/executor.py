@@ -69,6 +69,12 @@ class StepState(PlainState):
     commitment: bytes
 
 
+def detached(st: StepState) -> StepState:
+    """A copy of a committed state that owns its tensors (not views of a whole-step arena, which
+    the next step may reuse): what a trainer keeps as a checkpoint."""
+    return StepState(st.step, {p: t.copy() for p, t in st.tensors.items()}, dict(st.roots), st.commitment)
+
+
 @dataclass
 class PlainStep:
     """One step executed without commitments (``StepExecutor.run_plain``)."""
@@ -333,9 +339,7 @@ class TrainingRun:
                 self.store.save_async(st)  # overlaps the next steps; flushed at the end of run()
             else:
                 # the state tensors alone: not the whole-step arena with every activation
-                self._memory_ckpts[st.step] = StepState(
-                    st.step, {p: t.copy() for p, t in st.tensors.items()}, dict(st.roots), st.commitment
-                )
+                self._memory_ckpts[st.step] = detached(st)
 
     def resume(self) -> int:
         """Continue from the latest stored checkpoint (verified); returns its step."""

@@ -6,6 +6,8 @@ A :class:`Model` is a static-shape, float32 dataflow graph of high-level ops (th
     input   fed per step from the batch (float32; integer ONNX inputs become float32 integral
             values, e.g. token ids and class labels, because RepOps indexes with LOADIDX on floats;
             a batch refuses integers that are negative or not below 2**24)
+    mask    a dropout keep-mask (1.0 / +0.0), also fed per step from the batch: made from the
+            job's seed by the counter-based RNG (graph/training.py, ``TrainingProgram.batch``)
     param   trainable initializer (part of the state, updated by the optimizer)
     const   non-trainable tensor: a frozen initializer or a folded constant (mask, positions)
             that reaches the data path (part of the state, carried unchanged)
@@ -50,6 +52,14 @@ OPS: dict[str, tuple[str, ...]] = {
     "trilu": ("k", "upper"),
     "gather": ("axis",),  # ONNX Gather: data, indices (integers as binary32)
     "gather_elements": ("axis",),
+    "conv": ("kernel", "strides", "dilations", "pads", "groups"),  # x, w[, b]
+    "max_pool": ("kernel", "strides", "dilations", "pads", "ceil_mode"),
+    "avg_pool": ("kernel", "strides", "dilations", "pads", "ceil_mode", "count_include_pad"),
+    "batch_norm": ("eps", "momentum", "training"),  # x, scale, bias, running mean, running var
+    "dropout": ("ratio",),  # x, mask (a value of role mask, carried in the batch)
+    "clip": ("lo", "hi"),  # None = unbounded
+    "activation": ("fn", "alpha", "beta"),  # hard_sigmoid hard_swish softplus
+    "pad": ("pads", "value"),  # constant mode; ONNX pads (begins, then ends; negative crops)
 }
 
 
@@ -57,7 +67,7 @@ OPS: dict[str, tuple[str, ...]] = {
 class Value:
     name: str
     shape: Shape
-    role: str  # input | param | const | tmp
+    role: str  # input | param | const | tmp | mask
     data: np.ndarray | None = None  # float32, for param / const
     dtype: str = "float"  # float | int | bool, all held as binary32 (integers exact below 2**24)
 
@@ -95,6 +105,10 @@ class Model:
 
     def consts(self) -> list[Value]:
         return [v for v in self.values.values() if v.role == "const"]
+
+    def masks(self) -> list[tuple[Value, float]]:
+        """Dropout masks and their drop ratios, in op order (the RNG stream is the position)."""
+        return [(self.values[op.inputs[1]], float(op.attrs["ratio"])) for op in self.ops if op.op == "dropout"]
 
     def shape(self, name: str) -> Shape:
         return self.values[name].shape

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from verde_chain.graph.errors import UnsupportedModelError
+from verde_chain.graph.errors import ModelExportError, UnsupportedModelError
 from verde_chain.graph.folding import SHAPE_OPS, fold
 from verde_chain.graph.fusion import fuse_gelu
 from verde_chain.graph.ir import EXACT_INT, Model, OpNode, Value
@@ -92,21 +92,54 @@ class Importer:
                 self.params[init.name] = arr
             else:
                 self.static[init.name] = arr
-        for inp in g.input:
-            if inp.name in self.static or inp.name in self.params:
-                continue
-            self._graph_input(inp)
-        for node in g.node:
-            self._node(node)
-        for out in g.output:
-            if out.name not in self.model.values:
-                raise UnsupportedModelError(out.name, "graph output is not computed by a supported node")
-            self.model.outputs.append(out.name)
+        problems = self._import_graph()
+        if problems:
+            raise UnsupportedModelError.of(problems)
         # drop parameters no op reads (e.g. folded away)
         used = {n for op in self.model.ops for n in op.inputs}
         for k in [k for k, v in self.model.values.items() if v.role in ("param", "const") and k not in used]:
             del self.model.values[k]
         return self.model
+
+    def _import_graph(self) -> list[UnsupportedModelError]:
+        """Import the graph inputs, nodes and outputs; every problem is collected, not only the
+        first. The outputs of a refused node (or graph input) are unknown; a node reading an
+        unknown value is refused only if its own op has no handler, and shape arithmetic on
+        unknown values (which would have been folded) is never refused."""
+        problems: list[UnsupportedModelError] = []
+        g = self.proto.graph
+        unknown: set[str] = set()
+        unknown_static: set[str] = set()  # would have been static (Shape of an unknown value, ...)
+        for inp in g.input:
+            if inp.name in self.static or inp.name in self.params:
+                continue
+            try:
+                self._graph_input(inp)
+            except UnsupportedModelError as exc:
+                problems.append(exc)
+                unknown.add(inp.name)
+        for node in g.node:
+            ins = [n for n in node.input if n]
+            outs = [o for o in node.output if o]
+            try:
+                if not any(n in unknown or n in unknown_static for n in ins):
+                    self._node(node)
+                elif node.op_type in SHAPE_OPS or all(n in self.static or n in unknown_static for n in ins):
+                    unknown_static.update(outs)
+                else:
+                    self._check_known_op(node)
+                    unknown.update(outs)
+            except UnsupportedModelError as exc:
+                problems.append(exc)
+                unknown.update(outs)
+        for out in g.output:
+            if out.name in unknown or out.name in unknown_static:
+                continue
+            if out.name not in self.model.values:
+                problems.append(UnsupportedModelError(out.name, "graph output is not computed by a supported node"))
+            else:
+                self.model.outputs.append(out.name)
+        return problems
 
     def _check_opset(self) -> None:
         for imp in self.proto.opset_import:
@@ -218,6 +251,26 @@ class Importer:
             return tuple(int(d) for d in self.params[name].shape)
         return tuple(int(d) for d in np.shape(self.static[name]))
 
+    def is_read(self, name: str) -> bool:
+        """Whether a node or the graph's outputs read the value ``name`` (optional outputs an
+        exporter emits but nothing reads, like Dropout's mask, are accepted)."""
+        g = self.proto.graph
+        return bool(name) and (any(name in n.input for n in g.node) or any(name == o.name for o in g.output))
+
+    def state_value(self, name: str, node: onnx.NodeProto) -> str:
+        """A float initializer as carried state that no optimizer trains and no two nodes share
+        (batch norm's running statistics: the node updates them each step), even where an equal
+        constant exists elsewhere."""
+        if name in self.model.values:
+            return name
+        arr = self.params.pop(name, None)
+        if arr is None:
+            arr = self.static.get(name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
+            raise UnsupportedModelError(self.who(node), f"{name!r} is not a float32 initializer")
+        self.model.add_value(Value(name, tuple(int(d) for d in arr.shape), "const", np.ascontiguousarray(arr)))
+        return name
+
     def is_static(self, name: str) -> bool:
         return name in self.static
 
@@ -237,10 +290,15 @@ class Importer:
             return
         if self._fold(node):
             return
-        handler = ONNX_IMPORTERS.get(node.op_type)
-        if handler is None:
+        self._check_known_op(node)
+        ONNX_IMPORTERS[node.op_type](self, node)
+
+    def _check_known_op(self, node: onnx.NodeProto) -> None:
+        """Refuse a node whose domain or op type has no handler (checked without its inputs)."""
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedModelError(self.who(node), f"domain {node.domain!r}", "the default ONNX domain")
+        if node.op_type != "Constant" and node.op_type not in ONNX_IMPORTERS:
             raise UnsupportedModelError(self.who(node), f"op {node.op_type!r} is not supported", supported_ops())
-        handler(self, node)
 
     def _fold(self, node: onnx.NodeProto) -> bool:
         """Evaluate the node now if everything it reads is static (graph/folding.py)."""
@@ -311,8 +369,20 @@ def import_onnx(source: str | Path | bytes | onnx.ModelProto, frozen: Iterable[s
     return model
 
 
-def export_torch(module: Any, example_inputs: Any, input_names: list[str] | None = None, opset: int = 17) -> bytes:
-    """torch.onnx.export (TorchScript exporter, offline) with fixed shapes; returns the ONNX bytes."""
+def export_torch(
+    module: Any, example_inputs: Any, input_names: list[str] | None = None, opset: int = 17, training: bool = False
+) -> bytes:
+    """torch.onnx.export (TorchScript exporter, offline) with fixed shapes; returns the ONNX bytes.
+
+    ``training``: export the module in train() mode (BatchNormalization with batch statistics
+    and running-statistics updates, Dropout active), without constant folding, so that those
+    nodes keep their training semantics. Tracing runs the module once, which in train() mode
+    moves its running statistics: the export traces a copy, and the exported buffers are the
+    module's own. The module is left in eval() mode either way.
+
+    Any failure of torch's exporter (an unsupported torch op, data-dependent control flow, a
+    wrong example input) is :class:`ModelExportError` naming the module and torch's reason."""
+    import copy
     import warnings
 
     import torch
@@ -320,14 +390,32 @@ def export_torch(module: Any, example_inputs: Any, input_names: list[str] | None
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     buf = io.BytesIO()
     target: Any = buf  # a BytesIO is accepted at run time although the stub says path
-    module.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, args, target, opset_version=opset, dynamo=False, input_names=input_names,
-            output_names=["output"], do_constant_folding=True,
-        )
-    return buf.getvalue()
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+    traced = copy.deepcopy(module) if training else module
+    traced.train(training)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                traced, args, target, opset_version=opset, dynamo=False, input_names=input_names,
+                output_names=["output"], do_constant_folding=not training, training=mode,
+            )
+    except Exception as exc:  # torch raises RuntimeError, TypeError, its own export errors ...
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelExportError(
+            f"torch.onnx.export could not export {type(module).__name__}: {type(exc).__name__}: {reason} "
+            "(check the example input's shape and dtype; a module whose control flow depends on tensor values "
+            "cannot be exported with fixed shapes)", module=type(module).__name__) from exc
+    finally:
+        module.eval()
+    if not training:
+        return buf.getvalue()
+    proto = onnx.load_from_string(buf.getvalue())
+    buffers = {name: b.detach().cpu().numpy() for name, b in module.named_buffers()}
+    for init in proto.graph.initializer:
+        if init.name in buffers:
+            init.CopyFrom(numpy_helper.from_array(buffers[init.name], init.name))
+    return proto.SerializeToString()
 
 
 def import_torch(

@@ -112,7 +112,7 @@ class NamedTensor:
 class StateSlot(NamedTensor):
     """A tensor that crosses step boundaries; ``producer`` is the node that writes its new value."""
 
-    role: str  # param | opt | const
+    role: str  # param | opt | const | outputs (an inference job's outputs buffer)
     producer: int
 
 

@@ -13,8 +13,15 @@ Node order (fixed, part of the graph root):
 The packed batch of a step holds, in field order: every model input, then ``labels`` (class ids
 as float32 integers, cross-entropy) or ``targets`` (MSE), then for Adam/AdamW ``sched`` =
 [fl32(lr / (1 - b1^t)), fl32(sqrt(1 - b2^t))] of that step t (exact, rounded once:
-``repops.library.adam_constants``). Carrying the step-dependent constants in the batch keeps ONE
-graph (one root) for every step.
+``repops.library.adam_constants``), then one keep-mask per training-mode Dropout (``mask``
+values, in op order): mask j of step t is ``rng.dropout_keep(seed, stream=j, shape, ratio,
+offset=(t-1)*numel)`` — Philox keyed by the job seed, counter (element + (t-1)*numel, j), so the
+bits of any element of any step are reproducible alone. Carrying the step-dependent constants
+and masks in the batch keeps ONE graph (one root) for every step; the masks are committed in the
+batch root like the data, and a dispute opens them like any batch element.
+
+Carried state a forward rule updates (batch norm's running mean and variance in training mode,
+``GraphBuilder.update_state``) is produced by that rule's node instead of a carry copy.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ import numpy as np
 
 from verde_chain.graph.autodiff import differentiate, lower_forward
 from verde_chain.graph.builder import GraphBuilder, Ref
-from verde_chain.graph.errors import GraphError, ShapeMismatchError
+from verde_chain.graph.data import check_finite
+from verde_chain.graph.errors import GraphError, IntegerRangeError, LabelRangeError, ShapeMismatchError
 from verde_chain.graph.ir import EXACT_INT, Model
 from verde_chain.graph.structure import TrainingGraph
-from verde_chain.repops import library
+from verde_chain.repops import library, rng
 from verde_chain.repops.isa import Op
 from verde_chain.repops.library import I, const, load
+from verde_chain.repops.library.shapes import Shape
 from verde_chain.repops.program import InputMap, KernelDesc
 
 LOSSES = ("cross_entropy", "mse")
@@ -57,6 +66,35 @@ class LossSpec:
     def name(self) -> str:
         """The loss as the job spec states it: the kind, and its ignore index if it has one."""
         return self.kind if self.ignore_index is None else f"{self.kind}(ignore_index={self.ignore_index})"
+
+    def check_targets(self, Y: np.ndarray, out_shape: Shape, output: str) -> None:
+        """Refuse labels or targets this loss cannot read, before anything is built: the loss
+        would otherwise train silently into NaN (a class id outside the scores reads nothing: the
+        LOADIDX rule gives NaN) or on values it never meant. ``Y`` holds every sample's labels
+        (cross-entropy: class ids of the scores ``out_shape[:-1]``, one batch being
+        ``out_shape[0]`` samples) or targets (mse: ``out_shape[1:]`` per sample)."""
+        per_sample = out_shape[1:-1] if self.kind == "cross_entropy" else out_shape[1:]
+        if math.prod(Y.shape[1:]) != math.prod(per_sample):
+            raise ShapeMismatchError(
+                f"Y has {tuple(Y.shape[1:])} per sample, the {self.kind} loss on {output!r} {tuple(out_shape)} "
+                f"reads {tuple(per_sample)} per sample", tensor="Y")
+        check_finite("Y", Y)
+        if self.kind != "cross_entropy":
+            return
+        classes = out_shape[-1]
+        y = Y.reshape(-1).astype(np.float64)
+        ok = (y == np.floor(y)) & (y >= 0) & (y < classes)
+        if self.ignore_index is not None:
+            ok |= y == self.ignore_index
+        if not ok.all():
+            i = int(np.argmin(ok))
+            v = float(y[i])
+            what = "not an integer class id" if v != np.floor(v) else f"outside [0, {classes})"
+            allowed = f"class ids 0..{classes - 1}" + (
+                f" or the ignore index {self.ignore_index}" if self.ignore_index is not None else "")
+            raise LabelRangeError(
+                f"label Y[{i}] = {v:g} is {what}: {self.name} over {output!r} has {classes} classes, so labels must "
+                f"be {allowed}", tensor="Y", index=i, value=v)
 
 
 @dataclass(frozen=True)
@@ -96,9 +134,10 @@ def check_integers(name: str, arr: np.ndarray) -> None:
     a = np.asarray(arr, dtype=np.float64)
     bad = ~np.isfinite(a) | (a != np.floor(a)) | (a < 0) | (a >= EXACT_INT)
     if bad.any():
-        v = a.reshape(-1)[int(np.argmax(bad.reshape(-1)))]
-        raise ShapeMismatchError(f"integer input {name!r} holds {v!r}: token ids must be integers in [0, 2**24)",
-                                 field=name)
+        i = int(np.argmax(bad.reshape(-1)))
+        v = a.reshape(-1)[i]
+        raise IntegerRangeError(f"integer input {name!r} holds {v!r} at flat index {i}: token ids must be integers "
+                                "in [0, 2**24)", tensor=name, index=i, value=float(v))
 
 
 def adam_param_desc(shape: tuple[int, ...], eps: float, decay: float) -> KernelDesc:
@@ -156,26 +195,52 @@ class TrainingProgram:
                 out[slot.name] = np.zeros(slot.shape, dtype=np.float32)
         return out
 
-    def batch(self, step: int, inputs: dict[str, np.ndarray], target: np.ndarray | None = None) -> np.ndarray:
-        """The packed batch tensor of step ``step`` (1-based); inference ignores ``target``.
+    def batch(
+        self, step: int, inputs: dict[str, np.ndarray], target: np.ndarray | None = None, seed: int = 0
+    ) -> np.ndarray:
+        """The packed batch tensor of step ``step`` (1-based); inference ignores ``target``;
+        ``seed`` (the job's) keys the dropout masks.
 
         Integer model inputs (token ids) travel as binary32 integers: each must be integral and in
-        [0, 2**24), where binary32 holds it exactly (else :class:`ShapeMismatchError`)."""
+        [0, 2**24), where binary32 holds it exactly (else :class:`IntegerRangeError`)."""
         for name, arr in inputs.items():
             if self.model.integer_inputs.get(name):
                 check_integers(name, arr)
         fields = dict(inputs)
+        for j, (v, ratio) in enumerate(self.model.masks()):
+            fields[v.name] = rng.dropout_keep(seed, j, v.shape, ratio, offset=(step - 1) * v.numel)
         if self.loss is not None:
             if target is None:
                 raise GraphError("a training batch needs its labels/targets")
             fields[self.target_field] = target
         if self.optimizer is not None and self.optimizer.is_adam:
             fields["sched"] = self.optimizer.schedule(step)
+        if self.loss is None:  # inference: the row of the outputs buffers this step writes
+            fields[OUTPUT_ROW_FIELD] = np.array([step - 1], dtype=np.float32)
         return self.graph.pack_batch(fields)
 
     @property
     def target_field(self) -> str:
         return "labels" if self.loss is not None and self.loss.kind == "cross_entropy" else "targets"
+
+
+def _mask_fields(b: GraphBuilder, model: Model) -> dict[str, Ref]:
+    """The batch fields of the dropout masks (declared after every other field)."""
+    return {v.name: b.batch_field(v.name, v.shape) for v, _ in model.masks()}
+
+
+def _state_producers(b: GraphBuilder, model: Model, skip: set[str]) -> dict[str, Ref]:
+    """Producers of the state the optimizer does not write: a forward rule's update
+    (``GraphBuilder.update_state``), else a carry copy."""
+    out: dict[str, Ref] = {}
+    for v in model.params() + model.consts():
+        if v.name in skip:
+            continue
+        new = b.state_updates.get(v.name)
+        out[v.name] = new if new is not None else b.node(
+            library.map_unary("identity", v.shape), b.state(v.name, v.shape, "param" if v.role == "param" else "const"),
+            label=f"carry:{v.name}")
+    return out
 
 
 def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec) -> TrainingProgram:
@@ -194,6 +259,7 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
     else:
         tgt = b.batch_field("targets", out_shape)
     sched = b.batch_field("sched", (2,)) if optimizer.is_adam else None
+    fields.update(_mask_fields(b, model))
     env: dict[str, Ref] = {n: b.unpack(r) for n, r in fields.items()}
     target = b.unpack(tgt)
     sched_ref = b.unpack(sched) if sched is not None else None
@@ -250,37 +316,50 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
             producers[f"{name}.exp_avg"] = mn
             producers[f"{name}.exp_avg_sq"] = vn
         producers[name] = pn
-    # 6. carries of frozen constants (and of parameters the loss does not reach)
-    for v in model.params():
-        if v.name not in grads:
-            producers[v.name] = b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
-    for v in model.consts():
-        producers[v.name] = b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
+    # 6. carries of frozen constants (and of parameters the loss does not reach), or their updates
+    producers.update(_state_producers(b, model, set(grads)))
     named = {"loss": loss_ref, "output": out}
     named.update({f"grad:{k}": g for k, g in grads.items() if g.kind == "node"})
     graph = b.finish(producers, named)
     return TrainingProgram(model, loss, optimizer, graph)
 
 
-def build_inference_graph(model: Model) -> TrainingGraph:
-    """Forward graph only (inference jobs): batch = model inputs; params/consts are carried state."""
+OUTPUT_ROW_FIELD = "outputs:row"  # an inference batch's step index s - 1 (the buffer row it writes)
+
+
+def outputs_buffer(name: str) -> str:
+    """The state slot (and named node) of an inference job's buffer of every output ``name``."""
+    return f"outputs:{name}"
+
+
+def build_inference_graph(model: Model, steps: int) -> TrainingGraph:
+    """Forward graph only (inference jobs): params/consts are carried state, and every model
+    output has a committed outputs buffer (state ``outputs:NAME`` of shape (T, numel)) whose
+    row s - 1 the step s writes (``library.write_row``), so C_T commits the predictions of every
+    batch, not only the last one's. The batch is the model inputs, then ``outputs:row`` = s - 1."""
     b = GraphBuilder()
     fields = {n: b.batch_field(n, model.shape(n)) for n in model.inputs}
+    fields.update(_mask_fields(b, model))
+    row_field = b.batch_field(OUTPUT_ROW_FIELD, (1,))
     env: dict[str, Ref] = {n: b.unpack(r) for n, r in fields.items()}
+    row = b.unpack(row_field)
     for v in model.params() + model.consts():
         env[v.name] = b.state(v.name, v.shape, "param" if v.role == "param" else "const")
     lower_forward(b, model, env)
-    producers = {
-        v.name: b.node(library.map_unary("identity", v.shape), env[v.name], label=f"carry:{v.name}")
-        for v in model.params() + model.consts()
-    }
     named = {f"output{i}" if i else "output": env[n] for i, n in enumerate(model.outputs)}
     for k, r in list(named.items()):
         if r.kind != "node":
             raise GraphError(f"model output {k} is not computed by a node")
+    producers: dict[str, Ref] = {}
+    for k, r in list(named.items()):
+        slot = outputs_buffer(k)
+        buf = b.state(slot, (steps, r.numel), "outputs")
+        producers[slot] = named[slot] = b.node(
+            library.write_row(steps, r.numel), buf, b.view(r, (r.numel,)), row, label=f"write:{k}")
+    producers.update(_state_producers(b, model, set()))
     return b.finish(producers, named)
 
 
-def build_inference_program(model: Model) -> TrainingProgram:
-    """An inference job's program: the forward graph, no loss, no optimizer."""
-    return TrainingProgram(model, None, None, build_inference_graph(model))
+def build_inference_program(model: Model, steps: int) -> TrainingProgram:
+    """An inference job's program: the forward graph, no loss, no optimizer, ``steps`` batches."""
+    return TrainingProgram(model, None, None, build_inference_graph(model, steps))

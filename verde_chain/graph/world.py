@@ -7,6 +7,11 @@ graph root, NODE_OUTPUT in C_s, PREV_STEP in C_{s-1} or C_0's pseudo nodes, BATC
 output trees and chunks, and the ScalarVM states and step proofs of one element
 (``verde_chain.vm.scalarvm``).
 
+Like a trainer, the world keeps the state of every checkpoint step (every ``checkpoint_interval``-th
+step, and T) once it has trained, plus the last few states a dispute asked for, and re-executes any
+other step from the nearest of those. Level 1 splits at checkpoints first (``bisection.split_points``),
+so a full bisection re-executes about one checkpoint interval; ``executed`` counts every step run.
+
 An :class:`OutputFault` makes a dishonest world: the trainer flips one bit of one output element
 of one node at one step and carries on from the corrupted tensor (so every later commitment is
 wrong too). Its micro-step trace of that element is honest except the final state, whose r0 is
@@ -16,6 +21,7 @@ the claimed (flipped) value — a lie in the last instruction.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,7 +33,7 @@ from verde_chain.dispute.types import InputProof, NodePreimage, NodeReveal
 from verde_chain.graph.backend import Runner
 from verde_chain.graph.data import batch_leaf, batch_root_list
 from verde_chain.graph.errors import JobSpecError
-from verde_chain.graph.executor import StepExecutor, StepResult, StepState
+from verde_chain.graph.executor import StepExecutor, StepResult, StepState, detached
 from verde_chain.graph.structure import SourceKind, TrainingGraph
 from verde_chain.vm import scalarvm as vm
 
@@ -43,6 +49,9 @@ class OutputFault:
     bit: int = 0
 
 
+RECENT_STATES = 64  # states of recently requested steps kept (a bisection round's split points)
+
+
 class TrainingWorld:
     def __init__(
         self,
@@ -52,6 +61,7 @@ class TrainingWorld:
         steps: int,
         fault: OutputFault | None = None,
         runner: Runner | None = None,
+        checkpoint_interval: int = 0,
     ) -> None:
         self.graph = graph
         self.exec = StepExecutor(graph, runner)
@@ -59,9 +69,13 @@ class TrainingWorld:
         self.num_steps = steps
         self.num_nodes = len(graph.nodes)
         self.fault = fault
+        self.interval = checkpoint_interval
         self.init = self.exec.initial_state(init_state)
         self.init_leaves = graph.initial_leaves(init_state)
         self._steps: dict[int, StepResult] = {}
+        self._ckpts: dict[int, StepState] = {0: self.init}  # the checkpoints it stored while training
+        self._recent: OrderedDict[int, StepState] = OrderedDict()  # states of recently requested steps
+        self.executed = 0  # steps run so far (training and every re-execution)
         self.structure_leaves = graph.structure_leaves()
         self.batch_roots = [tensor.tensor_root(np.asarray(batches(s), dtype=np.float32)) for s in range(1, steps + 1)]
         self.batch_leaves = [batch_leaf([r]) for r in self.batch_roots]
@@ -69,7 +83,8 @@ class TrainingWorld:
     @classmethod
     def from_job(cls, job: Job, fault: OutputFault | None = None, runner: Runner | None = None) -> TrainingWorld:
         """The world of a posted job (checks that the batches are the ones the job committed to)."""
-        w = cls(job.program.graph, job.init_state, job.batch, job.spec.steps, fault, runner)
+        w = cls(job.program.graph, job.init_state, job.batch, job.spec.steps, fault, runner,
+                job.spec.checkpoint_interval)
         if batch_root_list(w.batch_roots) != job.spec.batch_root:
             raise JobSpecError("the job's batches do not match its batchRoot")
         return w
@@ -89,17 +104,32 @@ class TrainingWorld:
 
         return tamper
 
+    def _kept(self, s: int) -> StepState | None:
+        if s in self._steps:
+            return self._steps[s].state
+        return self._ckpts.get(s) or self._recent.get(s)
+
     def _state(self, s: int) -> StepState:
-        return self.init if s == 0 else self._result(s).state
+        return self._kept(s) or self._result(s).state
+
+    def _is_checkpoint(self, s: int) -> bool:
+        return s == self.num_steps or (self.interval > 0 and s % self.interval == 0)
 
     def _result(self, s: int) -> StepResult:
         if s not in self._steps:
-            start = max((k for k in self._steps if k < s), default=0)
+            # re-execute from the nearest state kept below s (a checkpoint or a recent request)
+            start = max(k for k in (*self._steps, *self._ckpts, *self._recent) if k < s)
             for t in range(start + 1, s + 1):
                 self._steps[t] = self.exec.run_step(self._state(t - 1), self.batches(t), self._tamper(t))
+                self.executed += 1
+                if self._is_checkpoint(t) and t not in self._ckpts:
+                    self._ckpts[t] = detached(self._steps[t].state)
                 # keep memory bounded: the game only walks forward through nearby steps
                 for old in [k for k in self._steps if k < t - 2 and k not in (s - 1, s)]:
                     del self._steps[old]
+            self._recent[s] = detached(self._steps[s].state)
+            while len(self._recent) > RECENT_STATES:
+                self._recent.popitem(last=False)
         return self._steps[s]
 
     def input_roots(self, s: int, d: int) -> list[bytes]:
@@ -117,7 +147,8 @@ class TrainingWorld:
 
     # ------------------------------------------------------------------ World
     def step_commitment(self, s: int) -> bytes:
-        return self.init.commitment if s == 0 else self._result(s).commitment
+        kept = self._kept(s)
+        return kept.commitment if kept is not None else self._result(s).commitment
 
     def node_levels(self, s: int) -> list[list[bytes]]:
         leaves = self.init_leaves if s == 0 else self._result(s).node_hashes

@@ -13,11 +13,15 @@ from dataclasses import astuple, dataclass
 from enum import IntEnum
 from typing import Any
 
+from eth_abi import encode as abi_encode
+
+from verde_chain.commit.merkle import keccak256
 from verde_chain.errors import CustomError
 
 ETH = "0x0000000000000000000000000000000000000000"
 ZERO32 = b"\x00" * 32
 MAX_SLOTS = 32  # JobMarket.MAX_SLOTS
+MAX_BUNDLE_URI = 2048  # JobMarket.MAX_BUNDLE_URI
 
 
 class JobStatus(IntEnum):
@@ -29,9 +33,10 @@ class JobStatus(IntEnum):
 class SlotStatus(IntEnum):
     EMPTY = 0
     JOINED = 1
-    SUBMITTED = 2
-    REJECTED = 3
-    SETTLED = 4
+    COMMITTED = 2
+    REVEALED = 3
+    REJECTED = 4
+    SETTLED = 5
 
 
 class DisputeKind(IntEnum):
@@ -46,6 +51,7 @@ class JobTerms:
 
     token: str
     spec_hash: bytes
+    bundle_uri: str
     graph_root: bytes
     initial_commitment: bytes
     batch_root: bytes
@@ -56,6 +62,7 @@ class JobTerms:
     min_challenge_bond: int
     slots: int
     submission_deadline: int
+    reveal_window: int
     challenge_window: int
     arity: int
     clock_seconds: int
@@ -65,30 +72,40 @@ class JobTerms:
         return astuple(self)
 
     @property
+    def reveal_deadline(self) -> int:
+        """Last second at which commitments can be revealed (they open after submission_deadline)."""
+        return self.submission_deadline + self.reveal_window
+
+    @property
     def challenge_deadline(self) -> int:
-        return self.submission_deadline + self.challenge_window
+        return self.submission_deadline + self.reveal_window + self.challenge_window
 
 
-def validate(terms: JobTerms, now: int) -> None:
+def commitment(result: bytes, checkpoint_root: bytes, salt: bytes, trainer: str) -> bytes:
+    """Twin of JobTypes.commitment: keccak256(abi.encode(result, checkpointRoot, salt, trainer))."""
+    return keccak256(abi_encode(["bytes32", "bytes32", "bytes32", "address"], [result, checkpoint_root, salt, trainer]))
+
+
+def validate(terms: JobTerms) -> None:
     """Twin of JobTypes.validate + postJob's own checks: raise the ``InvalidJobTerms(field, value)``
-    the market would revert with for `terms` posted at time `now` (the first failing check)."""
+    the market would revert with for `terms` (the first failing check). The clock, the windows,
+    the deadline and the bond are bounded by the market parameters next
+    (``verde_chain.market.marketparams.check_job``)."""
     t = terms
+    uri_length = len(t.bundle_uri.encode())
     checks: list[tuple[str, bool, int | bytes]] = [
         ("numSteps", t.num_steps == 0, t.num_steps),
         ("checkpointInterval", t.checkpoint_interval == 0 or t.checkpoint_interval > t.num_steps,
          t.checkpoint_interval),
         ("slots", t.slots == 0, t.slots),
         ("trainerStake", t.trainer_stake == 0, t.trainer_stake),
-        ("minChallengeBond", t.min_challenge_bond == 0, t.min_challenge_bond),
-        ("submissionDeadline", t.submission_deadline <= now, t.submission_deadline),
-        ("challengeWindow", t.challenge_window == 0, t.challenge_window),
         ("arity", not (2 <= t.arity <= 256 and t.arity & (t.arity - 1) == 0), t.arity),
-        ("clockSeconds", t.clock_seconds == 0, t.clock_seconds),
         ("numNodes", t.num_nodes == 0, t.num_nodes),
         ("initialCommitment", t.initial_commitment == ZERO32, t.initial_commitment),
         ("graphRoot", t.graph_root == ZERO32, t.graph_root),
         ("slots", t.slots > MAX_SLOTS, t.slots),
         ("reward", t.reward == 0, t.reward),
+        ("bundleUri", uri_length > MAX_BUNDLE_URI, uri_length),
     ]
     for name, bad, value in checks:
         if bad:
@@ -119,9 +136,19 @@ class Job:
 class Slot:
     trainer: str
     status: SlotStatus
+    open_against: int  # games running against this result
+    open_as_rival: int  # rival games this slot opened and still plays
     stake_held: int
+    commitment: bytes
     result: bytes
     checkpoint_root: bytes
+    beaten_by: int  # earliest-opened game that beat this result (0: none)
+    beaten_winner: str  # its winner, who receives the stake less the burn
+
+    @property
+    def standing(self) -> bool:
+        """A revealed result not beaten in any game (it can be disputed and can be paid)."""
+        return self.status is SlotStatus.REVEALED
 
 
 @dataclass(frozen=True)

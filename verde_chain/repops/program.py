@@ -21,10 +21,18 @@ Execution of one element (every register starts as +0.0 = bits 0)::
 
 Addressing (``InputMap``)::
 
-    LOAD    t: addr = offset + sum_d c[d]*strides[d] + k*kstride       (checked in range statically)
+    LOAD    t: addr = offset + sum_d c[d]*strides[d] + k*kstride
+                      + sum_w (v_w / div_w) * stride_w                  (checked in range statically)
     LOADIDX t: addr = (the same) + int(value of register a) * idx_stride
                register a must hold an integral, finite float with 0 <= addr < numel,
                otherwise the result is CANONICAL_NAN and nothing is read (decidable on-chain)
+
+Windows (``Window``, the convolution / pooling / padding extension): ``k`` is split into digits
+``kd`` over ``kdims`` (row-major; no kdims = one digit, k itself) and each window of an input is
+one bounded input axis ``v_w = out_mul*c[axis] + k_mul*kd[digit] + offset``. The window is *in
+range* iff ``v_w >= 0``, ``v_w % div == 0`` and ``v_w / div < size``. A LOAD or LOADIDX with any
+window of its input out of range reads nothing and yields the input's ``fill`` bits (+0.0 for
+a zero-padded convolution, -inf for max pooling); LOADIDX checks windows before its index.
 
 Canonical encoding (``KernelDesc.encode``) is Solidity's ``abi.encode`` of the six values::
 
@@ -33,7 +41,19 @@ Canonical encoding (``KernelDesc.encode``) is Solidity's ``abi.encode`` of the s
      bytes prologue, bytes body, bytes epilogue)            programs: isa.encode_program words
 
 so a contract reads it with ``abi.decode(data, (uint32[], uint32, InputMap[], bytes, bytes,
-bytes))``; ``KernelDesc.hash()`` is keccak256 of that encoding.
+bytes))``; ``KernelDesc.hash()`` is keccak256 of that encoding. A descriptor that uses the window
+extension (kdims or windows) has a packed form instead (``PACKED_TAG``, big-endian, no padding:
+its calldata is what a one-step proof pays for, and abi words of small integers are mostly
+zeros)::
+
+    u8 0xE0 | u8 rank, u32 outShape[rank] | u32 K | u8 n, u32 kdims[n] | u8 inputs, per input:
+      u64 numel, i64 strides[rank], i64 kstride, u64 offset, i64 idxStride, u32 fill, u8 windows,
+      per window: u8 axis, i64 outMul, u8 digit, i64 kMul, i64 offset, u32 div, u64 size, i64 stride
+    | u32 P, prologue words | u32 B, body words | u32 E, epilogue words
+
+Its first byte (0xE0) tells it from the abi form (whose first word is 0xC0, so its first byte
+0), and a descriptor without the extension encodes (and hashes) exactly as before the extension
+existed.
 
 This module also holds the slow scalar interpreter (``run_spec``, ``trace``): element by
 element, instruction by instruction, exactly the semantics the on-chain VM executes.
@@ -42,6 +62,7 @@ element, instruction by instruction, exactly the semantics the on-chain VM execu
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -65,6 +86,10 @@ ABI_TYPES = (
     "bytes",
     "bytes",
 )
+# The abi form's first word (the offset of outShape: six head words); the packed form's first byte.
+HEAD_PLAIN = 32 * len(ABI_TYPES)
+PACKED_TAG = 0xE0
+MAX_WINDOWS = 8
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -77,6 +102,46 @@ class DescriptorError(RepOpsError):
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """One bounded input axis of a windowed load (convolution, pooling, padding).
+
+    ``v = out_mul*c[axis] + k_mul*kd[digit] + offset`` (a zero multiplier drops its term, and
+    then its index must be 0); in range iff ``v >= 0``, ``v % div == 0`` and ``v // div < size``;
+    an in-range window adds ``(v // div) * stride`` to the address. ``div > 1`` is the stride of
+    a convolution seen from its input (the gradient w.r.t. the input of a strided conv)."""
+
+    axis: int = 0
+    out_mul: int = 0
+    digit: int = 0
+    k_mul: int = 0
+    offset: int = 0
+    div: int = 1
+    size: int = 1
+    stride: int = 0
+
+    def position(self, c: Sequence[int], kd: Sequence[int]) -> int | None:
+        """``v // div`` if the window is in range at (c, kd), else None."""
+        v = self.offset
+        if self.out_mul:
+            v += self.out_mul * c[self.axis]
+        if self.k_mul:
+            v += self.k_mul * kd[self.digit]
+        if v < 0 or v % self.div:
+            return None
+        q = v // self.div
+        return q if q < self.size else None
+
+    def q_range(self, out_shape: Sequence[int], kdims: Sequence[int]) -> tuple[int, int]:
+        """Smallest and largest in-range ``v // div`` (lo > hi: never in range)."""
+        lo = hi = self.offset
+        for mul, n in ((self.out_mul, out_shape[self.axis] if self.out_mul else 1),
+                       (self.k_mul, kdims[self.digit] if self.k_mul else 1)):
+            span = mul * (n - 1)
+            lo, hi = lo + min(0, span), hi + max(0, span)
+        return max(0, -(-lo // self.div)), min(self.size - 1, hi // self.div)
+
+
+@dataclass(frozen=True, slots=True)
 class InputMap:
     """Affine address map of one input tensor (flat, C order, ``numel`` elements)."""
 
@@ -85,9 +150,13 @@ class InputMap:
     kstride: int = 0
     offset: int = 0
     idx_stride: int = 0
+    # The window extension: bounded axes, and the bits a load reads when one is out of range.
+    windows: tuple[Window, ...] = ()
+    fill: int = 0
 
     def base_range(self, out_shape: tuple[int, ...], K: int) -> tuple[int, int]:
-        """Smallest and largest LOAD address over all coordinates and k in [0, K-1]."""
+        """Smallest and largest LOAD address over all coordinates and k in [0, K-1], windows
+        out of the count (see ``load_range``)."""
         lo = hi = self.offset
         for s, n in zip(self.strides, out_shape):
             span = s * (n - 1)
@@ -95,6 +164,17 @@ class InputMap:
             hi += max(0, span)
         span = self.kstride * (K - 1)
         return lo + min(0, span), hi + max(0, span)
+
+    def load_range(self, out_shape: tuple[int, ...], K: int, kdims: Sequence[int]) -> tuple[int, int] | None:
+        """A box holding every address a LOAD reads (windows in range); None: it never reads."""
+        lo, hi = self.base_range(out_shape, K)
+        for w in self.windows:
+            qlo, qhi = w.q_range(out_shape, kdims)
+            if qlo > qhi:
+                return None
+            a, b = qlo * w.stride, qhi * w.stride
+            lo, hi = lo + min(a, b), hi + max(a, b)
+        return lo, hi
 
 
 @dataclass(frozen=True)
@@ -107,6 +187,8 @@ class KernelDesc:
     prologue: tuple[Instr, ...]
     body: tuple[Instr, ...] = ()
     epilogue: tuple[Instr, ...] = ()
+    # The digits of k (row-major, product K) that windows read; () = one digit, k itself.
+    kdims: tuple[int, ...] = ()
     # Human-readable name for logs and errors; NOT part of the encoding or the hash.
     label: str = field(default="", compare=False)
 
@@ -115,6 +197,9 @@ class KernelDesc:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         for name in ("prologue", "body", "epilogue"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        # One digit is k itself: keep the one encoding of that descriptor.
+        kdims = tuple(int(d) for d in self.kdims)
+        object.__setattr__(self, "kdims", kdims if len(kdims) > 1 else ())
         self.validate()
 
     # ----------------------------------------------------------------- validation
@@ -139,7 +224,9 @@ class KernelDesc:
                 )
             if not 1 <= m.numel < 2**63 or not 0 <= m.offset < 2**63:
                 raise DescriptorError(f"{who}: input {t} numel {m.numel} / offset {m.offset} invalid", input=t)
-            lo, hi = m.base_range(self.out_shape, self.K)
+            self._validate_windows(t, m)
+            box = m.load_range(self.out_shape, self.K, self.digit_dims)
+            lo, hi = box if box is not None else (0, 0)
             uses_plain_load = any(
                 i.op == Op.LOAD and i.imm == t for i in self.prologue + self.body + self.epilogue
             )
@@ -160,6 +247,31 @@ class KernelDesc:
                 )
             if i.op == Op.COORD and i.imm >= rank:
                 raise DescriptorError(f"{who}: COORD axis {i.imm} >= rank {rank}", axis=i.imm)
+        if self.kdims and (len(self.kdims) > MAX_RANK or math.prod(self.kdims) != self.K
+                           or min(self.kdims) < 1):
+            raise DescriptorError(f"{who}: kdims {self.kdims} must be 2..{MAX_RANK} digits >= 1 "
+                                  f"with product K={self.K}", kdims=self.kdims)
+
+    def _validate_windows(self, t: int, m: InputMap) -> None:
+        who = self.label or "KernelDesc"
+        if len(m.windows) > MAX_WINDOWS:
+            raise DescriptorError(f"{who}: input {t} has {len(m.windows)} windows > {MAX_WINDOWS}", input=t)
+        if not 0 <= m.fill < 2**32 or (m.fill and not m.windows):
+            raise DescriptorError(f"{who}: input {t} fill {m.fill:#x} needs windows and 32 bits", input=t)
+        digits = len(self.digit_dims)
+        for w in m.windows:
+            ok = (
+                (0 <= w.axis < len(self.out_shape) if w.out_mul else w.axis == 0)
+                and (0 <= w.digit < digits if w.k_mul else w.digit == 0)
+                and 1 <= w.div < 2**32
+                and 1 <= w.size < 2**63
+                and all(INT64_MIN <= v <= INT64_MAX for v in (w.out_mul, w.k_mul, w.offset, w.stride))
+            )
+            if not ok:
+                raise DescriptorError(f"{who}: input {t} has a malformed window {w}", input=t)
+        box = m.load_range(self.out_shape, self.K, self.digit_dims)
+        if m.windows and box is not None and not (INT64_MIN // 2 <= box[0] <= box[1] <= INT64_MAX // 2):
+            raise DescriptorError(f"{who}: input {t} window addresses exceed int64", input=t)
 
     # ----------------------------------------------------------------- geometry
     @property
@@ -181,12 +293,58 @@ class KernelDesc:
             e //= d
         return tuple(reversed(out))
 
-    def address(self, t: int, c: Sequence[int], k: int) -> int:
+    @property
+    def digit_dims(self) -> tuple[int, ...]:
+        """The digits of k: ``kdims``, or ``(K,)`` without them."""
+        return self.kdims or (self.K,)
+
+    @property
+    def extended(self) -> bool:
+        """Whether the descriptor uses the window extension (and so encodes seven values)."""
+        return bool(self.kdims) or any(m.windows for m in self.inputs)
+
+    def kdigits(self, k: int) -> tuple[int, ...]:
+        """The digits of loop index k over ``digit_dims`` (row-major)."""
+        out = []
+        for d in reversed(self.digit_dims):
+            out.append(k % d)
+            k //= d
+        return tuple(reversed(out))
+
+    def address(self, t: int, c: Sequence[int], k: int) -> int | None:
+        """The flat address LOAD t reads at (c, k); None if a window is out of range (the load
+        then reads the input's fill bits)."""
         m = self.inputs[t]
-        return m.offset + sum(ci * si for ci, si in zip(c, m.strides)) + k * m.kstride
+        addr = m.offset + sum(ci * si for ci, si in zip(c, m.strides)) + k * m.kstride
+        if m.windows:
+            kd = self.kdigits(k)
+            for w in m.windows:
+                q = w.position(c, kd)
+                if q is None:
+                    return None
+                addr += q * w.stride
+        return addr
+
+    def read(self, t: int, c: Sequence[int], k: int, index_bits: int | None = None) -> tuple[int | None, int]:
+        """What LOAD t (``index_bits`` None) or LOADIDX t reads at (c, k): ``(address, 0)``, or
+        ``(None, bits)`` when nothing is read — the input's fill for a window out of range,
+        the canonical NaN for a LOADIDX index that is not valid (docs/repops-spec.md §1)."""
+        m = self.inputs[t]
+        addr = self.address(t, c, k)
+        if addr is None:
+            return None, m.fill
+        if index_bits is None:
+            return addr, 0
+        idx = index_of(index_bits)
+        if idx is None:
+            return None, CANONICAL_NAN
+        addr += idx * m.idx_stride
+        return (addr, 0) if 0 <= addr < m.numel else (None, CANONICAL_NAN)
 
     # ----------------------------------------------------------------- encoding
     def encode(self) -> bytes:
+        if self.extended:
+            return _pack(self)
         return abi_encode(
             list(ABI_TYPES),
             [
@@ -201,6 +359,10 @@ class KernelDesc:
 
     @classmethod
     def decode(cls, data: bytes) -> KernelDesc:
+        if data[:1] == bytes([PACKED_TAG]):
+            return _unpack(data)
+        if int.from_bytes(data[:32], "big") != HEAD_PLAIN:
+            raise DescriptorError("a descriptor is the abi form (first word 0xc0) or the packed one (first byte 0xe0)")
         shape, K, ins, pro, body, epi = abi_decode(list(ABI_TYPES), data)
         return cls(
             out_shape=tuple(shape),
@@ -215,6 +377,60 @@ class KernelDesc:
         h = keccak.new(digest_bits=256)
         h.update(self.encode())
         return h.digest()
+
+
+_WINDOW = struct.Struct(">BqBqqIQq")  # axis, outMul, digit, kMul, offset, div, size, stride
+
+
+def _pack(d: KernelDesc) -> bytes:
+    """The packed form of a descriptor with the window extension (module docstring)."""
+    rank = len(d.out_shape)
+    out = [struct.pack(f">BB{rank}II", PACKED_TAG, rank, *d.out_shape, d.K),
+           struct.pack(f">B{len(d.kdims)}I", len(d.kdims), *d.kdims), struct.pack(">B", len(d.inputs))]
+    for m in d.inputs:
+        out.append(struct.pack(f">Q{rank}qqQqIB", m.numel, *m.strides, m.kstride, m.offset, m.idx_stride, m.fill,
+                               len(m.windows)))
+        out += [_WINDOW.pack(w.axis, w.out_mul, w.digit, w.k_mul, w.offset, w.div, w.size, w.stride) for w in m.windows]
+    for prog in (d.prologue, d.body, d.epilogue):
+        out.append(struct.pack(">I", len(prog)) + isa.encode_program(prog))
+    return b"".join(out)
+
+
+def _unpack(data: bytes) -> KernelDesc:
+    """Inverse of :func:`_pack`; a truncated or overlong encoding is refused."""
+    at = 0
+
+    def take(fmt: str) -> tuple[int, ...]:
+        nonlocal at
+        st = struct.Struct(">" + fmt)
+        if at + st.size > len(data):
+            raise DescriptorError("packed descriptor is truncated")
+        vals = st.unpack_from(data, at)
+        at += st.size
+        return vals
+
+    _, rank = take("BB")
+    shape = take(f"{rank}I")
+    (K,) = take("I")
+    (nd,) = take("B")
+    kdims = take(f"{nd}I")
+    (nin,) = take("B")
+    inputs = []
+    for _ in range(nin):
+        numel, *strides_etc = take(f"Q{rank}qqQqIB")
+        strides, (kstride, offset, idx_stride, fill, nw) = tuple(strides_etc[:rank]), strides_etc[rank:]
+        windows = tuple(Window(*take("BqBqqIQq")) for _ in range(nw))
+        inputs.append(InputMap(numel, strides, kstride, offset, idx_stride, windows, fill))
+    progs = []
+    for _ in range(3):
+        (n,) = take("I")
+        if at + isa.INSTR_BYTES * n > len(data):
+            raise DescriptorError("packed descriptor is truncated")
+        progs.append(isa.decode_program(data[at : at + isa.INSTR_BYTES * n]))
+        at += isa.INSTR_BYTES * n
+    if at != len(data):
+        raise DescriptorError(f"packed descriptor has {len(data) - at} trailing bytes")
+    return KernelDesc(tuple(shape), K, tuple(inputs), tuple(progs[0]), tuple(progs[1]), tuple(progs[2]), kdims=kdims)
 
 
 # Whatever executes one node: (descriptor, flat float32 inputs) -> flat float32 output. The
@@ -250,7 +466,8 @@ class VMState:
 
 @dataclass(frozen=True, slots=True)
 class MemAccess:
-    """What a LOAD/LOADIDX read: the input slot, flat address (None: no read, result NaN), bits."""
+    """What a LOAD/LOADIDX read: the input slot, flat address (None: nothing read — the fill of a
+    window out of range, or NaN for a bad LOADIDX index), bits."""
 
     input: int
     address: int | None
@@ -327,17 +544,10 @@ def step_once(
         val = instr.imm
     elif instr.op == Op.COORD:
         val = coord_bits(coords[instr.imm])
-    elif instr.op == Op.LOAD:
-        addr = desc.address(instr.imm, coords, k)
-        val = int(inputs[instr.imm][addr])
-        access = MemAccess(instr.imm, addr, val)
-    elif instr.op == Op.LOADIDX:
-        m = desc.inputs[instr.imm]
-        idx = index_of(regs[instr.a])
-        where = None if idx is None else desc.address(instr.imm, coords, k) + idx * m.idx_stride
-        if where is None or not 0 <= where < m.numel:
-            where, val = None, CANONICAL_NAN
-        else:
+    elif instr.op in (Op.LOAD, Op.LOADIDX):
+        index = regs[instr.a] if instr.op == Op.LOADIDX else None
+        where, val = desc.read(instr.imm, coords, k, index)
+        if where is not None:
             val = int(inputs[instr.imm][where])
         access = MemAccess(instr.imm, where, val)
     else:

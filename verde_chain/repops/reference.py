@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from verde_chain.repops.isa import CANONICAL_NAN, NUM_REGS, Instr, Op
-from verde_chain.repops.program import KernelDesc, check_inputs
+from verde_chain.repops.program import InputMap, KernelDesc, check_inputs
 
 
 def _coords(desc: KernelDesc) -> list[np.ndarray]:
@@ -34,6 +34,27 @@ def _index_values(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return valid, idx
 
 
+class _Windows:
+    """The windows of one input, vectorised: per k, the address term and the in-range lanes."""
+
+    def __init__(self, desc: KernelDesc, m: InputMap, coords: list[np.ndarray]) -> None:
+        self.desc, self.windows = desc, m.windows
+        # the part of each window's v that depends on the output coordinate
+        self.out_v = [w.offset + (coords[w.axis] * w.out_mul if w.out_mul else 0) for w in m.windows]
+
+    def at(self, k: int) -> tuple[np.ndarray | int, np.ndarray | bool]:
+        """(address term, lanes whose windows are all in range) at loop index k."""
+        kd = self.desc.kdigits(k)
+        term: np.ndarray | int = 0
+        ok: np.ndarray | bool = True
+        for w, ov in zip(self.windows, self.out_v):
+            v = ov + (w.k_mul * kd[w.digit] if w.k_mul else 0)
+            q = v // w.div
+            ok = ok & (v >= 0) & (v - q * w.div == 0) & (q < w.size)
+            term = term + q * w.stride
+        return term, ok
+
+
 def run_bits(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """Execute ``desc``; returns the flat uint32 bit patterns of the output."""
     from verde_chain.repops import fp32
@@ -49,6 +70,15 @@ def run_bits(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
             if s:
                 base += c * s
         bases.append(base)
+    windows = [_Windows(desc, m, coords) if m.windows else None for m in desc.inputs]
+
+    def windowed(t: int, k: int, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray | bool]:
+        """Addresses with the windows' terms (0 where out of range) and the in-range lanes."""
+        w = windows[t]
+        if w is None:
+            return addr, True
+        term, ok = w.at(k)
+        return np.where(ok, addr + term, 0), ok
     coord_bits = [c.astype(np.float32).view(np.uint32) for c in coords]
     zero = np.zeros(n, dtype=np.uint32)
     regs = [zero.copy() for _ in range(NUM_REGS)]
@@ -62,14 +92,20 @@ def run_bits(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
                 val = coord_bits[ins.imm].copy()
             elif op == Op.LOAD:
                 m = desc.inputs[ins.imm]
-                val = flat[ins.imm][bases[ins.imm] + k * m.kstride]
+                addr, inside = windowed(ins.imm, k, bases[ins.imm] + k * m.kstride)
+                val = flat[ins.imm][addr]
+                if inside is not True:
+                    val = np.where(inside, val, np.uint32(m.fill))
             elif op == Op.LOADIDX:
                 m = desc.inputs[ins.imm]
                 valid, idx = _index_values(regs[ins.a])
-                addr = bases[ins.imm] + k * m.kstride + idx * m.idx_stride
+                addr, inside = windowed(ins.imm, k, bases[ins.imm] + k * m.kstride)
+                addr = addr + idx * m.idx_stride
                 ok = valid & (addr >= 0) & (addr < m.numel)
                 val = np.full(n, CANONICAL_NAN, dtype=np.uint32)
                 val[ok] = flat[ins.imm][addr[ok]]
+                if inside is not True:
+                    val = np.where(inside, val, np.uint32(m.fill))
             else:
                 val = np.asarray(
                     fp32.execute(op, regs[ins.a], regs[ins.b], regs[ins.c]), dtype=np.uint32

@@ -24,8 +24,8 @@ from verde_chain.commit.merkle import keccak256
 from verde_chain.commit.tensor import open_element
 from verde_chain.errors import CustomError
 from verde_chain.repops import isa
-from verde_chain.repops.isa import CANONICAL_NAN, NUM_REGS, Op
-from verde_chain.repops.program import KernelDesc, as_bits, index_of, instruction_at
+from verde_chain.repops.isa import NUM_REGS, Op
+from verde_chain.repops.program import KernelDesc, as_bits, instruction_at
 from verde_chain.vm import softfloat
 
 STATE_BYTES = 160
@@ -75,20 +75,15 @@ def _coords(desc: KernelDesc, e: int) -> tuple[int, ...]:
     return desc.coords(e)
 
 
-def memory_read(desc: KernelDesc, state: State, instr: isa.Instr, k: int) -> tuple[int | None, int | None]:
-    """(input slot, address) a memory instruction reads; address None means no read (NaN)."""
+def memory_read(desc: KernelDesc, state: State, instr: isa.Instr, k: int) -> tuple[int, int | None, int]:
+    """(input slot, address, bits) of a memory instruction: address None means nothing is read
+    and the result is ``bits`` (a window's fill, or NaN for a bad LOADIDX index)."""
     c = _coords(desc, state.element)
-    addr = desc.address(instr.imm, c, k)
-    if instr.op == Op.LOADIDX:
-        idx = index_of(state.regs[instr.a])
-        if idx is None or not -(2**31) <= idx < 2**31:
-            return instr.imm, None
-        addr += idx * desc.inputs[instr.imm].idx_stride
-        if not 0 <= addr < desc.inputs[instr.imm].numel:
-            return instr.imm, None
-    elif not 0 <= addr < desc.inputs[instr.imm].numel:
+    index = state.regs[instr.a] if instr.op == Op.LOADIDX else None
+    addr, bits = desc.read(instr.imm, c, k, index)
+    if addr is not None and not 0 <= addr < desc.inputs[instr.imm].numel:
         raise CustomError("AddressOutOfRange", input=instr.imm, addr=addr, numel=desc.inputs[instr.imm].numel)
-    return instr.imm, addr
+    return instr.imm, addr, bits
 
 
 def execute(desc: KernelDesc, state: State, loaded: int | None = None) -> State:
@@ -103,10 +98,8 @@ def execute(desc: KernelDesc, state: State, loaded: int | None = None) -> State:
     elif instr.op == Op.COORD:
         val = softfloat.from_uint32(_coords(desc, state.element)[instr.imm])
     elif instr.op in (Op.LOAD, Op.LOADIDX):
-        _, addr = memory_read(desc, state, instr, k)
-        if addr is None:
-            val = CANONICAL_NAN
-        else:
+        _, addr, val = memory_read(desc, state, instr, k)
+        if addr is not None:
             if loaded is None:
                 raise CustomError("MissingOperand", step=state.step)
             val = loaded
@@ -132,8 +125,8 @@ def _loaded_value(desc: KernelDesc, flat: Sequence[np.ndarray], s: State) -> int
     instr, k = instruction_at(desc, s.step)
     if instr.op not in (Op.LOAD, Op.LOADIDX):
         return None
-    t, addr = memory_read(desc, s, instr, k)
-    return None if addr is None or t is None else int(flat[t][addr])
+    t, addr, _ = memory_read(desc, s, instr, k)
+    return None if addr is None else int(flat[t][addr])
 
 
 def prove_step(desc: KernelDesc, inputs: Sequence[np.ndarray], pre: State) -> StepProof:
@@ -143,8 +136,8 @@ def prove_step(desc: KernelDesc, inputs: Sequence[np.ndarray], pre: State) -> St
     proof = b""
     loaded = None
     if instr.op in (Op.LOAD, Op.LOADIDX):
-        t, addr = memory_read(desc, pre, instr, k)
-        if addr is not None and t is not None:
+        t, addr, _ = memory_read(desc, pre, instr, k)
+        if addr is not None:
             op = open_element(flat[t], addr)
             proof = abi_encode(["(bytes,bytes32[])"], [(op.chunk, list(op.proof))])
             loaded = op.bits

@@ -1,5 +1,5 @@
 """Data movement IR ops: ``transpose`` (a strided copy), ``reshape`` (a free view: no node),
-``expand``, ``slice``, ``concat`` and ``trilu``.
+``expand``, ``slice``, ``concat``, ``trilu`` and ``pad`` (constant mode: windowed loads).
 
 ONNX Reshape, Flatten, Squeeze, Unsqueeze, Identity and Cast (to float of a float tensor, or
 between integer types) become ``reshape``; Split and SplitToSequence/SequenceAt become one
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from verde_chain.errors import RepOpsError
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import UnsupportedModelError
 from verde_chain.graph.ir import OpNode
@@ -349,3 +350,39 @@ def _fw_trilu(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 @vjp("trilu")
 def _bw_trilu(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
     return [b.node(library.trilu(g.shape, op.attrs["k"], op.attrs["upper"]), g, label="trilu")]
+
+
+# ----------------------------------------------------------------------- pad (constant mode)
+
+
+@onnx_op("Pad")
+def _import_pad(imp: Importer, node: onnx.NodeProto) -> None:
+    a = imp.check_attrs(node, {"mode": "constant"})
+    mode = a["mode"].decode() if isinstance(a["mode"], bytes) else a["mode"]
+    if mode != "constant":
+        raise UnsupportedModelError(imp.who(node), f"mode={mode!r}", "constant")
+    x = imp.float_input(node.input[0], node)
+    rank = len(imp.shape(x))
+    pads = imp.ints(node.input[1], node, "pads")
+    value = 0.0
+    if len(node.input) > 2 and node.input[2]:
+        if not imp.is_static(node.input[2]):
+            raise UnsupportedModelError(imp.who(node), "a constant_value that is not a constant")
+        value = float(np.asarray(imp.static[node.input[2]], dtype=np.float32).reshape(()))
+    axes = imp.ints(node.input[3], node, "axes") if len(node.input) > 3 and node.input[3] else None
+    try:
+        pads = list(library.onnx_pads(rank, pads, axes))  # opset 18: pads of these axes only
+        out = library.pad(imp.shape(x), pads, value).out_shape
+    except RepOpsError as exc:
+        raise UnsupportedModelError(imp.who(node), str(exc)) from exc
+    imp.emit(node, "pad", [x], out, pads=tuple(pads), value=value)
+
+
+@lowering("pad")
+def _fw_pad(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    return Saved(b.node(library.pad(ins[0].shape, op.attrs["pads"], op.attrs["value"]), ins[0], label="pad"))
+
+
+@vjp("pad")
+def _bw_pad(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    return [b.node(library.pad(g.shape, [-p for p in op.attrs["pads"]]), g, label="pad_bwd")]

@@ -1,15 +1,18 @@
 """Normalisation IR ops: ``softmax`` / ``log_softmax`` (one axis), ``layer_norm`` (scale and
-bias) and ``rms_norm`` (scale; made by ``graph/fusion.py`` from the exported pattern), each lowered to the operator library's composition and differentiated by its backward
-composition."""
+bias), ``rms_norm`` (scale; made by ``graph/fusion.py`` from the exported pattern) and
+``batch_norm`` (training or inference mode), each lowered to the operator library's composition
+and differentiated by its backward composition; and ``dropout`` (its mask carried in the batch)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.errors import UnsupportedModelError
-from verde_chain.graph.ir import OpNode
+from verde_chain.graph.ir import OpNode, Value
 from verde_chain.graph.operators.registry import Grads, Saved, lowering, onnx_op, vjp
 from verde_chain.repops import library
 
@@ -105,3 +108,92 @@ def _bw_rms_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, 
     for i, r in zip(want, res):
         out[i] = r
     return out
+
+
+# ----------------------------------------------------------------------- batch norm, dropout
+
+
+@onnx_op("BatchNormalization")
+def _import_batch_norm(imp: Importer, node: onnx.NodeProto) -> None:
+    """Training mode (opset 14+ ``training_mode=1``, as torch exports a model in train()): the
+    batch statistics, and the running mean and variance become carried state that this node
+    updates each step; otherwise the running statistics normalise. Either way the running
+    statistics are state, never trained."""
+    a = imp.check_attrs(node, {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0, "spatial": 1})
+    if len(node.input) != 5:
+        raise UnsupportedModelError(imp.who(node), f"{len(node.input)} inputs", "X, scale, B, mean, var")
+    training = bool(a["training_mode"])
+    if any(imp.is_read(extra) for extra in node.output[1:]):
+        raise UnsupportedModelError(imp.who(node), "the running statistics outputs are read", "output Y only")
+    x, scale, bias = (imp.float_input(n, node) for n in node.input[:3])
+    mean, var = (imp.state_value(n, node) for n in node.input[3:5])
+    shape = imp.shape(x)
+    if len(shape) < 2 or any(imp.shape(v) != (shape[1],) for v in (scale, bias, mean, var)):
+        raise UnsupportedModelError(imp.who(node), f"input {shape} with statistics of {imp.shape(scale)}")
+    imp.emit(node, "batch_norm", [x, scale, bias, mean, var], shape, eps=float(a["epsilon"]),
+             momentum=float(a["momentum"]), training=training)
+
+
+@onnx_op("Dropout")
+def _import_dropout(imp: Importer, node: onnx.NodeProto) -> None:
+    """Training mode (``training_mode`` a constant true) with ratio > 0: ``dropout`` with a
+    mask value (role ``mask``) that the batch of each step carries (graph/training.py);
+    otherwise the identity."""
+    a = imp.check_attrs(node, {"seed": 0})
+    del a
+    if any(imp.is_read(extra) for extra in node.output[1:]):
+        raise UnsupportedModelError(imp.who(node), "the mask output is read", "Dropout's output only")
+    x = imp.float_input(node.input[0], node)
+    ratio, training = 0.5, False
+    if len(node.input) > 1 and node.input[1]:
+        if not imp.is_static(node.input[1]):
+            raise UnsupportedModelError(imp.who(node), "a ratio that is not a constant")
+        ratio = float(np.asarray(imp.static[node.input[1]]).reshape(()))
+    if len(node.input) > 2 and node.input[2]:
+        if not imp.is_static(node.input[2]):
+            raise UnsupportedModelError(imp.who(node), "a training_mode that is not a constant")
+        training = bool(np.asarray(imp.static[node.input[2]]).reshape(()))
+    if not 0.0 <= ratio < 1.0:
+        raise UnsupportedModelError(imp.who(node), f"ratio {ratio}", "0 <= ratio < 1")
+    if not training or ratio == 0.0:
+        imp.emit(node, "reshape", [x], imp.shape(x), shape=imp.shape(x))
+        return
+    mask = imp.model.add_value(Value(f"{node.output[0]}:mask", imp.shape(x), "mask")).name
+    imp.emit(node, "dropout", [x, mask], imp.shape(x), ratio=ratio)
+
+
+@lowering("batch_norm")
+def _fw_batch_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    x, rmean, rvar = ins[0], ins[3], ins[4]
+    eps = op.attrs["eps"]
+    if op.attrs["training"]:
+        comp = library.batch_norm_training(x.shape, eps, op.attrs["momentum"])
+        y, mean, istd, rmean2, rvar2 = b.composite(comp, *ins, label="batch_norm")
+        for state, new in ((rmean, rmean2), (rvar, rvar2)):
+            if state.kind == "state":
+                b.update_state(state, new)
+        return Saved(y, {"mean": mean, "istd": istd})
+    y, istd = b.composite(library.batch_norm_inference(x.shape, eps), *ins, label="batch_norm")
+    return Saved(y, {"mean": rmean, "istd": istd})
+
+
+@vjp("batch_norm")
+def _bw_batch_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    x, scale = ins[0], ins[1]
+    comp = library.batch_norm_backward(x.shape, op.attrs["training"])
+    want = [i for i in range(3) if need[i]]
+    res = b.composite(comp, x, scale, s.extra["mean"], s.extra["istd"], g, want=want, label="batch_norm_bwd")
+    out: Grads = [None] * 5
+    for i, r in zip(want, res):
+        out[i] = r
+    return out
+
+
+@lowering("dropout")
+def _fw_dropout(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
+    return Saved(b.node(library.dropout_apply(ins[0].shape, op.attrs["ratio"]), *ins, label="dropout"))
+
+
+@vjp("dropout")
+def _bw_dropout(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    return [b.node(library.dropout_apply(g.shape, op.attrs["ratio"]), g, ins[1], label="dropout_bwd"), None]

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from verde_chain.errors import RepOpsError
 from verde_chain.repops.isa import Instr
 from verde_chain.repops.program import InputMap, KernelDesc
 
@@ -37,6 +38,10 @@ def encode_maps(maps: Sequence[InputMap], rank: int) -> np.ndarray:
 
 def encode_desc(desc: KernelDesc) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """The prologue, body and epilogue rows and the map rows of ``desc``."""
+    # SAFETY: the native encodings carry no windows; a window descriptor run on them would read
+    # wrong memory. Backends send those through repops/windowed.py instead.
+    if desc.extended:
+        raise RepOpsError(f"{desc.label or 'kernel'}: the native kernels do not read window descriptors")
     programs = (encode_program(desc.prologue), encode_program(desc.body), encode_program(desc.epilogue))
     return programs, encode_maps(desc.inputs, len(desc.out_shape))
 

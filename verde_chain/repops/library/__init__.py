@@ -15,10 +15,11 @@ Modules, by unit (primitives return a ``KernelDesc``, compositions a ``Composite
     maps         elementwise: unary / binary / comparison / logic / where / pow / their gradients
     reductions   sum mean max min prod sumsq l1 l2 meansq, dot reductions
     linalg       matmul, Gemm
-    movement     strided copy, transpose, reshape, expand, slice (+ grad), concat, trilu
+    movement     strided copy, transpose, reshape, expand, slice (+ grad), concat, trilu, pad
     indexing     gather, gather_elements, scatter_add (their backward)
     composite    Node, Composite, Builder; reductions over any axes (reduce_nodes)
-    nn           softmax, log_softmax, layer_norm, rms_norm (+ backward)
+    conv         convolution (+ both gradients), per-channel reductions, pooling (windowed loads)
+    nn           softmax, log_softmax, layer_norm, rms_norm, batch_norm (+ backward)
     losses       NLL, softmax cross-entropy (+ backward)
     optimizers   SGD, Adam/AdamW, ONNX Momentum/Adam
     backward     backward of broadcasting binaries and matmul
@@ -41,6 +42,22 @@ from verde_chain.repops.library.composite import (
     reduce_nodes,
     single,
 )
+from verde_chain.repops.library.conv import (
+    ConvGeometry,
+    avg_pool,
+    avg_pool_grad_scale,
+    channel_centered_meansq,
+    channel_dot_xhat,
+    channel_mean,
+    channel_sum,
+    conv_grad_input,
+    conv_grad_weight,
+    convolution,
+    max_pool,
+    max_pool_argmax,
+    max_pool_backward,
+    window_sum_backward,
+)
 from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
 from verde_chain.repops.library.indexing import gather, gather_elements, gather_elements_grad, gather_grad, scatter_add
 from verde_chain.repops.library.linalg import gemm, matmul
@@ -53,14 +70,23 @@ from verde_chain.repops.library.maps import (
     UNARY_CODE,
     binary,
     clip,
+    clip_grad,
+    dropout_apply,
     elementwise,
     gelu,
+    hard_sigmoid,
+    hard_sigmoid_grad,
+    hard_swish,
+    hard_swish_grad,
     leaky_relu,
+    log1p_exp_log,
     map_affine,
     map_unary,
     minmax_grad,
     pow_const,
     pow_const_code,
+    sigmoid_times,
+    softplus_tail,
     unary_code,
     unary_grad,
     where,
@@ -69,14 +95,20 @@ from verde_chain.repops.library.maps import (
 from verde_chain.repops.library.movement import (
     concat,
     expand,
+    onnx_pads,
+    pad,
     reshape,
     slice_,
     slice_grad,
     strided_copy,
     transpose,
     trilu,
+    write_row,
 )
 from verde_chain.repops.library.nn import (
+    batch_norm_backward,
+    batch_norm_inference,
+    batch_norm_training,
     layer_norm,
     layer_norm_backward,
     log_softmax,
@@ -103,15 +135,19 @@ from verde_chain.repops.library.shapes import (
 
 __all__ = [
     "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
-    "AdamConstants", "Builder", "Composite", "I", "Node", "Runner", "Shape", "adam", "adam_constants",
-    "as_shape", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes", "c_strides",
-    "clip", "concat", "const", "coord", "elementwise", "expand", "f32_of_fraction", "f32_of_sqrt_fraction",
-    "f32q", "gather", "gather_elements", "gather_elements_grad", "gather_grad", "gelu", "gemm", "layer_norm",
-    "layer_norm_backward", "leaky_relu", "linear_k_stride", "load", "loadidx", "log_softmax",
-    "log_softmax_backward", "map_affine", "map_unary", "matmul", "matmul_backward", "minmax_grad", "nll_loss",
-    "normalize_axes", "numel", "onnx_adam", "onnx_momentum", "pow_const", "pow_const_code", "reduce",
-    "reduce_composite", "reduce_dot", "reduce_nodes", "reduced_shape", "reshape", "rms_norm",
-    "rms_norm_backward", "scatter_add", "sgd", "single", "slice_", "slice_grad", "softmax", "softmax_backward",
-    "softmax_cross_entropy", "softmax_cross_entropy_backward", "strided_copy", "sum_to_shape", "transcendental",
-    "transpose", "trilu", "unary_code", "unary_grad", "where", "where_grad",
+    "AdamConstants", "Builder", "Composite", "ConvGeometry", "I", "Node", "Runner", "Shape", "adam",
+    "adam_constants", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
+    "batch_norm_training", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes",
+    "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_grad",
+    "concat", "const", "conv_grad_input", "conv_grad_weight", "convolution", "coord", "dropout_apply", "elementwise",
+    "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q", "gather", "gather_elements", "gather_elements_grad",
+    "gather_grad", "gelu", "gemm", "hard_sigmoid", "hard_sigmoid_grad", "hard_swish", "hard_swish_grad",
+    "layer_norm", "layer_norm_backward", "leaky_relu", "linear_k_stride", "load", "loadidx", "log1p_exp_log",
+    "log_softmax", "log_softmax_backward", "map_affine", "map_unary", "matmul", "matmul_backward", "max_pool",
+    "max_pool_argmax", "max_pool_backward", "minmax_grad", "nll_loss", "normalize_axes", "numel", "onnx_adam",
+    "onnx_momentum", "onnx_pads", "pad", "pow_const", "pow_const_code", "reduce", "reduce_composite", "reduce_dot",
+    "reduce_nodes", "reduced_shape", "reshape", "rms_norm", "rms_norm_backward", "scatter_add", "sgd",
+    "sigmoid_times", "single", "slice_", "slice_grad", "softmax", "softmax_backward", "softmax_cross_entropy",
+    "softmax_cross_entropy_backward", "softplus_tail", "strided_copy", "sum_to_shape", "transcendental", "transpose",
+    "trilu", "unary_code", "unary_grad", "where", "where_grad", "window_sum_backward", "write_row",
 ]  # fmt: skip

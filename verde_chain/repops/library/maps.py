@@ -228,3 +228,111 @@ def where_grad(cond_shape: Sequence[int], g_shape: Sequence[int], branch: int) -
     SELECT(c, +0, g)); inputs (c, g), the output has g's shape."""
     code = (const(2, 0.0), I(Op.SELECT, 0, 0, 1, 2) if branch == 1 else I(Op.SELECT, 0, 0, 2, 1))
     return elementwise("where_grad", [cond_shape, g_shape], code, g_shape)
+
+
+# ----------------------------------------------------------------------- vision activations
+def hard_sigmoid(shape: Sequence[int], alpha: float = 0.2, beta: float = 0.5) -> KernelDesc:
+    """ONNX HardSigmoid: ``MAX(MIN(ADD(MUL(x, alpha), beta), 1), +0)``; NaN -> NaN."""
+    return elementwise("hard_sigmoid", [shape], _hard_sigmoid_code(alpha, beta, 0))
+
+
+def _hard_sigmoid_code(alpha: float, beta: float, dst: int) -> tuple[Instr, ...]:
+    """``r_dst = hard_sigmoid(r0)`` (r_dst and r_dst+1 written)."""
+    t = dst + 1
+    return (
+        const(t, alpha),
+        I(Op.MUL, dst, 0, t),  # alpha * x
+        const(t, beta),
+        I(Op.ADD, dst, dst, t),  # z = alpha * x + beta
+        const(t, 1.0),
+        I(Op.MIN, dst, dst, t),
+        const(t, 0.0),
+        I(Op.MAX, dst, dst, t),
+    )
+
+
+def _inside_code(alpha: float, beta: float) -> tuple[Instr, ...]:
+    """``r4 = 1.0`` where ``0 < alpha*x + beta < 1`` (x in r0), else +0; uses r4..r6."""
+    return (
+        const(5, alpha),
+        I(Op.MUL, 4, 0, 5),
+        const(5, beta),
+        I(Op.ADD, 4, 4, 5),  # r4 = z
+        const(5, 0.0),
+        I(Op.LT, 6, 5, 4),  # r6 = 0 < z
+        const(5, 1.0),
+        I(Op.LT, 4, 4, 5),  # r4 = z < 1
+        I(Op.MUL, 4, 4, 6),  # both (1.0 * 1.0 or a +0)
+    )
+
+
+def hard_swish(shape: Sequence[int]) -> KernelDesc:
+    """ONNX HardSwish: ``MUL(x, hard_sigmoid(x))`` with alpha = 1/6, beta = 0.5."""
+    return elementwise("hard_swish", [shape], _hard_sigmoid_code(1 / 6, 0.5, 2) + (I(Op.MUL, 0, 0, 2),))
+
+
+def hard_sigmoid_grad(shape: Sequence[int], alpha: float = 0.2, beta: float = 0.5) -> KernelDesc:
+    """inputs (x, g): ``SELECT(inside, MUL(g, alpha), +0)``, inside = ``0 < alpha*x + beta < 1``."""
+    code = _inside_code(alpha, beta) + (const(5, alpha), I(Op.MUL, 5, 1, 5), const(6, 0.0), I(Op.SELECT, 0, 4, 5, 6))
+    return elementwise("hard_sigmoid_grad", [shape, shape], code)
+
+
+def hard_swish_grad(shape: Sequence[int]) -> KernelDesc:
+    """inputs (x, g): ``MUL(g, ADD(hard_sigmoid(x), SELECT(inside, MUL(x, 1/6), +0)))``."""
+    code = (
+        _hard_sigmoid_code(1 / 6, 0.5, 2)  # r2 = hard_sigmoid(x)
+        + _inside_code(1 / 6, 0.5)  # r4 = inside
+        + (const(5, 1 / 6), I(Op.MUL, 5, 0, 5), const(6, 0.0), I(Op.SELECT, 5, 4, 5, 6),  # r5 = inside ? x/6 : +0
+           I(Op.ADD, 2, 2, 5), I(Op.MUL, 0, 1, 2))
+    )
+    return elementwise("hard_swish_grad", [shape, shape], code)
+
+
+def clip_grad(shape: Sequence[int], lo: float | None, hi: float | None) -> KernelDesc:
+    """inputs (x, g): g where ``lo < x < hi`` (strictly, as torch's hardtanh), else +0."""
+    code: list[Instr] = [const(3, 1.0)]  # r3 = inside so far
+    if lo is not None:
+        code += [const(2, lo), I(Op.LT, 2, 2, 0), I(Op.MUL, 3, 3, 2)]
+    if hi is not None:
+        code += [const(2, hi), I(Op.LT, 2, 0, 2), I(Op.MUL, 3, 3, 2)]
+    code += [const(2, 0.0), I(Op.SELECT, 0, 3, 1, 2)]
+    return elementwise("clip_grad", [shape, shape], code)
+
+
+def softplus_tail(shape: Sequence[int]) -> KernelDesc:
+    """Softplus's last node: inputs (x, t = exp(x), l = log(1 + t)) ->
+    ``SELECT(LT(20, x), x, SELECT(EQ(u, 1), t, MUL(l, DIV(t, SUB(u, 1)))))`` with ``u = ADD(t, 1)``:
+    ``log1p(t)`` by Goldberg's correction (accurate where ``1 + t`` rounds), x itself above 20."""
+    code = (
+        const(3, 1.0),
+        I(Op.ADD, 4, 1, 3),  # r4 = u = t + 1
+        I(Op.SUB, 5, 4, 3),  # r5 = u - 1
+        I(Op.DIV, 5, 1, 5),  # r5 = t / (u - 1)
+        I(Op.MUL, 5, 2, 5),  # r5 = l * t / (u - 1)
+        I(Op.EQ, 6, 4, 3),  # r6 = u == 1
+        I(Op.SELECT, 5, 6, 1, 5),  # r5 = u == 1 ? t : r5
+        const(3, 20.0),
+        I(Op.LT, 6, 3, 0),  # r6 = 20 < x
+        I(Op.SELECT, 0, 6, 0, 5),
+    )
+    return elementwise("softplus", [shape, shape, shape], code)
+
+
+def log1p_exp_log(shape: Sequence[int]) -> KernelDesc:
+    """``log(ADD(t, 1))`` (softplus's middle node; t = exp(x) in r0)."""
+    return elementwise("log_1p", [shape], (const(1, 1.0), I(Op.ADD, 0, 0, 1), *transcendental("log")))
+
+
+def sigmoid_times(shape: Sequence[int]) -> KernelDesc:
+    """inputs (x, g): ``MUL(sigmoid(x), g)`` (softplus's gradient); g is loaded after the program."""
+    sh = as_shape(shape)
+    m = broadcast_map(sh, sh)
+    pro = (load(0, 0), *transcendental("sigmoid"), load(1, 1), I(Op.MUL, 0, 0, 1))
+    return KernelDesc(sh, 1, (m, m), pro, label="softplus_grad")
+
+
+def dropout_apply(shape: Sequence[int], ratio: float) -> KernelDesc:
+    """inputs (x, mask): ``MUL(MUL(x, mask), fl32(1 / (1 - ratio)))`` (the mask 1.0 / +0.0);
+    also the backward, with g for x."""
+    scale = 1.0 / (1.0 - float(np.float32(ratio)))
+    return elementwise("dropout", [shape, shape], (I(Op.MUL, 0, 0, 1), const(1, scale), I(Op.MUL, 0, 0, 1)))

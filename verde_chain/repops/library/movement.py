@@ -3,8 +3,8 @@
 Most are a ``strided_copy``: the output element at coordinates c reads input address
 ``offset + sum_d c[d] * strides[d]``. Transpose permutes strides, expand zeroes them, slice
 scales and offsets them; reshape is a plain copy (inside a graph a reshape is a free view and
-needs no node at all). Concat, the slice's gradient and Trilu choose per element (COORD, LOADIDX
-and SELECT).
+needs no node at all). Concat, the slice's gradient, Trilu and ``write_row`` choose per element
+(COORD, LOADIDX and SELECT).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from verde_chain.errors import RepOpsError
-from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.isa import Instr, Op, f32_bits
 from verde_chain.repops.library.asm import I, const, coord, load, loadidx
 from verde_chain.repops.library.shapes import as_shape, broadcast_map, broadcast_shapes, c_strides, numel
-from verde_chain.repops.program import InputMap, KernelDesc
+from verde_chain.repops.program import InputMap, KernelDesc, Window
 
 
 def strided_copy(
@@ -168,3 +168,58 @@ def trilu(shape: Sequence[int], k: int = 0, upper: bool = True) -> KernelDesc:
     )
     full = InputMap(numel(shp), c_strides(shp))
     return KernelDesc(shp, 1, (full,), code, label="triu" if upper else "tril")
+
+
+def onnx_pads(rank: int, pads: Sequence[int], axes: Sequence[int] | None = None) -> tuple[int, ...]:
+    """ONNX Pad's ``pads`` for every axis (begins, then ends) from pads of ``axes`` only (opset 18;
+    negative axes count from the end)."""
+    if axes is None:
+        return tuple(int(p) for p in pads)
+    if len(pads) != 2 * len(axes):
+        raise RepOpsError(f"pad: {len(pads)} pads for {len(axes)} axes")
+    full = [0] * (2 * rank)
+    for i, ax in enumerate(axes):
+        full[ax % rank], full[rank + ax % rank] = int(pads[i]), int(pads[len(axes) + i])
+    return tuple(full)
+
+
+def pad(shape: Sequence[int], pads: Sequence[int], value: float = 0.0) -> KernelDesc:
+    """ONNX Pad, constant mode (pads: all begins, then all ends; negative ones crop): one LOAD
+    whose windows read ``fl32(value)`` outside the input — raw bits inside. Its backward is
+    ``pad(out_shape, -pads)`` of the gradient."""
+    shp = as_shape(shape)
+    r = len(shp)
+    if len(pads) != 2 * r:
+        raise RepOpsError(f"pad: {len(pads)} pads for rank {r}")
+    out = tuple(n + pads[d] + pads[r + d] for d, n in enumerate(shp))
+    if min(out, default=1) < 1:
+        raise RepOpsError(f"pad: {shp} with pads {tuple(pads)} leaves no element")
+    st = c_strides(shp)
+    padded = [d for d in range(r) if pads[d] or pads[r + d]]
+    if not padded:
+        return strided_copy(out, numel(shp), st, label="pad")
+    strides = tuple(0 if d in padded else st[d] for d in range(r))
+    windows = tuple(Window(d, 1, 0, 0, -pads[d], 1, shp[d], st[d]) for d in padded)
+    m = InputMap(numel(shp), strides, windows=windows, fill=f32_bits(value))
+    return KernelDesc(out, 1, (m,), (load(0, 0),), label="pad")
+
+
+def write_row(rows: int, row_numel: int) -> KernelDesc:
+    """A (rows, row_numel) buffer with one row replaced: inputs (buffer, row, r), where r is one
+    binary32 integer (the row to write). out[t, j] = t == r ? row[j] : buffer[t, j]; a row
+    index outside [0, rows) changes nothing. Inference jobs write each step's outputs into
+    their committed outputs buffer with it (docs/training.md)."""
+    if rows < 1 or row_numel < 1:
+        raise RepOpsError(f"write_row: needs rows >= 1 and row_numel >= 1, got {rows}, {row_numel}")
+    code = (
+        coord(1, 0),  # r1 = t
+        load(2, 2),  # r2 = r
+        I(Op.EQ, 3, 1, 2),  # r3 = t == r
+        load(4, 1),  # r4 = row[j]
+        load(0, 0),  # r0 = buffer[t, j]
+        I(Op.SELECT, 0, 3, 4, 0),  # r0 = r3 ? row[j] : buffer[t, j]
+    )
+    buf = InputMap(rows * row_numel, (row_numel, 1))
+    row = InputMap(row_numel, (0, 1))
+    r = InputMap(1, (0, 0))
+    return KernelDesc((rows, row_numel), 1, (buf, row, r), code, label="write_row")

@@ -8,11 +8,15 @@ normalisation (BatchNorm) belongs here, as a forward and backward pair.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.asm import I, const, transcendental
 from verde_chain.repops.library.composite import Builder, Composite
+from verde_chain.repops.library.conv import channel_centered_meansq, channel_dot_xhat, channel_mean, channel_sum
 from verde_chain.repops.library.shapes import Shape, as_shape, normalize_axes
 
 
@@ -179,3 +183,87 @@ def rms_norm_backward(shape: Sequence[int], axis: int = -1) -> Composite:
     dx = b.map("rms_dx", dx_code, gs, xhat, a, inv)
     dscale = b.view(b.reduce_dot(g, xhat, bax, keepdims=False), nshape) if bax else b.binary("mul", g, xhat)
     return b.build(dx, dscale)
+
+
+# ------------------------------------------------------------------------ batch normalisation
+def _channel_shape(shape: Shape) -> Shape:
+    """The per-channel statistics of ``(N, C, *S)`` broadcast against it: ``(C, 1, ..., 1)``."""
+    return (shape[1],) + (1,) * (len(shape) - 2)
+
+
+def _bn_normalise(b: Builder, x: int, mean: int, istd: int, scale: int, bias: int) -> int:
+    """``y = ((x - mean) * inv_std) * scale + bias`` (one node; per-channel operands broadcast)."""
+    c = _channel_shape(b.shape(x))
+    code = (I(Op.SUB, 0, 0, 1), I(Op.MUL, 0, 0, 2), I(Op.MUL, 0, 0, 3), I(Op.ADD, 0, 0, 4))
+    return b.map("bn_normalise", code, x, *(b.view(v, c) for v in (mean, istd, scale, bias)))
+
+
+def batch_norm_training(shape: Sequence[int], eps: float = 1e-5, momentum: float = 0.9) -> Composite:
+    """ONNX BatchNormalization, training mode: inputs (x, scale, bias, running_mean,
+    running_var) -> (y, mean, inv_std, running_mean', running_var'), statistics ``(C,)``.
+
+    ``mean = channel_mean(x)``, ``var = channel_centered_meansq(x, mean)`` (the population
+    variance, as ONNX; k = (n, s) ascending, ``conv.channel_map``); ``inv_std = 1/sqrt(var + eps)``;
+    ``y = ((x - mean) * inv_std) * scale + bias``; running statistics ONNX's way,
+    ``r' = ADD(MUL(r, momentum), MUL(stat, fl32(1 - momentum)))``."""
+    shp = as_shape(shape)
+    C = shp[1]
+    b = Builder("batch_norm", shp, (C,), (C,), (C,), (C,))
+    x, scale, bias, rmean, rvar = b.inputs()
+    mean = b.node(channel_mean(shp), x)
+    var = b.node(channel_centered_meansq(shp), x, mean)
+    istd = b.map("inv_std", _inv_sqrt_code(eps), var)
+    y = _bn_normalise(b, x, mean, istd, scale, bias)
+    m = float(np.float32(momentum))
+    update = (const(2, m), I(Op.MUL, 0, 0, 2), const(2, 1.0 - m), I(Op.MUL, 1, 1, 2), I(Op.ADD, 0, 0, 1))
+    rmean2 = b.map("bn_running", update, rmean, mean)
+    rvar2 = b.map("bn_running", update, rvar, var)
+    return b.build(y, mean, istd, rmean2, rvar2)
+
+
+def batch_norm_inference(shape: Sequence[int], eps: float = 1e-5) -> Composite:
+    """ONNX BatchNormalization from running statistics: inputs (x, scale, bias, mean, var) ->
+    (y, inv_std); ``y`` as in training with (mean, var) the given ones."""
+    shp = as_shape(shape)
+    C = shp[1]
+    b = Builder("batch_norm_inference", shp, (C,), (C,), (C,), (C,))
+    x, scale, bias, mean, var = b.inputs()
+    istd = b.map("inv_std", _inv_sqrt_code(eps), var)
+    return b.build(_bn_normalise(b, x, mean, istd, scale, bias), istd)
+
+
+def batch_norm_backward(shape: Sequence[int], training: bool = True) -> Composite:
+    """inputs (x, scale, mean, inv_std, g) -> (dx, dscale, dbias), per channel over (n, s).
+
+    ``dbias = channel_sum(g)``; ``dscale = sum(g * xhat)`` with ``xhat = (x - mean) * inv_std``
+    recomputed in the chain (k = (n, s) ascending, ``conv.channel_dot_xhat``). Training:
+    ``a = (dbias * scale) / K``, ``b = (dscale * scale) / K``,
+    ``dx = (((g * scale) - a) - xhat * b) * inv_std``; inference (constant statistics):
+    ``dx = (g * scale) * inv_std``."""
+    shp = as_shape(shape)
+    C = shp[1]
+    c = _channel_shape(shp)
+    b = Builder("batch_norm_backward", shp, (C,), (C,), (C,), shp)
+    x, scale, mean, istd, g = b.inputs()
+    dbias = b.node(channel_sum(shp), g)
+    dscale = b.node(channel_dot_xhat(shp), g, x, mean, istd)
+    sc, ist = b.view(scale, c), b.view(istd, c)
+    if not training:
+        return b.build(b.map("bn_dx", (I(Op.MUL, 0, 0, 1), I(Op.MUL, 0, 0, 2)), g, sc, ist), dscale, dbias)
+    K = float(shp[0] * math.prod(shp[2:]))
+    dx_code = (  # r0 = g, r1 = x, r2 = mean, r3 = inv_std, r4 = scale, r5 = dbias, r6 = dscale
+        I(Op.SUB, 1, 1, 2),
+        I(Op.MUL, 1, 1, 3),  # r1 = xhat
+        I(Op.MUL, 0, 0, 4),  # r0 = g * scale
+        const(7, K),
+        I(Op.MUL, 5, 5, 4),
+        I(Op.DIV, 5, 5, 7),  # r5 = a = dbias * scale / K
+        I(Op.MUL, 6, 6, 4),
+        I(Op.DIV, 6, 6, 7),  # r6 = b = dscale * scale / K
+        I(Op.SUB, 0, 0, 5),
+        I(Op.MUL, 1, 1, 6),
+        I(Op.SUB, 0, 0, 1),
+        I(Op.MUL, 0, 0, 3),  # dx
+    )
+    args = (g, x, *(b.view(v, c) for v in (mean, istd, scale, dbias, dscale)))
+    return b.build(b.map("bn_dx", dx_code, *args), dscale, dbias)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from verde_chain.errors import RepOpsError
+from verde_chain.repops import windowed
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 from verde_chain.repops.backends.cpu.jit import (
@@ -87,10 +88,13 @@ class CpuBackend:
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
-                     producers: Sequence[int], batch_numel: int) -> StepKernel:
-        """One C++ call per training step for these nodes (see ``StepKernel``)."""
+                     producers: Sequence[int], batch_numel: int) -> StepKernel | None:
+        """One C++ call per training step for these nodes (see ``StepKernel``); None (nodes one
+        by one) while a node uses the window extension, which the C++ kernels do not read yet."""
         from verde_chain.repops.backends.cpu.step import StepKernel
 
+        if any(desc.extended for desc in descs):
+            return None
         return StepKernel(self, descs, wiring, producers, batch_numel)
 
     def plan(self, desc: KernelDesc) -> Plan:
@@ -133,6 +137,8 @@ class CpuBackend:
         return torch.get_num_threads() if self.threads is None else self.threads
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
+        if desc.extended:  # the window extension: explicit GEMM or dewindowed (repops/windowed.py)
+            return windowed.run(desc, inputs, self._gemm, self)
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -154,6 +160,10 @@ class CpuBackend:
         return out.numpy().view(np.float32).reshape(desc.out_shape)
 
     # ------------------------------------------------------------------ fast paths
+    def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(nb, M, K) @ (nb, K, N) float32 arrays on the fixed-chain GEMM."""
+        return ext.matmul3(torch.from_numpy(a), torch.from_numpy(b), self.isa, self.threads).numpy()
+
     def _views(self, plan: Plan, flat: list[np.ndarray]) -> list[torch.Tensor]:
         # reshape keeps stride-0 (broadcast) batches as views where it can; a copy changes no value
         return [

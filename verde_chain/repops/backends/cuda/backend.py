@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from verde_chain.repops import windowed
 from verde_chain.repops.backends.cuda.extension import CudaUnavailable, cuda_status, load_extension
 from verde_chain.repops.backends.native import PerDesc, encode_desc, writable
 from verde_chain.repops.backends.plan import Plan, classify
@@ -80,10 +81,13 @@ class CudaBackend:
         wiring: Sequence[Sequence[tuple[int, int]]],
         producers: Sequence[int],
         batch_numel: int,
-    ) -> CudaStepKernel:
-        """A whole training step on device tensors (see :class:`CudaStepKernel`)."""
+    ) -> CudaStepKernel | None:
+        """A whole training step on device tensors (see :class:`CudaStepKernel`); None (nodes one
+        by one) while a node uses the window extension, which the device kernels do not read yet."""
         from verde_chain.repops.backends.cuda.step import CudaStepKernel
 
+        if any(desc.extended for desc in descs):
+            return None
         return CudaStepKernel(self, descs, wiring, producers, batch_numel)
 
     def upload(self, dst: torch.Tensor, src: np.ndarray) -> None:
@@ -102,6 +106,10 @@ class CudaBackend:
         return self.prepare(desc).plan.kind
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
+        if desc.extended:
+            # the device interpreter reads no windows yet: operands gathered on the host
+            # (repops/windowed.py), then the GEMM and the plain programs run on the device
+            return windowed.run(desc, inputs, self._gemm, self)
         prep = self.prepare(desc)
         flat = check_inputs(desc, inputs)
         dev = [self._to_device(x) for x in flat]
@@ -117,6 +125,11 @@ class CudaBackend:
                 return self._host(r0, desc)
         out = self.extension.run_program(dev, prep.maps, list(desc.out_shape), desc.K, pro, body, epi, r0, 0)
         return self._host(out, desc)
+
+    def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(nb, M, K) @ (nb, K, N) float32 host arrays on the device GEMM."""
+        da, db = (self._to_device(x).view(torch.float32) for x in (a, b))
+        return self.extension.matmul3(da, db).cpu().numpy()
 
     def _to_device(self, x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(writable(np.ascontiguousarray(x).view(np.int32))).to(self.device)
@@ -134,7 +147,7 @@ class CudaRunner:
     def __call__(self, desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray:
         return default_backend()(desc, inputs)
 
-    def compile_step(self, *args: Any) -> CudaStepKernel:
+    def compile_step(self, *args: Any) -> CudaStepKernel | None:
         """:meth:`CudaBackend.compile_step` of the shared backend."""
         return default_backend().compile_step(*args)
 

@@ -1,0 +1,127 @@
+"""Windowed dot chains (convolution and its gradients) as an explicit GEMM: the C++ backend's
+path gives the reference's bits on every ISA and thread count, edge values included."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from verde_chain.repops import edges, library, reference, windowed
+from verde_chain.repops.backends.cpu import extension as ck
+from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library import ConvGeometry
+from verde_chain.repops.program import KernelDesc
+
+CASES = [  # x shape, w shape, strides, dilations, pads, groups
+    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 3), (1, 2), (2, 0, 1, 3), 2),
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ((1, 4, 5, 5), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 4),
+    ((2, 3, 11), (2, 3, 4), (3,), (2,), (2, 1), 1),
+]
+
+
+def _descs() -> list[KernelDesc]:
+    out = []
+    for xs, ws, st, dil, pads, groups in CASES:
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        out += [library.convolution(g, ws, groups, True), library.conv_grad_input(g, ws, groups),
+                library.conv_grad_weight(g, ws, groups)]
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fp_env() -> None:
+    torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("threads", [1, 2])
+def test_windowed_gemm_equals_the_reference(isa: str, threads: int) -> None:
+    be = CpuBackend(isa=isa, threads=threads)
+    for i, desc in enumerate(_descs()):
+        assert windowed.plan(desc) is not None, desc.label
+        ins = [edges.edge_array((m.numel,), 100 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
+        assert got.shape == want.shape and (got == want).all(), (isa, threads, desc.label)
+
+
+def test_plan_splits_batch_m_and_n_axes() -> None:
+    g = ConvGeometry.make((2, 4, 9, 8), (3, 2), (2, 3), (1, 2), (2, 0, 1, 3))
+    fwd, dx, dw = library.convolution(g, (6, 2, 3, 2), 2), library.conv_grad_input(g, (6, 2, 3, 2), 2), \
+        library.conv_grad_weight(g, (6, 2, 3, 2), 2)
+    assert windowed.plan(fwd) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))  # w is A, x im2col is B
+    assert windowed.plan(dx) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))
+    assert windowed.plan(dw) == windowed.WindowedGemm(0, 1, (0,), (1,), (2, 3, 4))
+
+
+def test_what_is_not_a_windowed_gemm_runs_on_the_reference() -> None:
+    g = ConvGeometry.make((1, 2, 5, 5), (3, 3), pads=(1, 1, 1, 1))
+    conv = library.convolution(g, (2, 2, 3, 3), bias=True)
+    # an epilogue that reads a chain register (r1) cannot start from r0 alone
+    reads_r1 = dataclasses.replace(conv, epilogue=(Instr(Op.ADD, 0, 0, 1),))
+    for desc in (library.max_pool(g), library.channel_sum((2, 3, 4)), reads_r1, library.matmul((3, 4), (4, 5))):
+        assert windowed.plan(desc) is None, desc.label
+    be = CpuBackend()
+    ins = [edges.edge_array((m.numel,), 7 + t, 0.2, 3.0) for t, m in enumerate(reads_r1.inputs)]
+    assert (be(reads_r1, ins).view(np.uint32) == reference.run(reads_r1, ins).view(np.uint32)).all()
+
+
+def _dewindowed_descs() -> list[KernelDesc]:
+    from verde_chain.repops.library import nn as lnn
+
+    g = ConvGeometry.make((2, 3, 7, 6), (3, 2), (2, 1), (1, 2), (1, 0, 2, 1), True)
+    xs = g.x_shape
+    return [
+        library.max_pool(g), library.max_pool_argmax(g), library.max_pool_backward(g), library.avg_pool(g, True),
+        library.avg_pool(g, False), library.window_sum_backward(g), library.channel_mean(xs),
+        library.channel_centered_meansq(xs), library.channel_dot_xhat(xs), library.channel_sum(xs),
+        library.pad((2, 3, 4), (1, 0, -1, 0, 2, 1), 0.5), lnn.batch_norm_training(xs).nodes[-3].desc,
+    ]
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
+    """Pooling, per-channel statistics and pad: gathered densely and run on the C++ kernels."""
+    be = CpuBackend(isa=isa, threads=2)
+    for i, desc in enumerate(_dewindowed_descs()):
+        assert windowed.plan(desc) is None
+        ins = [edges.edge_array((m.numel,), 300 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        flat = [x.view(np.uint32) for x in ins]
+        dense = windowed.dewindow(desc, flat)
+        assert dense is not None and not dense[0].extended, desc.label
+        got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
+        assert (got == want).all(), (isa, desc.label)
+
+
+def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
+    from verde_chain.repops.program import InputMap, Window
+
+    m = InputMap(4, (0,), idx_stride=1, windows=(Window(0, 1, 0, 0, -1, 1, 1, 0),))
+    d = KernelDesc((3,), 1, (m,), (Instr(Op.CONST, 1, imm=0), Instr(Op.LOADIDX, 0, 1, 0, 0)))
+    assert windowed.dewindow(d, [np.arange(4, dtype=np.uint32)]) is None
+    ins = [np.arange(4, dtype=np.float32)]
+    assert (CpuBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()
+
+
+def test_cuda_backend_runs_window_descriptors_through_its_gemm_and_interpreter(  # type: ignore[no-untyped-def]
+    host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA backend (here its CPU stand-in: the C++ GEMM and the host build of the device
+    interpreter) gathers windowed operands on the host and runs the GEMM and the plain programs
+    as its own; same bits as the reference, and no whole-step kernel for a graph with windows."""
+    from tests.support.cuda_host import StandInExtension
+    from verde_chain.repops.backends.cuda import backend as cuda_backend
+    from verde_chain.repops.backends.cuda.backend import CudaBackend
+
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
+    ext = StandInExtension(host)
+    be = CudaBackend(device="cpu", ext=ext)
+    for i, desc in enumerate(_descs()[:3] + _dewindowed_descs()):
+        ins = [edges.edge_array((m.numel,), 500 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        assert (be(desc, ins).view(np.uint32) == reference.run(desc, ins).view(np.uint32)).all(), desc.label
+    assert ext.calls["matmul3"] >= 3 and ext.calls["run_program"] >= len(_dewindowed_descs())
+    assert be.compile_step(_descs()[:1], [[(0, 0), (0, 0)]], [0], 1) is None

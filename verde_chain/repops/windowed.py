@@ -1,0 +1,191 @@
+"""Windowed dot chains (convolution and its gradients) as an explicit GEMM, bit for bit.
+
+A descriptor whose program is the spec's dot chain (``r0 = MUL(a_0, b_0)``, then
+``r0 = FMA(a_k, b_k, r0)``) over two windowed inputs is a batched matrix product once each
+operand is laid out as a matrix: output axes split, in C order, into batch axes, then M axes
+(that only input A reads), then N axes (that only input B reads). :func:`gemm_operands` gathers
+``A (batch, M, K)`` and ``B (batch, K, N)`` — every window applied, the fill where one is out of
+range: im2col made explicit — and any GEMM that keeps the one chain per output element (k
+ascending, first product rounded, then FMA) gives the descriptor's bits. MUL and FMA are
+commutative in their two factors, so which input plays A does not matter.
+
+This is how a backend without window support in its native code runs convolutions today (the C++
+backend's GEMM, ``backends/cpu``); a native implicit-im2col kernel computes the same chain without
+the copy. An epilogue (conv's bias) runs on the reference afterwards with ``r0`` preset, when it
+reads no register but r0 and its loads do not depend on k.
+
+Every other window descriptor (pooling, per-channel statistics, pad) is *dewindowed*
+(:func:`dewindow`): each windowed input is gathered at every (output coordinate it reads, k),
+fill included, into a dense tensor that a plain map reads with the same coordinates and k — the
+same program then reads the same bits from it, on any backend's interpreter. (A LOADIDX of a
+windowed input adds its index to the original address, which the dense copy has lost: such a
+descriptor stays on the reference.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from verde_chain.repops import reference
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library.shapes import c_strides
+from verde_chain.repops.program import InputMap, KernelDesc, Runner, check_inputs
+
+Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (nb, M, K) @ (nb, K, N) -> (nb, M, N)
+
+
+@dataclass(frozen=True)
+class WindowedGemm:
+    """The GEMM shape of a windowed dot descriptor: which slot is A (M side) and B (N side),
+    and the output axes of each role (batch axes first, then M, then N, in C order)."""
+
+    slot_a: int
+    slot_b: int
+    batch: tuple[int, ...]
+    m: tuple[int, ...]
+    n: tuple[int, ...]
+
+
+def _depends(m: InputMap, axis: int) -> bool:
+    return m.strides[axis] != 0 or any(w.out_mul and w.axis == axis for w in m.windows)
+
+
+def _epilogue_ok(desc: KernelDesc) -> bool:
+    """The epilogue only reads r0 from the chain, and its loads do not depend on k."""
+    from verde_chain.repops.backends.plan import live_in
+
+    if not live_in(desc.epilogue) <= {0}:
+        return False
+    for ins in desc.epilogue:
+        if ins.op in (Op.LOAD, Op.LOADIDX):
+            m = desc.inputs[ins.imm]
+            if m.kstride or any(w.k_mul for w in m.windows):
+                return False
+    return True
+
+
+def plan(desc: KernelDesc) -> WindowedGemm | None:
+    """The GEMM shape of ``desc``, or None when it is not a windowed dot chain."""
+    from verde_chain.repops.backends.plan import _match_dot  # the one recogniser of the dot chain
+
+    slots = _match_dot(desc)
+    if slots is None or slots[0] == slots[1] or not desc.extended or not _epilogue_ok(desc):
+        return None
+    rank = len(desc.out_shape)
+    if rank == 0:
+        return None
+    s0, s1 = slots
+    m0, m1 = desc.inputs[s0], desc.inputs[s1]
+    # B is the input that reads the last output axis (A does not)
+    if _depends(m0, rank - 1) and not _depends(m1, rank - 1):
+        (sa, ma), (sb, mb) = (s1, m1), (s0, m0)
+    else:
+        (sa, ma), (sb, mb) = (s0, m0), (s1, m1)
+    d = rank
+    while d > 0 and not _depends(ma, d - 1):
+        d -= 1
+    n_axes = tuple(range(d, rank))
+    e = d
+    while e > 0 and not _depends(mb, e - 1):
+        e -= 1
+    return WindowedGemm(sa, sb, tuple(range(e)), tuple(range(e, d)), n_axes)
+
+
+def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+    """Input ``slot`` read at every (coordinates of ``axes``, k): shape ``(*dims, K)``, the other
+    output axes at coordinate 0 (the input does not read them), fill where a window is out.
+    Addresses are sums of broadcast terms (one small array per axis and digit)."""
+    m = desc.inputs[slot]
+    dims = [desc.out_shape[a] for a in axes]
+    rank = len(dims) + 1
+
+    def along(i: int, values: np.ndarray) -> np.ndarray:
+        shape = [1] * rank
+        shape[i] = values.size
+        return values.reshape(shape)
+
+    coord = {a: along(i, np.arange(n, dtype=np.int64)) for i, (a, n) in enumerate(zip(axes, dims))}
+    k = np.arange(desc.K, dtype=np.int64)
+    kd = np.unravel_index(k, desc.digit_dims)
+    addr: np.ndarray = along(rank - 1, k * m.kstride) + m.offset
+    for a, c in coord.items():
+        if m.strides[a]:
+            addr = addr + c * m.strides[a]
+    inside: np.ndarray | bool = True
+    for w in m.windows:
+        v: np.ndarray = np.full([1] * rank, w.offset, dtype=np.int64)
+        if w.out_mul:
+            v = v + coord[w.axis] * w.out_mul
+        if w.k_mul:
+            v = v + along(rank - 1, kd[w.digit] * w.k_mul)
+        q = v // w.div
+        inside = inside & (v >= 0) & (v - q * w.div == 0) & (q < w.size)
+        addr = addr + q * w.stride
+    addr = np.broadcast_to(addr, [*dims, desc.K])
+    if inside is True:
+        return flat[addr]
+    inside = np.broadcast_to(inside, addr.shape)
+    return np.where(inside, flat[np.where(inside, addr, 0)], np.uint32(m.fill))
+
+
+def gemm_operands(desc: KernelDesc, g: WindowedGemm, flat: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``A (nb, M, K)`` and ``B (nb, K, N)`` as float32 (C-contiguous)."""
+    shape, K = desc.out_shape, desc.K
+    nb = math.prod(shape[a] for a in g.batch)
+    M, N = math.prod(shape[a] for a in g.m), math.prod(shape[a] for a in g.n)
+    a = _gather(desc, g.slot_a, flat[g.slot_a], g.batch + g.m).reshape(nb, M, K)
+    b = _gather(desc, g.slot_b, flat[g.slot_b], g.batch + g.n).reshape(nb, N, K).transpose(0, 2, 1)
+    return np.ascontiguousarray(a).view(np.float32), np.ascontiguousarray(b).view(np.float32)
+
+
+def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, list[np.ndarray]] | None:
+    """The same program over plain maps: each windowed input gathered densely at (the output axes
+    it reads, k); None if a LOADIDX reads a windowed input."""
+    programs = desc.prologue + desc.body + desc.epilogue
+    if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
+        return None
+    rank = len(desc.out_shape)
+    maps: list[InputMap] = []
+    data: list[np.ndarray] = []
+    for t, m in enumerate(desc.inputs):
+        if not m.windows:
+            maps.append(m)
+            data.append(flat[t])
+            continue
+        axes = tuple(d for d in range(rank) if _depends(m, d))
+        dense = _gather(desc, t, flat[t], axes)  # (*dims of axes, K)
+        st = c_strides(dense.shape)
+        strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
+        maps.append(InputMap(dense.size, strides, kstride=1 if desc.K > 1 else 0))
+        data.append(np.ascontiguousarray(dense).reshape(-1))
+    plain = KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue,
+                       label=f"{desc.label}/dewindowed")
+    return plain, data
+
+
+def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: Gemm, plain: Runner | None = None) -> np.ndarray:
+    """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed on ``plain``
+    (a runner of plain descriptors), else on the reference; float32 of ``out_shape``, the
+    reference's bits either way."""
+    g = plan(desc)
+    flat = check_inputs(desc, inputs)
+    if g is None:
+        dense = dewindow(desc, flat) if plain is not None else None
+        if dense is None or plain is None:
+            return reference.run(desc, inputs)
+        return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
+    a, b = gemm_operands(desc, g, flat)
+    r0 = np.ascontiguousarray(gemm(a, b), dtype=np.float32).reshape(-1)
+    if not desc.epilogue:
+        return r0.reshape(desc.out_shape)
+    # the epilogue over r0: a map reading r0 from an extra input, then the epilogue as is
+    n = len(desc.inputs)
+    r0_map = InputMap(r0.size, c_strides(desc.out_shape))
+    ones = (1,) * len(desc.digit_dims)  # k = 0 for every digit: the epilogue's loads ignore k
+    epi = KernelDesc(desc.out_shape, 1, (*desc.inputs, r0_map), (Instr(Op.LOAD, 0, imm=n), *desc.epilogue),
+                     kdims=ones, label=f"{desc.label}/epilogue")
+    return reference.run(epi, [*flat, r0.view(np.uint32)])
