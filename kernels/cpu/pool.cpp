@@ -222,7 +222,9 @@ class Pool {
     void worker_main(Slot* s, int64_t w) {
         const std::string name = "repops-w" + std::to_string(w);
         pthread_setname_np(pthread_self(), name.c_str());
-        uint32_t seen = s->seq.load();
+        // A fresh slot's seq is 0; reading it here instead would lose a job whose caller bumped
+        // it before this thread first ran (the caller then waits in vain under the spread check).
+        uint32_t seen = 0;
         for (;;) {
             if (!spin_while_equal(s->seq, seen))
                 while (s->seq.load() == seen) s->seq.wait(seen);

@@ -10,6 +10,7 @@ whole training steps: C_T must not depend on the backend.
 from __future__ import annotations
 
 import shutil
+from functools import partial
 
 import numpy as np
 import pytest
@@ -538,7 +539,7 @@ def test_every_path_gives_the_same_bits_on_every_thread_count(
     for threads in THREAD_COUNTS:
         be = CpuBackend(WIDEST, threads, jit=jit)
         assert be.path(desc) == path
-        got = run_engaged(WIDEST, threads, lambda: be(desc, ins))
+        got = run_engaged(WIDEST, threads, partial(be, desc, ins))
         if want is None:
             want = reference.run(desc, ins).reshape(-1).view(np.uint32) if path != "scatter" else got
             np.testing.assert_array_equal(got, want)

@@ -10,6 +10,7 @@ itself checked against Berkeley SoftFloat (softfloatpy). The kernels are also co
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.threads import THREAD_COUNTS, run_engaged
+from tests.support.threads import THREAD_COUNTS, engaged, run_engaged
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import library, reference
 from verde_chain.repops.backends.cpu import extension as cpu_ext
@@ -511,7 +512,7 @@ def test_gemm_paths_on_every_thread_count(isa: str, name: str, a_shape: tuple[in
     want = bits(ref_matmul(a, b))
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     for threads in THREAD_COUNTS:
-        got = run_engaged(isa, threads, lambda: cpu_ext.matmul(ta, tb, isa=isa, threads=threads))
+        got = run_engaged(isa, threads, partial(cpu_ext.matmul, ta, tb, isa=isa, threads=threads))
         np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
 
 
@@ -527,9 +528,9 @@ def test_folds_and_binaries_on_every_thread_count(isa: str) -> None:
     try:
         for threads in THREAD_COUNTS:
             calls = [
-                lambda: cpu_ext.reduce_max(t, 1, isa=isa, threads=threads),
-                lambda: cpu_ext.reduce_sum(t, 0, isa=isa, threads=threads),
-                lambda: cpu_ext.binary("div", torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads),
+                partial(cpu_ext.reduce_max, t, 1, isa=isa, threads=threads),
+                partial(cpu_ext.reduce_sum, t, 0, isa=isa, threads=threads),
+                partial(cpu_ext.binary, "div", torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads),
             ]
             for call, want in zip(calls, wants):
                 np.testing.assert_array_equal(run_engaged(isa, threads, call), want, err_msg=f"{threads} threads")
@@ -543,7 +544,7 @@ def test_worker_threads_never_flush() -> None:
     try:
         for isa in cpu_ext.available_isas():
             for threads in THREAD_COUNTS:
-                mx = cpu_ext.worker_mxcsr(isa, threads)
+                mx = engaged(isa, threads, partial(cpu_ext.worker_mxcsr, isa, threads))  # every thread looked
                 if mx >= 0:
                     assert mx & 0xE040 == 0, f"{isa}, {threads} threads: MXCSR=0x{mx:04x} (FTZ/DAZ/rounding)"
     finally:
