@@ -476,6 +476,34 @@ def test_make_runner_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch, 
     assert "falling back to the numpy reference" in capsys.readouterr().err
 
 
+def test_threads_option_of_train_and_the_bots(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--threads`` of train, the client and the bots: a count >= 1, else argparse's error naming
+    the option (no traceback); applied, it is the count every default runner reads per call."""
+    from verde_chain.cli import build_parser
+    from verde_chain.errors import RepOpsError
+    from verde_chain.graph.backend import set_threads
+
+    parser = build_parser()
+    for argv in (["train", "digits"], ["trainer", "run"], ["challenger", "run"], ["client"]):
+        assert parser.parse_args([*argv, "--threads", "3"]).threads == 3
+        assert parser.parse_args(argv).threads is None  # default: torch's count, all cores
+        for bad in ("0", "-2", "two"):
+            with pytest.raises(SystemExit):
+                parser.parse_args([*argv, "--threads", bad])
+            err = capsys.readouterr().err
+            assert "--threads" in err and "want a whole number of threads >= 1" in err and "Traceback" not in err
+    before = torch.get_num_threads()
+    try:
+        set_threads(3)
+        assert torch.get_num_threads() == 3 and CpuBackend().threads_now() == 3
+        set_threads(None)  # no option: unchanged
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RepOpsError, match="--threads must be >= 1"):
+        set_threads(0)
+
+
 def test_one_name_per_backend_and_the_old_name_is_refused_naming_the_new() -> None:
     """The C++ backend is "cpu" for the executor and the torch API alike; "cpp" (its former name
     in make_runner) is a one-line error that names "cpu"."""
