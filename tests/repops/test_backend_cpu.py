@@ -577,6 +577,24 @@ def test_every_path_gives_the_same_bits_on_every_thread_count(
                     CpuBackend(WIDEST, 2))
 
 
+def test_the_torch_api_runs_on_torch_s_thread_count() -> None:
+    """The torch-facing API (the registered "cpu" backend, no count of its own) reads
+    ``torch.get_num_threads()`` per call: set to N, N threads run its kernels."""
+    from tests.support.threads import THREAD_COUNTS, run_engaged
+
+    a, b = (torch.from_numpy(edge_array(s, seed, 0.1)) for s, seed in (((300, 257), 176), ((257, 203), 177)))
+    before = torch.get_num_threads()
+    want = None
+    try:
+        for threads in THREAD_COUNTS:
+            torch.set_num_threads(threads)
+            got = run_engaged(WIDEST, threads, partial(torch_api.matmul, a, b))
+            want = got if want is None else want
+            np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.slow
 def test_whole_steps_give_the_same_commitments_on_every_thread_count() -> None:
     """The whole-step kernel (big nodes split across threads, small ones side by side): the same
