@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from verde_chain.errors import VerdeError
-from verde_chain.graph.backend import DEFAULT_BACKEND, make_runner
+from verde_chain.graph.backend import DEFAULT_BACKEND, THREADS_HELP, make_runner, set_threads, thread_count
 from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL, StepLog, StepState
 from verde_chain.job import Job, load_job, save_job
 
@@ -34,7 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="a job bundle (directory or job.json), or an example: "
                    "digits | transformer | digits_cnn | resnet18 | mobilenet_v2")
     p.add_argument("--steps", type=int, default=None, help="number of steps (examples: T of the job; bundles: stop early)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the C++ kernels (never changes a bit)")
+    p.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
     p.add_argument("--checkpoint-interval", type=int, default=None,
                    help=f"store (and commit) the full state every N steps; default: the job's, else "
                    f"{DEFAULT_CHECKPOINT_INTERVAL}; 0 = only step 0 and the final step")
@@ -87,10 +87,7 @@ def _accuracy(job: Job, state: dict[str, np.ndarray]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     job = job_of(args)
     steps = min(args.steps or job.spec.steps, job.spec.steps)
     if args.resume and args.out is None:

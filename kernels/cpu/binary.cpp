@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 //
-// binary.cpp — elementwise binary instructions (ADD, SUB, MUL, DIV, MAX, MIN) on equal-shaped
-// contiguous operands (the caller broadcasts first): W lanes at a time, the tail lane by lane on
-// the instructions of kernels/repops_fp32.h.
+// binary.cpp — elementwise kernels: binary instructions (ADD, SUB, MUL, DIV, MAX, MIN) on
+// equal-shaped contiguous operands (the caller broadcasts first), W lanes at a time, the tail
+// lane by lane on the instructions of kernels/repops_fp32.h; and compiled maps, split into
+// element ranges. Every element is its own item of work, so any split gives the same bits.
 
 #include "kernels.h"
 
@@ -33,15 +34,28 @@ inline uint32_t sbinary(int64_t op, uint32_t x, uint32_t y) {
 
 }  // namespace
 
+// Items of CHUNK elements (a multiple of every W): 64 KiB per operand.
+constexpr int64_t CHUNK = 1 << 14;
+
 void binary_into(const float* A, const float* B, float* O, int64_t n, int64_t op, int64_t threads) {
-    constexpr int64_t CHUNK = 1 << 14;
-    if (n < (1 << 17)) threads = 1;
-    parallel_items(ceil_div(n, CHUNK), threads, [&](int64_t item, int64_t) {
+    const int64_t n_items = ceil_div(n, CHUNK);
+    parallel_items(n_items, threads_for(threads, n_items, (double)n, BINARY_MIN_ELEMS), [&](int64_t item, int64_t) {
         const int64_t i0 = item * CHUNK, i1 = std::min(n, i0 + CHUNK);
         int64_t i = i0;
         for (; i + W <= i1; i += W) vstore(O + i, vcanon(vbinary(op, vload(A + i), vload(B + i))));
         for (; i < i1; i++) O[i] = from_bits(sbinary(op, to_bits(A[i]), to_bits(B[i])));
     });
+}
+
+void map_into(MapFn fn, const void* const* in, uint32_t* out, int64_t n, int64_t work, int64_t threads) {
+    // About four ranges per thread, each a multiple of GRAIN elements: a map's cost per element
+    // is its program length (up to a few hundred instructions), so ranges far shorter than a
+    // binary's CHUNK still carry enough work.
+    constexpr int64_t GRAIN = 256;
+    threads = threads_for(threads, ceil_div(n, GRAIN), (double)work, MAP_MIN_INSTRS);
+    const int64_t span = round_up(ceil_div(n, 4 * threads), GRAIN);
+    parallel_items(ceil_div(n, span), threads,
+                   [&](int64_t item, int64_t) { fn(in, out, item * span, std::min(n, (item + 1) * span)); });
 }
 
 }  // namespace repops_cpu

@@ -5,6 +5,8 @@
 // kernels are gemm.cpp, reduce.cpp, binary.cpp, interpreter.cpp; the whole-step plan is
 // step_plan.cpp. Python side: verde_chain/repops/backends/cpu/extension.py.
 
+#include <atomic>
+
 #include "kernels.h"
 #include "tensors.h"
 
@@ -98,20 +100,47 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
         init = reinterpret_cast<const uint32_t*>(r0_init->data_ptr<int32_t>());
     }
     torch::Tensor out = torch::empty({P.numel}, torch::TensorOptions().dtype(torch::kInt32));
-    LanesCache cache;
-    exec_prog(P, data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), init, threads, cache);
+    exec_prog(P, data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), init, threads);
     return out;
 }
 
-// MXCSR as a worker thread sees it (after the guard): lets tests prove FTZ/DAZ are off.
-int64_t worker_mxcsr() {
-    int64_t value = -1;
-    parallel_items(1, 1, [&](int64_t, int64_t) {
+// A compiled map (fn_addr: its C function, kept loaded by the caller) over numel elements;
+// inputs: int32 bit tensors, input t read at lin[t] = (offset, stride) as offset + e*stride.
+// work: lane-instructions (numel x program length).
+torch::Tensor run_map(int64_t fn_addr, const std::vector<torch::Tensor>& inputs, const torch::Tensor& lin,
+                      int64_t numel, int64_t work, int64_t threads) {
+    TORCH_CHECK(fn_addr != 0, "null map function");
+    TORCH_CHECK(numel >= 1, "a map has at least one output element");
+    const int64_t n_in = (int64_t)inputs.size();
+    const std::vector<int64_t> rows = int64_rows(lin, n_in, 2, "lin");
+    std::vector<const void*> data(std::max<int64_t>(1, n_in), nullptr);
+    for (int64_t t = 0; t < n_in; t++) {
+        const torch::Tensor& x = inputs[t];
+        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kInt32 && x.is_contiguous(),
+                    "inputs must be contiguous CPU int32 bit tensors");
+        check_box({rows[2 * t]}, {rows[2 * t + 1]}, {numel}, x.numel(), "map input");
+        data[t] = x.data_ptr<int32_t>();
+    }
+    torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(torch::kInt32));
+    map_into(reinterpret_cast<MapFn>(fn_addr), data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()),
+             numel, work, threads);
+    return out;
+}
+
+// MXCSR as the threads running items see it (the OR over 64 items per thread, on `threads`
+// threads): lets tests prove FTZ/DAZ are off wherever kernels run.
+int64_t worker_mxcsr(int64_t threads) {
+    std::atomic<uint32_t> seen{0};
+    parallel_items(64 * threads, threads, [&](int64_t, int64_t) {
 #if REPOPS_X86
-        value = (int64_t)_mm_getcsr();
+        seen.fetch_or(_mm_getcsr());
 #endif
     });
-    return value;
+#if REPOPS_X86
+    return (int64_t)seen.load();
+#else
+    return -1;
+#endif
 }
 
 pybind11::dict info() {
@@ -140,7 +169,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("run_program", &run_program, "run any KernelDesc program (generic interpreter)", pybind11::arg("inputs"),
           pybind11::arg("maps"), pybind11::arg("out_shape"), pybind11::arg("K"), pybind11::arg("prologue"),
           pybind11::arg("body"), pybind11::arg("epilogue"), pybind11::arg("r0_init"), pybind11::arg("threads"));
+    m.def("run_map", &run_map, "run a compiled map (verde_chain/repops/backends/cpu/jit.py) on threads",
+          pybind11::arg("fn_addr"), pybind11::arg("inputs"), pybind11::arg("lin"), pybind11::arg("numel"),
+          pybind11::arg("work"), pybind11::arg("threads"), pybind11::call_guard<pybind11::gil_scoped_release>());
     repops_cpu::bind_step_plan(m);
-    m.def("worker_mxcsr", &worker_mxcsr);
+    m.def("worker_mxcsr", &worker_mxcsr, pybind11::arg("threads"));
+    m.def("probe_reset", &probe_reset, "forget the threads that ran items so far");
+    m.def("probe_threads", &probe_threads, "OS thread ids that ran at least one item since probe_reset");
+    m.def("pool_size", &pool_size, "pool workers started so far");
+    m.def("set_spread_check", &set_spread_check, "tests: every thread of a call runs at least one item",
+          pybind11::arg("on"));
     m.def("info", &info);
 }

@@ -187,28 +187,54 @@ inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, 
     }
 }
 
-void gemm_small(const GemmArgs& g, int64_t threads) {
-    const int64_t Np = round_up(g.N, W);
-    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) {
-        thread_local std::vector<float> bpack;
-        bpack.assign(g.K * Np, 0.0f);
-        const float* A = g.a_at(bi);
-        const float* B = g.b_at(bi);
-        float* C = g.C + bi * g.M * g.N;
-        for (int64_t k = 0; k < g.K; k++)
-            for (int64_t j = 0; j < g.N; j++) bpack[k * Np + j] = B[k * g.sbk + j * g.sbj];
-        int64_t i = 0;
-        for (; i + 4 <= g.M; i += 4) small_gemm_rows<4>(g, A, bpack.data(), Np, C, i);
-        for (; i < g.M; i++) small_gemm_rows<1>(g, A, bpack.data(), Np, C, i);
-    });
+// B of batch entry bi as [K][Np], zero-padded columns.
+void small_pack_b(const GemmArgs& g, int64_t bi, int64_t Np, float* bp) {
+    const float* B = g.b_at(bi);
+    for (int64_t k = 0; k < g.K; k++) {
+        float* row = bp + k * Np;
+        for (int64_t j = 0; j < g.N; j++) row[j] = B[k * g.sbk + j * g.sbj];
+        for (int64_t j = g.N; j < Np; j++) row[j] = 0.0f;
+    }
 }
 
+// Output rows [i0, i1) of batch entry bi against its packed B.
+void small_rows(const GemmArgs& g, int64_t bi, const float* bp, int64_t Np, int64_t i0, int64_t i1) {
+    const float* A = g.a_at(bi);
+    float* C = g.C + bi * g.M * g.N;
+    int64_t i = i0;
+    for (; i + 4 <= i1; i += 4) small_gemm_rows<4>(g, A, bp, Np, C, i);
+    for (; i < i1; i++) small_gemm_rows<1>(g, A, bp, Np, C, i);
+}
+
+// Items: whole batch entries when there are at least two per thread (each packs its own B);
+// otherwise every entry's B is packed first (one item each) and the items are blocks of rows.
+void gemm_small(const GemmArgs& g, int64_t threads) {
+    const int64_t Np = round_up(g.N, W);
+    if (threads == 1 || g.batch >= 2 * threads) {
+        parallel_items(g.batch, threads, [&](int64_t bi, int64_t) {
+            thread_local std::vector<float> bpack;
+            bpack.resize(g.K * Np);
+            small_pack_b(g, bi, Np, bpack.data());
+            small_rows(g, bi, bpack.data(), Np, 0, g.M);
+        });
+        return;
+    }
+    std::vector<float> bpack(g.batch * g.K * Np);
+    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack.data() + bi * g.K * Np); });
+    // About four row blocks per thread, whole groups of 4 rows.
+    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), 4);
+    const int64_t per_entry = ceil_div(g.M, rows);
+    parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
+        const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;
+        small_rows(g, bi, bpack.data() + bi * g.K * Np, Np, i0, std::min(g.M, i0 + rows));
+    });
+}
 
 }  // namespace
 
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
-    // Below ~2^20 FMAs (a few microseconds) waking a second thread costs more than it saves.
-    if ((double)g.batch * (double)g.M * (double)g.N * (double)g.K < (double)(1 << 20)) threads = 1;
+    const double fmas = (double)g.batch * (double)g.M * (double)g.N * (double)g.K;
+    threads = threads_for(threads, g.batch * g.M, fmas, GEMM_MIN_FMAS);
     if (g.N <= SMALL_GEMM_MAX_N && g.M * g.N * g.K <= SMALL_GEMM_MAX_WORK) {
         gemm_small(g, threads);
         return;

@@ -7,6 +7,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "kernels.h"
+
 namespace repops_cpu {
 namespace {
 
@@ -99,6 +101,14 @@ void exec_instr(const Instr& in, int64_t k, const std::vector<InputMap>& maps, L
 #undef RP_LANES1
 #undef RP_LANES2
 #undef RP_LANES3
+
+// This thread's register blocks, kept for its life: `new Lanes` (default-init), not
+// make_unique (value-init would zero ~22 KB; every register a program reads before writing is
+// zeroed per block in exec_prog).
+Lanes& thread_lanes() {
+    thread_local std::unique_ptr<Lanes> lanes(new Lanes);
+    return *lanes;
+}
 
 }  // namespace
 
@@ -224,25 +234,15 @@ Prog make_prog(const int64_t* rows, int64_t n_in, const std::vector<int64_t>& ou
 // run ONLY the epilogue with r0 preset (the prologue and body were done by a faster kernel;
 // the caller checked the epilogue reads no other register). O may equal init: each block
 // reads its own init range before writing the same range.
-void exec_prog(const Prog& P, const uint32_t* const* data, uint32_t* O, const uint32_t* init, int64_t threads,
-               LanesCache& cache) {
+void exec_prog(const Prog& P, const uint32_t* const* data, uint32_t* O, const uint32_t* init, int64_t threads) {
     const int64_t n_in = (int64_t)P.maps.size(), numel = P.numel, rank = P.rank, K = P.K;
     std::vector<InputMap> maps = P.maps;
     for (int64_t t = 0; t < n_in; t++) maps[t].data = data[t];
     const int64_t n_blocks = ceil_div(numel, BLOCK);
-    // Small programs on small tensors: a thread wake-up costs more than the work.
-    if (P.work < (1 << 16)) threads = 1;
-    threads = std::max<int64_t>(1, std::min(threads, n_blocks));
     const bool* live = P.live[init != nullptr ? 1 : 0];
-    if ((int64_t)cache.size() < threads) cache.resize(threads);
     const int64_t* out_shape = P.out_shape;
-    parallel_items(n_blocks, threads, [&](int64_t blk, int64_t t) {
-        if (!cache[t]) {
-            // `new Lanes` (default-init), not make_unique (value-init would zero ~22 KB per call;
-            // every register a program reads before writing is zeroed per block below).
-            cache[t] = std::unique_ptr<Lanes>(new Lanes);
-        }
-        Lanes& L = *cache[t];
+    parallel_items(n_blocks, threads_for(threads, n_blocks, (double)P.work, PROGRAM_MIN_INSTRS), [&](int64_t blk, int64_t) {
+        Lanes& L = thread_lanes();
         const size_t need = (size_t)std::max<int64_t>(1, n_in);
         if (L.base0.size() < need) {
             L.base.resize(need * BLOCK);

@@ -51,9 +51,6 @@ struct Lanes {
     std::vector<int64_t> run_base;  // [input][run]
 };
 
-// Per-worker register blocks, reused across the nodes of one StepPlan run.
-using LanesCache = std::vector<std::unique_ptr<Lanes>>;
-
 // A validated program invocation without data pointers: built once (per node of a StepPlan, or
 // per call of run_program) and executed on any inputs of the sizes it was checked against.
 struct Prog {
@@ -86,7 +83,6 @@ Prog make_prog(const int64_t* rows, int64_t n_in, const std::vector<int64_t>& ou
 // run ONLY the epilogue with r0 preset (the prologue and body were done by a faster kernel;
 // the caller checked the epilogue reads no other register). O may equal init: each block
 // reads its own init range before writing the same range.
-void exec_prog(const Prog& P, const uint32_t* const* data, uint32_t* O, const uint32_t* init, int64_t threads,
-               LanesCache& cache);
+void exec_prog(const Prog& P, const uint32_t* const* data, uint32_t* O, const uint32_t* init, int64_t threads);
 
 }  // namespace repops_cpu

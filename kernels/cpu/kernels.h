@@ -13,6 +13,12 @@
 //   mean          sum / (float)K
 //   add/sub/mul/div  one IEEE binary32 operation; max/min as above
 // Every NaN result is the canonical NaN 0x7FC00000; subnormals are honoured (FpEnvGuard).
+//
+// Threads (pool.h): every kernel below splits its OUTPUT into items for parallel_items and asks
+// threads_for how many threads its work is worth, with its family's minimum work per thread
+// below (each about 5-10 us of one core's work, against a few us to wake a worker). The
+// whole-step plan uses the same minimums to decide which nodes are worth threads of their own
+// and which run side by side, one thread each.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +26,14 @@
 #include "simd.h"
 
 namespace repops_cpu {
+
+// Minimum work per thread (threads_for), per family, in that family's unit.
+constexpr double GEMM_MIN_FMAS = 1 << 18;       // multiply-adds (vector FMAs: ~6 us)
+constexpr double FOLD_MIN_ELEMS = 1 << 16;      // elements folded
+constexpr double BINARY_MIN_ELEMS = 1 << 16;    // output elements (memory-bound)
+constexpr double SCATTER_MIN_ELEMS = 1 << 16;   // g elements read + output elements written
+constexpr double PROGRAM_MIN_INSTRS = 1 << 15;  // lane-instructions on the interpreter
+constexpr double MAP_MIN_INSTRS = 1 << 17;      // lane-instructions of a compiled map
 
 // ---------------------------------------------------------------------------- GEMM (gemm.cpp)
 
@@ -52,9 +66,14 @@ void reduce_into(const float* X, int64_t R, int64_t K, int64_t sr, int64_t sk, i
 // (idx[p] == v ? g[p, d] : +0); V <= 2^24 rows of R elements.
 void scatter_rows_into(const float* G, const float* IDX, int64_t P, int64_t R, int64_t V, float* O, int64_t threads);
 
-// ---------------------------------------------------------------------------- binaries (binary.cpp)
+// ---------------------------------------------------------------------------- elementwise (binary.cpp)
 
 // O[i] = A[i] (op) B[i], i < n; op: RpBinOp.
 void binary_into(const float* A, const float* B, float* O, int64_t n, int64_t op, int64_t threads);
+
+// A compiled map (verde_chain/repops/backends/cpu/jit.py): fn(in, out, e0, e1) computes output
+// elements [e0, e1). work: lane-instructions of the whole map (numel x program length).
+using MapFn = void (*)(const void* const*, uint32_t*, int64_t, int64_t);
+void map_into(MapFn fn, const void* const* in, uint32_t* out, int64_t n, int64_t work, int64_t threads);
 
 }  // namespace repops_cpu

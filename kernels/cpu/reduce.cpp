@@ -92,11 +92,13 @@ void reduce_rows_unit_k(const float* X, int64_t sr, int64_t K, float kf, float* 
 void reduce_into(const float* X, int64_t R, int64_t K, int64_t sr, int64_t sk, int64_t op, float* O,
                  int64_t threads) {
     const float kf = (float)K;  // mean divides by K rounded to binary32 once
-    constexpr int64_t CHUNK = 4096;
-    const int64_t n_items = ceil_div(R, CHUNK);
-    if (R * K < (1 << 16)) threads = 1;  // thread start-up would dominate
-    parallel_items(n_items, threads, [&](int64_t item, int64_t) {
-        const int64_t r0 = item * CHUNK, r1 = std::min(R, r0 + CHUNK);
+    // Items of whole rows: a multiple of 64 (the widest row group below: 4 vectors of W), about four per
+    // thread, at most 4096. One fold over a single row (R = 1) is one chain: one thread.
+    constexpr int64_t GROUP = 64;
+    threads = threads_for(threads, ceil_div(R, GROUP), (double)R * (double)K, FOLD_MIN_ELEMS);
+    const int64_t rows = std::min<int64_t>(4096, round_up(ceil_div(R, 4 * threads), GROUP));
+    parallel_items(ceil_div(R, rows), threads, [&](int64_t item, int64_t) {
+        const int64_t r0 = item * rows, r1 = std::min(R, r0 + rows);
         int64_t r = r0;
         if (sr == 1) {
             // Output elements are adjacent in memory: one lane per output, k sequential.
@@ -165,8 +167,9 @@ void scatter_rows_into(const float* G, const float* IDX, int64_t P, int64_t R, i
             if (row_of[p] >= 0) pos[fill[row_of[p]]++] = p;  // ascending p within each row
     }
     constexpr int64_t ROWS_PER_ITEM = 16;
-    if (P * R < (1 << 16)) threads = 1;
-    parallel_items(ceil_div(V, ROWS_PER_ITEM), threads, [&](int64_t item, int64_t) {
+    const int64_t n_items = ceil_div(V, ROWS_PER_ITEM);
+    threads = threads_for(threads, n_items, (double)(P + V) * (double)R, SCATTER_MIN_ELEMS);
+    parallel_items(n_items, threads, [&](int64_t item, int64_t) {
         const int64_t v1 = std::min(V, (item + 1) * ROWS_PER_ITEM);
         for (int64_t v = item * ROWS_PER_ITEM; v < v1; v++) {
             float* o = O + v * R;

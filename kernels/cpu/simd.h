@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 //
 // simd.h — the ISA layer of the RepOps CPU kernels: W-lane vectors of independent output
-// elements, the FP environment every worker sets, and the worker pool.
+// elements and the FP environment every thread running items sets (the pool: pool.h).
 //
 // Built three times (verde_chain/repops/backends/cpu/extension.py), one extension per ISA:
 //   REPOPS_ISA=0  scalar   (no ISA flags; fmaf from libm, correctly rounded)
@@ -18,14 +18,12 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#include <ATen/Parallel.h>
-
 #include "../repops_fp32.h"
+#include "pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -170,32 +168,5 @@ inline Vec vmin_spec(Vec a, Vec b) { return vextreme_spec<false>(a, b); }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
-
-// ----------------------------------------------------------------------------------------
-// Threads: items are independent output blocks, claimed from a shared counter by `threads`
-// virtual workers that run on torch's persistent intra-op pool (at::parallel_for), so the
-// real parallelism is min(threads, torch.get_num_threads()). Which worker computes an item
-// never changes its bits; dynamic claiming keeps a late thread (busy machine) from holding
-// everyone up, and the persistent pool avoids a thread start per call.
-// ----------------------------------------------------------------------------------------
-
-template <class F>
-inline void parallel_items(int64_t n_items, int64_t threads, F&& fn) {
-    threads = std::max<int64_t>(1, std::min<int64_t>(threads, n_items));
-    std::atomic<int64_t> next{0};
-    auto worker = [&](int64_t t) {
-        FpEnvGuard guard;
-        for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n_items;
-             i = next.fetch_add(1, std::memory_order_relaxed))
-            fn(i, t);
-    };
-    if (threads == 1) {
-        worker(0);
-        return;
-    }
-    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; t++) worker(t);
-    });
-}
 
 }  // namespace repops_cpu

@@ -9,6 +9,15 @@
 // binary, scatter, compiled map, or the interpreter), so the bits are the same; what disappears
 // is the per-node Python, pybind and allocation overhead, which dominated nodes of a few
 // thousand elements. Every address a node can touch is checked when it is added.
+//
+// Threads: the nodes are grouped into levels when they are added (a node's level is one more
+// than that of the last earlier node it must follow: it reads that node's output, or writes
+// where that node reads or writes); the nodes of one level are independent. A level runs its
+// big nodes one after another, each on all threads (its kernel splits its output), then its
+// small nodes side by side, one thread each (a node is an item of parallel_items; the kernel
+// it calls runs on that thread alone). "Big" is the kernels' own rule: a node whose work is
+// worth two threads by its family's minimum (kernels.h). Nodes never share an output element,
+// so the bits are those of running the nodes in order on one thread.
 
 #include <chrono>
 #include <vector>
@@ -20,7 +29,6 @@ namespace repops_cpu {
 namespace {
 
 enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5 };
-using JitFn = void (*)(const void* const*, uint32_t*, int64_t, int64_t);
 
 struct Ref {
     int64_t buf, offset, numel;
@@ -40,8 +48,17 @@ struct PlanNode {
     // FOLD: out[r] = fold_k X[xoff + r*sr + k*sk]
     int64_t slot = 0, R = 0, Kr = 0, sr = 0, sk = 0, xoff = 0;
     // JIT: a compiled map over n = out_numel elements
-    JitFn fn = nullptr;
+    MapFn fn = nullptr;
     int64_t work = 0;
+    // How many threads the node's work is worth (work / its family's minimum per thread).
+    double threads_worth = 0;
+};
+
+// The nodes of one level (see the top): big ones in order, small ones by decreasing work (the
+// longest start first, so the threads finish together).
+struct Level {
+    std::vector<int64_t> big, small;
+    double small_worth = 0;
 };
 
 class StepPlan {
@@ -59,7 +76,7 @@ class StepPlan {
                      int64_t out_offset) {
         PlanNode nd = base_node(NK_PROGRAM, refs, maps, out_shape, K, pro, body, epi, out_offset);
         nd.has_prog = true;
-        nodes_.push_back(std::move(nd));
+        add_node(std::move(nd));
     }
 
     // A dot node: GEMM (batch = aoff.numel()) then, if the epilogue is not empty, the epilogue.
@@ -88,7 +105,7 @@ class StepPlan {
         nd.g.M = M;
         nd.g.N = N;
         nd.g.K = K;
-        nodes_.push_back(std::move(nd));
+        add_node(std::move(nd));
     }
 
     // A fold node: out[r] = fold over k of X[xoff + r*sr + k*sk] (r < numel, k < K), then the
@@ -108,7 +125,7 @@ class StepPlan {
         nd.Kr = K;
         nd.sr = sr;
         nd.sk = sk;
-        nodes_.push_back(std::move(nd));
+        add_node(std::move(nd));
     }
 
     // out[e] = a[e] (op) b[e], both inputs exactly out_numel long.
@@ -121,7 +138,7 @@ class StepPlan {
         TORCH_CHECK(nd.ins.size() == 2 && nd.ins[0].numel == numel && nd.ins[1].numel == numel,
                     "binary inputs must have the output's size");
         nd.op = op;
-        nodes_.push_back(std::move(nd));
+        add_node(std::move(nd));
     }
 
     // A scatter-add node (spec.scatter_add, see scatter_rows_into): refs (g of P*R, idx of P).
@@ -135,7 +152,7 @@ class StepPlan {
                     "scatter inputs must be g (P*R elements) and idx (P)");
         nd.R = R;
         nd.Kr = P;
-        nodes_.push_back(std::move(nd));
+        add_node(std::move(nd));
     }
 
     // A compiled map (backends/cpu/jit.py jit_source): input t is read at lin[t] = (offset, stride) as
@@ -151,9 +168,9 @@ class StepPlan {
         const std::vector<int64_t> rows = int64_rows(lin, (int64_t)nd.ins.size(), 2, "lin");
         for (size_t t = 0; t < nd.ins.size(); t++)
             check_box({rows[2 * t]}, {rows[2 * t + 1]}, {numel}, nd.ins[t].numel, "map input");
-        nd.fn = reinterpret_cast<JitFn>(fn_addr);
+        nd.fn = reinterpret_cast<MapFn>(fn_addr);
         nd.work = work;
-        nodes_.push_back(std::move(nd));
+        add_node(std::move(nd));
     }
 
     int64_t size() const { return (int64_t)nodes_.size(); }
@@ -174,45 +191,14 @@ class StepPlan {
         torch::Tensor arena =
             torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
         float* base[RP_SOURCE_BATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
-                          const_cast<float*>(batch.data_ptr<float>())};
-        LanesCache cache;
-        std::vector<const uint32_t*> data;
-        for (size_t i = 0; i < nodes_.size(); i++) {
-            const PlanNode& nd = nodes_[i];
-            const auto t0 = std::chrono::steady_clock::now();
-            data.assign(std::max<size_t>(1, nd.ins.size()), nullptr);
-            for (size_t t = 0; t < nd.ins.size(); t++)
-                data[t] = reinterpret_cast<const uint32_t*>(base[nd.ins[t].buf] + nd.ins[t].offset);
-            float* out = base[RP_SOURCE_NODE_OUTPUT] + nd.out_offset;
-            uint32_t* out_bits = reinterpret_cast<uint32_t*>(out);
-            switch (nd.kind) {
-                case NK_PROGRAM: exec_prog(nd.prog, data.data(), out_bits, nullptr, threads, cache); break;
-                case NK_DOT: {
-                    GemmArgs g = nd.g;
-                    g.A = reinterpret_cast<const float*>(data[nd.sa]);
-                    g.B = reinterpret_cast<const float*>(data[nd.sb]);
-                    g.C = out;
-                    g.aoff = nd.aoff.data();
-                    g.boff = nd.boff.data();
-                    gemm(g, threads, mc_, kc_, nc_);
-                    break;
-                }
-                case NK_FOLD:
-                    reduce_into(reinterpret_cast<const float*>(data[nd.slot]) + nd.xoff, nd.R, nd.Kr, nd.sr, nd.sk,
-                                nd.op, out, threads);
-                    break;
-                case NK_BINARY:
-                    binary_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
-                                out, nd.out_numel, nd.op, threads);
-                    break;
-                case NK_SCATTER:
-                    scatter_rows_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
-                                      nd.Kr, nd.R, nd.out_numel / nd.R, out, threads);
-                    break;
-                default: run_jit(nd, data, out_bits, threads); break;
-            }
-            if (nd.has_prog && nd.kind != NK_PROGRAM) exec_prog(nd.prog, data.data(), out_bits, out_bits, threads, cache);
-            if (node_s) node_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                                            const_cast<float*>(batch.data_ptr<float>())};
+        for (const Level& lv : levels_) {
+            for (int64_t i : lv.big) run_node(i, base, threads, node_s);
+            const int64_t n_small = (int64_t)lv.small.size();
+            // Side by side only if the level's small nodes together are worth a thread's
+            // minimum work; otherwise the wake-ups would cost more than they save.
+            parallel_items(n_small, threads_for(threads, n_small, lv.small_worth, 1.0),
+                           [&](int64_t j, int64_t) { run_node(lv.small[j], base, 1, node_s); });
         }
         return arena;
     }
@@ -221,17 +207,102 @@ class StepPlan {
     int64_t size_[RP_SOURCE_BATCH + 1];  // element count per source kind
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
+    std::vector<int64_t> level_of_;  // per node
+    std::vector<Level> levels_;
 
-    static void run_jit(const PlanNode& nd, const std::vector<const uint32_t*>& data, uint32_t* out,
-                        int64_t threads) {
-        const void* const* in = reinterpret_cast<const void* const*>(data.data());
-        const int64_t n = nd.out_numel;
-        // The same threshold as the Python pool of the per-node path (backends/cpu/backend.py CpuBackend._run_jit).
-        if (threads <= 1 || nd.work < (1 << 18)) {
-            nd.fn(in, out, 0, n);
-            return;
+    // Node i on `threads` threads (node_s: see run).
+    void run_node(int64_t i, float* const* base, int64_t threads, double* node_s) const {
+        const PlanNode& nd = nodes_[i];
+        const auto t0 = std::chrono::steady_clock::now();
+        const uint32_t* data_small[8];
+        std::vector<const uint32_t*> data_big;
+        const uint32_t** data = data_small;
+        if (nd.ins.size() > 8) {
+            data_big.resize(nd.ins.size());
+            data = data_big.data();
         }
-        parallel_items(threads, threads, [&](int64_t i, int64_t) { nd.fn(in, out, n * i / threads, n * (i + 1) / threads); });
+        for (size_t t = 0; t < nd.ins.size(); t++)
+            data[t] = reinterpret_cast<const uint32_t*>(base[nd.ins[t].buf] + nd.ins[t].offset);
+        float* out = base[RP_SOURCE_NODE_OUTPUT] + nd.out_offset;
+        uint32_t* out_bits = reinterpret_cast<uint32_t*>(out);
+        switch (nd.kind) {
+            case NK_PROGRAM: exec_prog(nd.prog, data, out_bits, nullptr, threads); break;
+            case NK_DOT: {
+                GemmArgs g = nd.g;
+                g.A = reinterpret_cast<const float*>(data[nd.sa]);
+                g.B = reinterpret_cast<const float*>(data[nd.sb]);
+                g.C = out;
+                g.aoff = nd.aoff.data();
+                g.boff = nd.boff.data();
+                gemm(g, threads, mc_, kc_, nc_);
+                break;
+            }
+            case NK_FOLD:
+                reduce_into(reinterpret_cast<const float*>(data[nd.slot]) + nd.xoff, nd.R, nd.Kr, nd.sr, nd.sk, nd.op,
+                            out, threads);
+                break;
+            case NK_BINARY:
+                binary_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]), out,
+                            nd.out_numel, nd.op, threads);
+                break;
+            case NK_SCATTER:
+                scatter_rows_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
+                                  nd.Kr, nd.R, nd.out_numel / nd.R, out, threads);
+                break;
+            default:
+                map_into(nd.fn, reinterpret_cast<const void* const*>(data), out_bits, nd.out_numel, nd.work, threads);
+                break;
+        }
+        if (nd.has_prog && nd.kind != NK_PROGRAM) exec_prog(nd.prog, data, out_bits, out_bits, threads);
+        if (node_s) node_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+
+    // Appends a node: its work in threads' worth, its level, its place in the level.
+    void add_node(PlanNode nd) {
+        const double epi = nd.has_prog && nd.kind != NK_PROGRAM ? (double)nd.prog.work / PROGRAM_MIN_INSTRS : 0.0;
+        switch (nd.kind) {
+            case NK_PROGRAM: nd.threads_worth = (double)nd.prog.work / PROGRAM_MIN_INSTRS; break;
+            case NK_DOT:
+                nd.threads_worth = (double)nd.g.batch * (double)nd.g.M * (double)nd.g.N * (double)nd.g.K / GEMM_MIN_FMAS;
+                break;
+            case NK_FOLD: nd.threads_worth = (double)nd.R * (double)nd.Kr / FOLD_MIN_ELEMS; break;
+            case NK_BINARY: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
+            case NK_SCATTER:
+                nd.threads_worth = (double)(nd.Kr * nd.R + nd.out_numel) / SCATTER_MIN_ELEMS;
+                break;
+            default: nd.threads_worth = (double)nd.work / MAP_MIN_INSTRS; break;
+        }
+        nd.threads_worth += epi;
+        int64_t level = 0;
+        for (size_t i = 0; i < nodes_.size(); i++)
+            if (level_of_[i] >= level && must_follow(nd, nodes_[i])) level = level_of_[i] + 1;
+        const int64_t index = (int64_t)nodes_.size();
+        if ((int64_t)levels_.size() <= level) levels_.resize(level + 1);
+        Level& lv = levels_[level];
+        if (nd.threads_worth >= 2.0) {
+            lv.big.push_back(index);
+        } else {
+            auto at = std::find_if(lv.small.begin(), lv.small.end(),
+                                   [&](int64_t j) { return nodes_[j].threads_worth < nd.threads_worth; });
+            lv.small.insert(at, index);
+            lv.small_worth += nd.threads_worth;
+        }
+        level_of_.push_back(level);
+        nodes_.push_back(std::move(nd));
+    }
+
+    // Whether `later` must run after `earlier`: it reads what `earlier` writes, or writes what
+    // `earlier` reads or writes (in this step's arena; the other buffers are read-only).
+    static bool must_follow(const PlanNode& later, const PlanNode& earlier) {
+        auto overlaps = [](int64_t a0, int64_t an, int64_t b0, int64_t bn) { return a0 < b0 + bn && b0 < a0 + an; };
+        if (overlaps(later.out_offset, later.out_numel, earlier.out_offset, earlier.out_numel)) return true;
+        for (const Ref& r : later.ins)
+            if (r.buf == RP_SOURCE_NODE_OUTPUT && overlaps(r.offset, r.numel, earlier.out_offset, earlier.out_numel))
+                return true;
+        for (const Ref& r : earlier.ins)
+            if (r.buf == RP_SOURCE_NODE_OUTPUT && overlaps(r.offset, r.numel, later.out_offset, later.out_numel))
+                return true;
+        return false;
     }
 
     static void check_buffer(const torch::Tensor& t, int64_t numel, const char* what) {
@@ -281,19 +352,6 @@ class StepPlan {
         TORCH_CHECK(t.scalar_type() == torch::kInt64 && t.dim() == 1, "offsets must be a 1-D int64 tensor");
         auto c = t.contiguous();
         return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-    }
-
-    // SAFETY: the kernels read base + sum(i_d * stride_d) unchecked for every i_d < extent_d;
-    // with non-negative strides the extremes are base and base + sum((extent_d - 1) * stride_d).
-    static void check_box(const std::vector<int64_t>& bases, std::vector<int64_t> strides,
-                          std::vector<int64_t> extents, int64_t numel, const char* what) {
-        int64_t span = 0;
-        for (size_t d = 0; d < strides.size(); d++) {
-            TORCH_CHECK(strides[d] >= 0 && extents[d] >= 1, what, ": strides must be >= 0");
-            span += strides[d] * (extents[d] - 1);
-        }
-        for (int64_t b : bases)
-            TORCH_CHECK(b >= 0 && b + span < numel, what, " addresses [", b, ", ", b + span, "] leave [0, ", numel, ")");
     }
 };
 

@@ -32,6 +32,19 @@ inline std::vector<Instr> read_program(const torch::Tensor& code) {
     return decode_program(int64_rows(code, code.size(0), 5, "program").data(), code.size(0));
 }
 
+// SAFETY: the kernels read base + sum(i_d * stride_d) unchecked for every i_d < extent_d;
+// with non-negative strides the extremes are base and base + sum((extent_d - 1) * stride_d).
+inline void check_box(const std::vector<int64_t>& bases, const std::vector<int64_t>& strides,
+                      const std::vector<int64_t>& extents, int64_t numel, const char* what) {
+    int64_t span = 0;
+    for (size_t d = 0; d < strides.size(); d++) {
+        TORCH_CHECK(strides[d] >= 0 && extents[d] >= 1, what, ": strides must be >= 0");
+        span += strides[d] * (extents[d] - 1);
+    }
+    for (int64_t b : bases)
+        TORCH_CHECK(b >= 0 && b + span < numel, what, " addresses [", b, ", ", b + span, "] leave [0, ", numel, ")");
+}
+
 // Registers the StepPlan class (step_plan.cpp) in the extension module.
 void bind_step_plan(pybind11::module& m);
 

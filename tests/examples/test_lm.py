@@ -119,13 +119,8 @@ def test_commitments_identical_across_isas_and_thread_counts(arch: str) -> None:
     job, _ = _job(arch, steps=2)
     base = _commitments(job, make_runner("reference"), 2)
     runs = [(isa, threads) for isa in cpu_ext.available_isas() for threads in (1, 2)]
-    with_threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the kernels' real parallelism is min(threads, torch's)
-    try:
-        for isa, threads in runs:
-            assert _commitments(job, CpuBackend(isa=isa, threads=threads), 2) == base, (isa, threads)
-    finally:
-        torch.set_num_threads(with_threads)
+    for isa, threads in runs:  # a CpuBackend's own count is its threads, whatever torch's is
+        assert _commitments(job, CpuBackend(isa=isa, threads=threads), 2) == base, (isa, threads)
     assert len(set(base)) == 2  # the two steps differ: the state really changed
 
 

@@ -10,6 +10,7 @@ whole training steps: C_T must not depend on the backend.
 from __future__ import annotations
 
 import shutil
+from functools import partial
 
 import numpy as np
 import pytest
@@ -475,6 +476,34 @@ def test_make_runner_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch, 
     assert "falling back to the numpy reference" in capsys.readouterr().err
 
 
+def test_threads_option_of_train_and_the_bots(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--threads`` of train, the client and the bots: a count >= 1, else argparse's error naming
+    the option (no traceback); applied, it is the count every default runner reads per call."""
+    from verde_chain.cli import build_parser
+    from verde_chain.errors import RepOpsError
+    from verde_chain.graph.backend import set_threads
+
+    parser = build_parser()
+    for argv in (["train", "digits"], ["trainer", "run"], ["challenger", "run"], ["client"]):
+        assert parser.parse_args([*argv, "--threads", "3"]).threads == 3
+        assert parser.parse_args(argv).threads is None  # default: torch's count, all cores
+        for bad in ("0", "-2", "two"):
+            with pytest.raises(SystemExit):
+                parser.parse_args([*argv, "--threads", bad])
+            err = capsys.readouterr().err
+            assert "--threads" in err and "want a whole number of threads >= 1" in err and "Traceback" not in err
+    before = torch.get_num_threads()
+    try:
+        set_threads(3)
+        assert torch.get_num_threads() == 3 and CpuBackend().threads_now() == 3
+        set_threads(None)  # no option: unchanged
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RepOpsError, match="--threads must be >= 1"):
+        set_threads(0)
+
+
 def test_one_name_per_backend_and_the_old_name_is_refused_naming_the_new() -> None:
     """The C++ backend is "cpu" for the executor and the torch API alike; "cpp" (its former name
     in make_runner) is a one-line error that names "cpu"."""
@@ -505,3 +534,78 @@ def test_commitments_identical_between_backends(example: str, steps: int) -> Non
     ref = runs["reference"].commitments
     assert all(r.commitments == ref for r in runs.values())
     assert len(set(ref.values())) == steps + 1
+
+
+# ======================================================================= threads really engaged
+
+WIDEST = cpu_ext.available_isas()[-1]
+
+
+def _threaded_kernels() -> list[tuple[str, program.KernelDesc, list[np.ndarray], bool]]:
+    """(path, descriptor, inputs, jit): one node per backend path that is not a plain GEMM, fold
+    or binary (tests/repops/test_cpu_kernels.py has those), each big enough for 7 threads."""
+    n = 1 << 20
+    x, y, z = (edge_array((n,), seed, 0.2) for seed in (171, 172, 173))
+    fma = library.elementwise("fma", [(n,)] * 3, (Instr(Op.FMA, 0, 0, 1, 2),))
+    P, R, V = 4096, 128, 512
+    g = edge_array((P, R), 174, 0.2)
+    idx = np.random.default_rng(175).integers(0, V, P).astype(np.float32)
+    return [
+        ("program", fma, [x, y, z], False),  # the interpreter
+        ("jit", fma, [x, y, z], True),  # the compiled map
+        ("scatter", library.scatter_add(P, (R,), V), [g, idx], True),
+    ]
+
+
+@pytest.mark.parametrize("path,desc,ins,jit", _threaded_kernels(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_path_gives_the_same_bits_on_every_thread_count(
+    path: str, desc: program.KernelDesc, ins: list[np.ndarray], jit: bool
+) -> None:
+    from tests.support.threads import THREAD_COUNTS, run_engaged
+
+    want = None
+    for threads in THREAD_COUNTS:
+        be = CpuBackend(WIDEST, threads, jit=jit)
+        assert be.path(desc) == path
+        got = run_engaged(WIDEST, threads, partial(be, desc, ins))
+        if want is None:
+            want = reference.run(desc, ins).reshape(-1).view(np.uint32) if path != "scatter" else got
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, want, err_msg=f"{path}, {threads} threads")
+    if path == "scatter":  # the reference loops over k = P in numpy: checked on a slice of rows
+        assert_same(library.scatter_add(64, (8,), 16), [ins[0][:64, :8].copy(), np.minimum(ins[1][:64], 15)],
+                    CpuBackend(WIDEST, 2))
+
+
+def test_the_torch_api_runs_on_torch_s_thread_count() -> None:
+    """The torch-facing API (the registered "cpu" backend, no count of its own) reads
+    ``torch.get_num_threads()`` per call: set to N, N threads run its kernels."""
+    from tests.support.threads import THREAD_COUNTS, run_engaged
+
+    a, b = (torch.from_numpy(edge_array(s, seed, 0.1)) for s, seed in (((300, 257), 176), ((257, 203), 177)))
+    before = torch.get_num_threads()
+    want = None
+    try:
+        for threads in THREAD_COUNTS:
+            torch.set_num_threads(threads)
+            got = run_engaged(WIDEST, threads, partial(torch_api.matmul, a, b))
+            want = got if want is None else want
+            np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_whole_steps_give_the_same_commitments_on_every_thread_count() -> None:
+    """The whole-step kernel (big nodes split across threads, small ones side by side): the same
+    C_s at 1, 2, 3, 4 and 7 threads, and more than one thread worked in each multi-thread step."""
+    from tests.support.threads import THREAD_COUNTS, engaged
+    from verde_chain.examples import EXAMPLES
+
+    finals = {}
+    for threads in THREAD_COUNTS:
+        job = EXAMPLES["digits"](steps=2, checkpoint_interval=0, hidden=256, batch_size=128)
+        run = job.make_run(None, 0, CpuBackend(WIDEST, threads), 2)
+        finals[threads] = engaged(WIDEST, threads, run.run)
+        assert run.exec.step_kernel() is not None, "the steps did not run on the whole-step kernel"
+    assert len(set(finals.values())) == 1, finals

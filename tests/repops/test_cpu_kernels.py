@@ -10,6 +10,7 @@ itself checked against Berkeley SoftFloat (softfloatpy). The kernels are also co
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.threads import THREAD_COUNTS, engaged, run_engaged
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import library, reference
 from verde_chain.repops.backends.cpu import extension as cpu_ext
@@ -485,3 +487,65 @@ def test_errors() -> None:
         cpu_ext.cpu_supports("neon")
     with pytest.raises(RepOpsError, match="threads"):
         cpu_ext.matmul(f, f.T, threads=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Threads: the same bits at 1, 2, 3, 4 and 7 threads, and more than one thread really worked
+# --------------------------------------------------------------------------------------------
+
+# (name, a shape, b shape): the blocked path on one matrix (threads share packed B and take row
+# blocks), on many (batch, column block) pairs (threads take whole pairs when there are >= 2 per
+# thread), and the small path (whole batch entries, or row blocks of entries after packing B).
+THREADED_GEMMS = [
+    ("one-matrix", (301, 257), (257, 203)),
+    ("batch-pairs", (16, 70, 130), (16, 130, 140)),
+    ("small", (8, 1024, 16), (8, 16, 16)),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name,a_shape,b_shape", THREADED_GEMMS, ids=[g[0] for g in THREADED_GEMMS])
+def test_gemm_paths_on_every_thread_count(isa: str, name: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    need(isa)
+    a = edge_matrix(a_shape, 151, 0.02)
+    b = edge_matrix(b_shape, 152, 0.02)
+    want = bits(ref_matmul(a, b))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    for threads in THREAD_COUNTS:
+        got = run_engaged(isa, threads, partial(cpu_ext.matmul, ta, tb, isa=isa, threads=threads))
+        np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_folds_and_binaries_on_every_thread_count(isa: str) -> None:
+    need(isa)
+    x = edge_matrix((3000, 211), 161, 0.05)  # rows along lanes (axis 1) and along memory (axis 0)
+    t = torch.from_numpy(x)
+    a = subnormal_matrix((1 << 20,), 162)
+    b = edge_matrix((1 << 20,), 163, 0.1)
+    wants = [bits(ref_reduce("max", x, 1)), bits(ref_reduce("sum", x, 0)), bits(ref_binary("div", a, b))]
+    torch.set_flush_denormal(True)  # in the caller, which runs items too (the references are done)
+    try:
+        for threads in THREAD_COUNTS:
+            calls = [
+                partial(cpu_ext.reduce_max, t, 1, isa=isa, threads=threads),
+                partial(cpu_ext.reduce_sum, t, 0, isa=isa, threads=threads),
+                partial(cpu_ext.binary, "div", torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=threads),
+            ]
+            for call, want in zip(calls, wants):
+                np.testing.assert_array_equal(run_engaged(isa, threads, call), want, err_msg=f"{threads} threads")
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def test_worker_threads_never_flush() -> None:
+    # Workers started while the caller flushes inherit its MXCSR; the pool clears it per job.
+    torch.set_flush_denormal(True)
+    try:
+        for isa in cpu_ext.available_isas():
+            for threads in THREAD_COUNTS:
+                mx = engaged(isa, threads, partial(cpu_ext.worker_mxcsr, isa, threads))  # every thread looked
+                if mx >= 0:
+                    assert mx & 0xE040 == 0, f"{isa}, {threads} threads: MXCSR=0x{mx:04x} (FTZ/DAZ/rounding)"
+    finally:
+        torch.set_flush_denormal(False)

@@ -7,8 +7,12 @@ rational arithmetic for the opcodes neither of those covers (LDEXP, GETEXP, GETM
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
+import platform
 import struct
+from collections.abc import Iterator
 from fractions import Fraction
 
 import numpy as np
@@ -332,3 +336,65 @@ def test_fma_random_bulk_against_softfloat() -> None:
     for i in range(n):
         want = sfbits(sf.f32_mul_add(sf32(int(ops[0, i])), sf32(int(ops[1, i])), sf32(int(ops[2, i]))))
         assert same(int(got[i]), want), [hex(int(x)) for x in ops[:, i]]
+
+
+# ------------------------------------------------------------------ the FP environment, per call
+
+
+@pytest.fixture
+def flushing() -> Iterator[None]:
+    """FTZ and DAZ switched on in this thread AFTER fp32 was imported (as torch does it)."""
+    import torch
+
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def test_flush_to_zero_after_import_is_refused_by_name_never_wrong_bits(flushing: None) -> None:
+    # The environment really flushes (else this test proves nothing): numpy itself gives 0.
+    tiny = np.array([1], np.uint32).view(np.float32)
+    assert (tiny + tiny).view(np.uint32)[0] == 0
+    with pytest.raises(fp32.FlushToZeroDetected, match="set_flush_denormal"):
+        fp32.execute(Op.ADD, [0x1], [0x1])
+    with pytest.raises(fp32.FlushToZeroDetected):
+        fp32.scalar(Op.MUL, ONE, ONE)  # no subnormal in sight: refused all the same
+
+
+def test_every_numpy_spec_entry_refuses_a_flushing_thread(flushing: None) -> None:
+    from verde_chain.repops import library, program, reference, transcendental
+
+    x = np.array([1.0, 2.0], np.float32)
+    desc = library.map_unary("neg", x.shape)
+    for run in (
+        lambda: reference.run(desc, [x]),
+        lambda: program.run_spec(desc, [x]),
+        lambda: transcendental.evaluate("exp", x.view(np.uint32)),
+    ):
+        with pytest.raises(fp32.FlushToZeroDetected):
+            run()
+
+
+def test_the_same_thread_computes_again_once_flushing_is_off() -> None:
+    import torch
+
+    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(False)
+    assert fp32.execute(Op.ADD, [0x1], [0x1]).tolist() == [0x2]
+
+
+@pytest.mark.parametrize("mode", ["FE_UPWARD", "FE_DOWNWARD", "FE_TOWARDZERO"])
+def test_a_rounding_mode_other_than_nearest_is_refused(mode: str) -> None:
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    value = {"FE_DOWNWARD": 0x400, "FE_UPWARD": 0x800, "FE_TOWARDZERO": 0xC00}[mode]  # x86 <fenv.h>
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the fenv constants above are x86's")
+    assert libm.fesetround(value) == 0
+    try:
+        with pytest.raises(fp32.FlushToZeroDetected):
+            fp32.execute(Op.ADD, [ONE], [0x33000000])
+    finally:
+        libm.fesetround(0)
+    assert fp32.scalar(Op.ADD, ONE, 0x33000000) == ONE

@@ -18,6 +18,7 @@ from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import DeploymentRecord
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
+from verde_chain.graph.backend import THREADS_HELP, set_threads, thread_count
 from verde_chain.market.types import ETH
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
@@ -41,6 +42,7 @@ def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
     p.add_argument("--poll", type=float, default=1.0, help="seconds between polls when idle")
     p.add_argument("--start-block", type=int, default=0, help="first block to read events from on a fresh database")
     p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
 
 
 def connect_market(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact], str]:
@@ -76,6 +78,7 @@ def _config(args: argparse.Namespace, role: str, market: str, strategy: str) -> 
 
 
 def _run_bot(bot: Bot, args: argparse.Namespace) -> int:
+    set_threads(args.threads)  # the training and re-execution of every job this bot takes
     bot.log(f"running as {bot.address} (strategy {bot.cfg.strategy}); state in {bot.cfg.db}")
     try:
         bot.run(args.poll, max_ticks=args.max_ticks)
@@ -161,6 +164,7 @@ def _token_address(text: str) -> str:
 def run_client(args: argparse.Namespace) -> int:
     from verde_chain.agents.client import ClientBot, JobOffer
 
+    set_threads(args.threads)  # building the job's commitments
     w3, artifacts, market = connect_market(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
     offer = JobOffer(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,

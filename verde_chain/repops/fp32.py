@@ -68,18 +68,33 @@ class UnsupportedInstruction(RepOpsError):
 
 
 class FlushToZeroDetected(RepOpsError):
-    """The process runs with flush-to-zero/denormals-are-zero on, so numpy would be wrong."""
+    """This thread's floating-point environment is not IEEE's default (flush-to-zero or
+    denormals-are-zero on, or a rounding mode other than nearest-even), so numpy would compute
+    wrong bits."""
 
 
-def _check_no_ftz() -> None:
-    # SAFETY: everything below trusts numpy's float32 arithmetic to honour subnormals. If some
-    # library turned on FTZ/DAZ in MXCSR (e.g. torch.set_flush_denormal(True)), results would be
-    # silently wrong; refuse loudly instead.
-    with np.errstate(all="ignore"):
-        tiny = np.array([1], np.uint32).view(np.float32)  # 2**-149
-        doubled = (tiny + tiny).view(np.uint32)[0]
-        if doubled != 2:
-            raise FlushToZeroDetected("subnormal arithmetic is flushed; disable FTZ/DAZ")
+# The probe: one numpy add whose four results expose the environment. 2^-149 + 2^-149 = 2^-148
+# is 0 under DAZ (the inputs read as 0) or FTZ (the subnormal result flushed); 1 + 2^-25 and
+# -1 - 2^-25 (below half an ulp) move only under rounding up / down; 1 + 1.5*2^-24 (above half
+# an ulp) stays at 1 toward zero or down.
+_PROBE_A = np.array([0x00000001, 0x3F800000, 0xBF800000, 0x3F800000], np.uint32).view(np.float32)
+_PROBE_B = np.array([0x00000001, 0x33000000, 0xB3000000, 0x33C00000], np.uint32).view(np.float32)
+_PROBE_WANT = np.array([0x00000002, 0x3F800000, 0xBF800000, 0x3F800001], np.uint32).tobytes()
+
+
+def require_ieee_env() -> None:
+    """Raise :class:`FlushToZeroDetected` unless this thread computes IEEE binary32 as the spec
+    needs (subnormals honoured, round to nearest even).
+
+    SAFETY: everything in this module trusts numpy's arithmetic, which runs under the calling
+    thread's MXCSR; any library may change it at any time (``torch.set_flush_denormal(True)``),
+    so this runs on every :func:`execute` call (under a microsecond) rather than once at import.
+    """
+    if (_PROBE_A + _PROBE_B).tobytes() != _PROBE_WANT:
+        raise FlushToZeroDetected(
+            "this thread flushes subnormals (FTZ/DAZ) or does not round to nearest, so numpy would give wrong "
+            "bits; turn it off first (torch.set_flush_denormal(False))"
+        )
 
 
 def _f(bits: U32) -> npt.NDArray[np.float32]:
@@ -205,15 +220,17 @@ _HANDLERS: dict[Op, Callable[[U32, U32, U32], U32]] = {
 ARITHMETIC_OPS = frozenset(_HANDLERS)
 
 
-def execute(op: Op, a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> U32:
+def execute(op: Op, a: npt.ArrayLike, b: npt.ArrayLike = 0, c: npt.ArrayLike = 0) -> U32:
     """Execute one arithmetic instruction elementwise on uint32 bit-pattern arrays.
 
     ``a``, ``b``, ``c`` broadcast together (0-d arrays allowed); operands an opcode does not use
-    are ignored. Returns a uint32 array of the broadcast shape.
+    are ignored. Returns a uint32 array of the broadcast shape. Raises
+    :class:`FlushToZeroDetected` if this thread's FP environment would give other bits.
     """
     handler = _HANDLERS.get(Op(op))
     if handler is None:
         raise UnsupportedInstruction(Op(op))
+    require_ieee_env()
     aa, bb, cc = (np.asarray(x, dtype=np.uint32) for x in (a, b, c))
     aa, bb, cc = np.broadcast_arrays(aa, bb, cc)
     shape = aa.shape
@@ -227,6 +244,3 @@ def execute(op: Op, a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> U32
 def scalar(op: Op, a_bits: int, b_bits: int = 0, c_bits: int = 0) -> int:
     """One instruction on scalar bit patterns (convenience for tests and proof builders)."""
     return int(execute(op, np.uint32(a_bits), np.uint32(b_bits), np.uint32(c_bits)))
-
-
-_check_no_ftz()

@@ -589,6 +589,9 @@ def _run_element(desc: KernelDesc, flat: list[np.ndarray], e: int) -> int:
 
 def run_spec(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """Slow scalar interpreter of the canonical semantics (small tensors only): float32 out."""
+    from verde_chain.repops import fp32
+
+    fp32.require_ieee_env()  # index_of's float conversion runs under this thread's MXCSR too
     flat = check_inputs(desc, inputs)
     out = np.array([_run_element(desc, flat, e) for e in range(desc.numel)], dtype=np.uint32)
     return out.view(np.float32).reshape(desc.out_shape)

@@ -59,6 +59,7 @@ def run_bits(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """Execute ``desc``; returns the flat uint32 bit patterns of the output."""
     from verde_chain.repops import fp32
 
+    fp32.require_ieee_env()  # also guards the float conversions of LOADIDX below
     flat = check_inputs(desc, inputs)
     n = desc.numel
     coords = _coords(desc)

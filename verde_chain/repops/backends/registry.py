@@ -108,9 +108,39 @@ class BackendRunner:
 _warned: set[str] = set()
 
 
+THREADS_HELP = "CPU threads of the RepOps kernels (default: all cores; never changes a bit)"
+
+
+def thread_count(text: str) -> int:
+    """argparse ``type`` of ``--threads``: an integer >= 1 (else one line naming the option)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number of threads >= 1, got {text!r}")
+    return n
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: the process's thread count (``torch.set_num_threads``), which every
+    runner built without its own count reads per call; None keeps torch's default, one thread
+    per core."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise RepOpsError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def make_runner(backend: str = DEFAULT_BACKEND, threads: int | None = None) -> Runner:
-    """The node runner for ``backend``; ``threads`` (>= 1) caps the C++ kernels' workers (the
-    real parallelism is ``min(threads, torch.get_num_threads())``; never changes a bit).
+    """The node runner for ``backend``; the C++ kernels run on ``threads`` (>= 1) OS threads,
+    else on ``torch.get_num_threads()`` read per call (see :func:`set_threads`); never changes
+    a bit.
 
     "cpu" (while it is the C++ backend, not a re-registered one) is a :class:`CpuBackend` with
     its own thread count; if its extension cannot be built here (no compiler, ...), the runner

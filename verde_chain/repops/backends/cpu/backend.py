@@ -15,19 +15,18 @@ C++ ``StepPlan`` that runs the whole step in one call with every node output in 
 kernels, same bits; it removes the ~10-20 us of Python, pybind and allocation per node that
 made a step of small nodes 3x slower than torch eager.
 
-Threads: ``threads`` workers split OUTPUT elements only (never a k range): the C++ kernels on
-torch's intra-op pool (real parallelism ``min(threads, torch.get_num_threads())``), compiled
-maps on a small Python pool (ctypes releases the GIL). No bit depends on the thread count.
+Threads: every kernel, compiled maps included, runs on ``threads`` OS threads (default
+``torch.get_num_threads()``, read per call) of the extension's persistent pool
+(``kernels/cpu/pool.h``); they split OUTPUT elements only, never a k range, so no bit depends
+on the thread count.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -38,7 +37,16 @@ from verde_chain.errors import RepOpsError
 from verde_chain.repops import windowed
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
-from verde_chain.repops.backends.cpu.jit import JIT_LANES, JIT_MIN_INSTRS, JIT_MIN_NUMEL, jit_compile, jit_source
+from verde_chain.repops.backends.cpu.jit import (
+    JIT_LANES,
+    JIT_MIN_INSTRS,
+    JIT_MIN_NUMEL,
+    jit_compile,
+    jit_source,
+    map_address,
+    map_lin,
+    map_work,
+)
 from verde_chain.repops.backends.native import PerDesc, encode_desc, writable
 from verde_chain.repops.backends.plan import Plan, classify
 from verde_chain.repops.backends.registry import BackendUnavailable
@@ -55,6 +63,7 @@ class Prepared:
     maps: torch.Tensor
     out_shape: list[int]
     jit: Callable[..., None] | None = None  # compiled map (backends/cpu/jit.py), else the interpreter
+    lin: torch.Tensor | None = None  # the compiled map's input rows (jit.map_lin)
 
 
 class CpuBackend:
@@ -75,7 +84,6 @@ class CpuBackend:
         self.threads = threads
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (workers, pool) for compiled maps
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
 
@@ -100,12 +108,14 @@ class CpuBackend:
     def _prepare(self, desc: KernelDesc) -> Prepared:
         plan = classify(desc)
         (pro, body, epi), maps = encode_desc(desc)
+        jit = self._compile(desc) if plan.kind == "program" else None
         return Prepared(
             plan,
             (torch.from_numpy(pro), torch.from_numpy(body), torch.from_numpy(epi)),
             torch.from_numpy(maps),
             list(desc.out_shape),
-            self._compile(desc) if plan.kind == "program" else None,
+            jit,
+            None if jit is None else map_lin(desc),
         )
 
     def _compile(self, desc: KernelDesc) -> Callable[..., None] | None:
@@ -122,22 +132,9 @@ class CpuBackend:
             self.jit = False
             return None
 
-    def _run_jit(self, desc: KernelDesc, fn: Callable[..., None], flat: list[np.ndarray]) -> np.ndarray:
-        n = desc.numel
-        out = np.empty(n, dtype=np.uint32)
-        ptrs = (ctypes.c_void_p * max(1, len(flat)))(*[x.ctypes.data for x in flat])
-        optr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
-        threads = torch.get_num_threads() if self.threads is None else self.threads
-        work = n * (len(desc.prologue) + len(desc.epilogue))
-        if threads <= 1 or work < (1 << 18):
-            fn(ptrs, optr, 0, n)
-            return out
-        # ctypes releases the GIL: the chunks run in parallel; element ranges are disjoint.
-        if self._pool is None or self._pool[0] != threads:
-            self._pool = (threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="repops-map"))
-        bounds = [n * i // threads for i in range(threads + 1)]
-        list(self._pool[1].map(lambda i: fn(ptrs, optr, bounds[i], bounds[i + 1]), range(threads)))
-        return out
+    def threads_now(self) -> int:
+        """The thread count of the next call: ``threads``, or torch's current count if None."""
+        return torch.get_num_threads() if self.threads is None else self.threads
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: explicit GEMM or dewindowed (repops/windowed.py)
@@ -146,8 +143,9 @@ class CpuBackend:
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
         if prep.jit is not None:
-            return self._run_jit(desc, prep.jit, flat).view(np.float32).reshape(desc.out_shape)
-        if plan.kind == "dot":
+            bits = [torch.from_numpy(x.view(np.int32)) for x in flat]
+            out = self.extension.run_map(map_address(prep.jit), bits, prep.lin, desc.numel, map_work(desc), self.threads_now())
+        elif plan.kind == "dot":
             out = self._dot(desc, plan, flat, prep)
         elif plan.kind == "fold":
             out = self._fold(desc, plan, flat, prep)
@@ -156,8 +154,7 @@ class CpuBackend:
             out = ext.binary(cast(BinOp, plan.op), a, b, isa=self.isa, threads=self.threads).reshape(-1)
         elif plan.kind == "scatter":
             g, idx = (torch.from_numpy(x.view(np.float32)) for x in flat)
-            threads = torch.get_num_threads() if self.threads is None else self.threads
-            out = self.extension.scatter_rows(g.reshape(desc.K, -1), idx, desc.out_shape[0], threads).reshape(-1)
+            out = self.extension.scatter_rows(g.reshape(desc.K, -1), idx, desc.out_shape[0], self.threads_now()).reshape(-1)
         else:
             out = self._program(desc, flat, prep)
         return out.numpy().view(np.float32).reshape(desc.out_shape)
@@ -194,10 +191,9 @@ class CpuBackend:
         # The extension is called directly (not through ext.run_program): this path runs for
         # most nodes, and each small node's cost is mostly call overhead.
         pro, body, epi = prep.programs
-        threads = torch.get_num_threads() if self.threads is None else self.threads
         out = self.extension.run_program(
             [torch.from_numpy(x.view(np.int32)) for x in flat], prep.maps, prep.out_shape, desc.K,
-            pro, body, epi, r0_init, threads,
+            pro, body, epi, r0_init, self.threads_now(),
         )  # fmt: skip
         return out.view(torch.float32)
 

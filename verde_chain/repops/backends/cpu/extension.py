@@ -25,10 +25,12 @@ visibility (the three extensions live in one process). All three give the same b
 ``backends/cpu/backend.py`` turns these into a RepOps backend (desc -> result).
 
 ``isa=None`` picks the widest variant the CPU supports; ``threads=None`` uses
-``torch.get_num_threads()``. Neither changes any bit of the result; tests check that.
-Work is split into ``threads`` workers that run on torch's persistent intra-op thread pool, so
-the real parallelism is ``min(threads, torch.get_num_threads())``; only output blocks are
-distributed, never the k range of one output element.
+``torch.get_num_threads()`` (all cores unless the program set it). Neither changes any bit of
+the result; tests check that. The kernels run on ``threads`` OS threads: the caller and the
+extension's own persistent worker pool (``kernels/cpu/pool.h``), which starts workers on first
+need and keeps them; only output blocks are distributed, never the k range of one output
+element. Small calls stay on fewer threads (each thread must get a few microseconds of work).
+:func:`probe_reset` / :func:`probe_threads` tell which OS threads ran kernel work.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ REPO_ROOT = Path(__file__).resolve().parents[4]
 KERNELS = REPO_ROOT / "kernels"
 # Translation units of the extension (one module), and every header they include: the build
 # cache key covers all of them.
-SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "gemm.cpp", "reduce.cpp", "binary.cpp",
+SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "pool.cpp", "gemm.cpp", "reduce.cpp", "binary.cpp",
                                               "interpreter.cpp", "step_plan.cpp"))  # fmt: skip
 HEADERS = (*sorted((KERNELS / "cpu").glob("*.h")), KERNELS / "repops_fp32.h", KERNELS / "generated" / "repops_isa.h")
 BUILD_ROOT = REPO_ROOT / "build" / "native"
@@ -397,6 +399,24 @@ def run_program(
     return _ext(isa).run_program(list(inputs), maps, list(out_shape), int(K), pro, body, epi, r0_init, _threads(threads))
 
 
-def worker_mxcsr(isa: str | None = None) -> int:
-    """MXCSR as seen inside a kernel worker thread (-1 off x86): FTZ is bit 15, DAZ bit 6."""
-    return int(_ext(isa).worker_mxcsr())
+def worker_mxcsr(isa: str | None = None, threads: int | None = None) -> int:
+    """MXCSR as the threads running kernel work see it, OR-ed over them (-1 off x86): FTZ is
+    bit 15, DAZ bit 6."""
+    return int(_ext(isa).worker_mxcsr(_threads(threads)))
+
+
+def probe_reset(isa: str | None = None) -> None:
+    """Start a new engagement probe of ``isa``'s kernels (see :func:`probe_threads`)."""
+    _ext(isa).probe_reset()
+
+
+def set_spread_check(on: bool, isa: str | None = None) -> None:
+    """Tests: while on, every thread of a call of ``isa``'s kernels runs at least one item (late
+    threads are waited for), so a call at N threads is known to have used them."""
+    _ext(isa).set_spread_check(on)
+
+
+def probe_threads(isa: str | None = None) -> list[int]:
+    """The OS thread ids that ran at least one item of ``isa``'s kernels since
+    :func:`probe_reset`: how many threads really worked."""
+    return list(_ext(isa).probe_threads())

@@ -22,6 +22,9 @@ import hashlib
 import os
 import subprocess
 from collections.abc import Callable
+from typing import Any, cast
+
+import torch
 
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.plan import linear_stride
@@ -104,6 +107,27 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
         + f"        const vu r = body({args});\n        for (int i = 0; i < rem; i++) out[e + i] = r[i];\n    }}\n"
         + "    RP_MAP_FPENV_EXIT;\n}\n"
     )
+
+
+def map_lin(desc: KernelDesc) -> torch.Tensor:
+    """(n_inputs, 2) int64 rows ``offset, stride``: where a compiled map of ``desc`` reads input t
+    for output element e (``offset + e * stride``), as the extension's bounds check takes them."""
+    rows = [(m.offset, linear_stride(m, desc.out_shape)) for m in desc.inputs]
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 2)
+
+
+def map_work(desc: KernelDesc) -> int:
+    """Lane-instructions of a compiled map of ``desc`` (how many threads it is worth)."""
+    return desc.numel * (len(desc.prologue) + len(desc.epilogue))
+
+
+def map_address(fn: Callable[..., None]) -> int:
+    """The C address of a compiled map (the extension calls it on its threads; ``jit_compile``'s
+    cache keeps the library loaded)."""
+    addr = ctypes.cast(cast(Any, fn), ctypes.c_void_p).value
+    if not addr:
+        raise BackendUnavailable("a compiled map has no address")
+    return addr
 
 
 _JIT_SIGNATURE = (ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32), ctypes.c_int64, ctypes.c_int64)

@@ -6,9 +6,8 @@ and allocation per node that dominated small nodes."""
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.jit import map_address, map_work
 from verde_chain.repops.backends.native import ArenaLayout, writable
 from verde_chain.repops.backends.plan import linear_stride
 from verde_chain.repops.program import KernelDesc
@@ -51,12 +51,9 @@ class StepKernel(ArenaLayout):
     def _add(self, d: int, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> None:
         prep = self.backend.prepare(desc)
         plan, refs, out = prep.plan, self._refs(desc, wires), self.offsets[d]
-        if prep.jit is not None:
-            lin = [(m.offset, linear_stride(m, desc.out_shape)) for m in desc.inputs]
-            work = desc.numel * (len(desc.prologue) + len(desc.epilogue))
-            addr = ctypes.cast(cast(Any, prep.jit), ctypes.c_void_p).value  # a ctypes function pointer
+        if prep.jit is not None and prep.lin is not None:
             self._keep.append(prep.jit)
-            self._plan.add_jit(refs, torch.tensor(lin, dtype=torch.int64).reshape(len(lin), 2), out, desc.numel, addr, work)
+            self._plan.add_jit(refs, prep.lin, out, desc.numel, map_address(prep.jit), map_work(desc))
             return
         code = (prep.maps, prep.out_shape, desc.K, *prep.programs, out)
         if plan.kind == "dot":
@@ -83,7 +80,7 @@ class StepKernel(ArenaLayout):
         self._plan.add_program(refs, *code)
 
     def run(self, prev_arena: np.ndarray, batch: np.ndarray) -> np.ndarray:
-        threads = torch.get_num_threads() if self.backend.threads is None else self.backend.threads
+        threads = self.backend.threads_now()
         prev = torch.from_numpy(writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(writable(batch))
         times = None if self.node_times is None else torch.from_numpy(self.node_times)

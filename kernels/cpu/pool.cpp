@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: MIT
+//
+// pool.cpp — the persistent worker pool behind parallel_items (pool.h).
+//
+// One pool per extension (each ISA's extension is its own module with hidden symbols). Workers
+// are started on first need, up to the largest thread count asked for, and never stopped; an
+// idle worker spins for a short while (the next kernel of a training step usually follows within
+// microseconds) and then sleeps on a futex (std::atomic::wait), costing nothing.
+//
+// One job at a time. The protocol, with every atomic sequentially consistent:
+//   caller:  fill job_, open_ = true, bump the wanted workers' `seq` (waking sleepers);
+//            run items itself; open_ = false; wait until active_ == 0; return.
+//   worker:  on a new seq: active_ += 1; if open_ (and it is one of the job's workers) run
+//            items; active_ -= 1 (waking the caller at 0).
+// A worker increments active_ before it reads open_, and the caller clears open_ before it
+// reads active_, so either the worker sees the job closed and touches nothing, or the caller
+// waits for it. job_ is written only while open_ is false and active_ is 0, so a worker that
+// entered sees one consistent job. A worker woken late for a job that already finished finds
+// open_ false, or the next job (which it joins only if its index is below that job's thread
+// count: per-thread scratch is sized by it).
+
+#include "pool.h"
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "simd.h"
+
+namespace repops_cpu {
+namespace {
+
+int64_t os_tid() { return (int64_t)syscall(SYS_gettid); }
+
+inline void cpu_relax() {
+#if REPOPS_X86
+    _mm_pause();
+#endif
+}
+
+// ------------------------------------------------------------------ the engagement probe
+std::atomic<uint64_t> g_epoch{1};
+std::mutex g_probe_mutex;
+std::set<int64_t>* g_probe = new std::set<int64_t>;  // leaked: workers may outlive static destructors
+thread_local uint64_t t_recorded = 0;
+thread_local int64_t t_tid = 0;
+
+void note_engaged() {
+    const uint64_t epoch = g_epoch.load(std::memory_order_relaxed);
+    if (t_recorded == epoch) return;  // one lock per thread per probe epoch
+    if (t_tid == 0) t_tid = os_tid();
+    std::lock_guard<std::mutex> lock(g_probe_mutex);
+    t_recorded = epoch;
+    g_probe->insert(t_tid);
+}
+
+// ------------------------------------------------------------------ the pool
+thread_local bool t_in_items = false;  // this thread is running an item: nested calls run inline
+
+// How long an idle worker (and a caller waiting for the last items) spins before sleeping.
+// VERDE_REPOPS_SPIN_US overrides it (0: sleep at once, e.g. on a machine with more threads than
+// cores, where a spinning worker takes time from a working one).
+int64_t spin_ns() {
+    static const int64_t ns = [] {
+        const char* s = std::getenv("VERDE_REPOPS_SPIN_US");
+        return s ? (int64_t)std::atoll(s) * 1000 : (int64_t)50000;
+    }();
+    return ns;
+}
+
+// Spins until v != old or the spin budget is spent; true if it changed.
+template <class T>
+bool spin_while_equal(const std::atomic<T>& v, T old) {
+    const int64_t budget = spin_ns();
+    if (budget <= 0) return v.load() != old;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 1;; i++) {
+        if (v.load() != old) return true;
+        cpu_relax();
+        if ((i & 63) == 0 &&
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count() >
+                budget)
+            return v.load() != old;
+    }
+}
+
+struct alignas(64) Slot {
+    std::atomic<uint32_t> seq{0};  // bumped by a caller to wake this worker
+};
+
+// The spread check (set_spread_check): every thread of a job runs at least one item.
+std::atomic<bool> g_spread{false};
+
+struct Job {
+    ItemFn fn = nullptr;
+    void* ctx = nullptr;
+    int64_t n_items = 0, threads = 1;
+    std::atomic<int64_t> next{0};
+    std::mutex error_mutex;
+    std::exception_ptr error;
+    // Spread check only: item w is reserved for worker w < threads (taken once, even by a worker
+    // that joins twice), and the caller waits until the workers have run theirs.
+    bool spread = false;
+    std::vector<std::atomic<uint8_t>> taken;
+    std::atomic<int32_t> reserved_done{0};
+};
+
+// Claims and runs items of `job` until none is left; an exception stops this thread's share and
+// is kept for the caller (the remaining items are still claimed, and skipped, so the job ends).
+void run_share(Job& job, int64_t worker) {
+    FpEnvGuard env;
+    const bool outer = t_in_items;
+    t_in_items = true;
+    bool ran = false;
+    auto run_one = [&](int64_t i) {
+        try {
+            job.fn(job.ctx, i, worker);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(job.error_mutex);
+            if (!job.error) job.error = std::current_exception();
+            job.next.store(job.n_items);
+        }
+        ran = true;
+    };
+    if (job.spread && worker < job.threads && job.taken[worker].exchange(1) == 0) {
+        run_one(worker);
+        if (worker > 0 && job.reserved_done.fetch_add(1) + 2 == job.threads) job.reserved_done.notify_one();
+    }
+    for (int64_t i = job.next.fetch_add(1); i < job.n_items; i = job.next.fetch_add(1)) run_one(i);
+    t_in_items = outer;
+    if (ran) note_engaged();
+}
+
+class Pool {
+  public:
+    void run(int64_t n_items, int64_t threads, ItemFn fn, void* ctx) {
+        std::unique_lock<std::mutex> dispatch(dispatch_, std::try_to_lock);
+        if (!dispatch.owns_lock()) {  // another thread's job holds the pool: run alone
+            run_inline(n_items, fn, ctx);
+            return;
+        }
+        grow(threads - 1);
+        job_.fn = fn;
+        job_.ctx = ctx;
+        job_.n_items = n_items;
+        job_.threads = threads;
+        job_.error = nullptr;
+        job_.spread = g_spread.load();
+        if (job_.spread) {
+            if ((int64_t)job_.taken.size() < threads) job_.taken = std::vector<std::atomic<uint8_t>>(threads);
+            for (int64_t w = 0; w < threads; w++) job_.taken[w].store(0);
+            job_.reserved_done.store(0);
+        }
+        job_.next.store(job_.spread ? threads : 0);
+        open_.store(true);
+        for (int64_t w = 1; w < threads; w++) {
+            Slot& s = *slots_[w];
+            s.seq.fetch_add(1);
+            s.seq.notify_one();
+        }
+        run_share(job_, 0);
+        if (job_.spread) {
+            for (int32_t d = job_.reserved_done.load(); d + 1 < threads; d = job_.reserved_done.load())
+                job_.reserved_done.wait(d);
+        }
+        open_.store(false);
+        // Wait for the workers still inside (their items are in progress, or they are leaving).
+        int32_t a = active_.load();
+        if (a != 0 && spin_while_equal(active_, a)) a = active_.load();
+        while (a != 0) {
+            active_.wait(a);
+            a = active_.load();
+        }
+        if (job_.error) std::rethrow_exception(job_.error);
+    }
+
+    int64_t size() {
+        std::lock_guard<std::mutex> lock(dispatch_);
+        return (int64_t)slots_.size() - 1;
+    }
+
+    static void run_inline(int64_t n_items, ItemFn fn, void* ctx) {
+        Job job;
+        job.fn = fn;
+        job.ctx = ctx;
+        job.n_items = n_items;
+        run_share(job, 0);
+        if (job.error) std::rethrow_exception(job.error);
+    }
+
+  private:
+    std::mutex dispatch_;
+    std::vector<std::unique_ptr<Slot>> slots_ = [] {
+        std::vector<std::unique_ptr<Slot>> v;
+        v.emplace_back(nullptr);  // worker 0 is the caller
+        return v;
+    }();
+    Job job_;
+    std::atomic<bool> open_{false};
+    std::atomic<int32_t> active_{0};
+
+    void grow(int64_t n_workers) {
+        while ((int64_t)slots_.size() <= n_workers) {
+            const int64_t w = (int64_t)slots_.size();
+            slots_.emplace_back(new Slot);
+            Slot* s = slots_.back().get();
+            // Detached: the pool is never destroyed (see pool()), so its workers sleep until exit.
+            std::thread([this, s, w] { worker_main(s, w); }).detach();
+        }
+    }
+
+    void worker_main(Slot* s, int64_t w) {
+        const std::string name = "repops-w" + std::to_string(w);
+        pthread_setname_np(pthread_self(), name.c_str());
+        // A fresh slot's seq is 0; reading it here instead would lose a job whose caller bumped
+        // it before this thread first ran (the caller then waits in vain under the spread check).
+        uint32_t seen = 0;
+        for (;;) {
+            if (!spin_while_equal(s->seq, seen))
+                while (s->seq.load() == seen) s->seq.wait(seen);
+            seen = s->seq.load();
+            active_.fetch_add(1);
+            if (open_.load() && w < job_.threads) run_share(job_, w);
+            if (active_.fetch_sub(1) == 1) active_.notify_one();
+        }
+    }
+};
+
+// The process's pool: created on first use, never destroyed (its detached workers may still be
+// asleep in it at exit). A forked child inherits no threads: it starts a fresh pool.
+std::atomic<Pool*> g_pool{nullptr};
+std::once_flag g_atfork_once;
+
+Pool& pool() {
+    Pool* p = g_pool.load();
+    if (p != nullptr) return *p;
+    std::call_once(g_atfork_once, [] { pthread_atfork(nullptr, nullptr, [] { g_pool.store(nullptr); }); });
+    Pool* fresh = new Pool;
+    if (!g_pool.compare_exchange_strong(p, fresh)) {
+        delete fresh;
+        return *p;
+    }
+    return *fresh;
+}
+
+}  // namespace
+
+void run_items(int64_t n_items, int64_t threads, ItemFn fn, void* ctx) {
+    if (n_items <= 0) return;
+    threads = std::max<int64_t>(1, std::min(threads, n_items));
+    if (threads == 1 || t_in_items) {
+        Pool::run_inline(n_items, fn, ctx);
+        return;
+    }
+    pool().run(n_items, threads, fn, ctx);
+}
+
+void set_spread_check(bool on) { g_spread.store(on); }
+
+void probe_reset() {
+    std::lock_guard<std::mutex> lock(g_probe_mutex);
+    g_probe->clear();
+    g_epoch.fetch_add(1);
+}
+
+std::vector<int64_t> probe_threads() {
+    std::lock_guard<std::mutex> lock(g_probe_mutex);
+    return std::vector<int64_t>(g_probe->begin(), g_probe->end());
+}
+
+int64_t pool_size() { return pool().size(); }
+
+}  // namespace repops_cpu
