@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
+from eth_typing import HexStr
 from web3 import Web3
 from web3.types import TxReceipt
 
 from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.errors import AgentError, InsufficientFunds
-from verde_chain.agents.store import Store
+from verde_chain.agents.policy import Conditions, Policy, block_interval, bond_refusal, refusal
+from verde_chain.agents.store import OPEN_TX, Store
 from verde_chain.agents.strategies import Plan
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
 from verde_chain.agents.wallet import Sender, account, retry
@@ -30,12 +32,15 @@ from verde_chain.chain.market_client import Market
 from verde_chain.commit.merkle import keccak256
 from verde_chain.dispute import players as pl
 from verde_chain.dispute import runner
-from verde_chain.dispute.types import GameView, Move, Phase, Seen, Side
+from verde_chain.dispute.types import GameView, Phase, Seen
 from verde_chain.errors import ChainError, ContractRevert
-from verde_chain.market.types import MarketEvent
+from verde_chain.job import Job
+from verde_chain.market.types import JobTerms, MarketEvent
 
 Log = Callable[[str], None]
 LOG_RANGE = 2_000  # blocks per eth_getLogs query
+LATENCY_SAMPLES = 32  # recent moves whose clock cost the policy looks at
+MOVE_COMPUTE = 1.0  # seconds assumed to compute and submit a move before any was measured
 TIMEOUT_GAS = 400_000  # claimTimeout + the market's settlement callback, with room to spare
 
 
@@ -50,6 +55,7 @@ class BotConfig:
     seed: int = 0
     name: str = ""
     start_block: int = 0
+    policy: Policy = field(default_factory=Policy)
 
 
 class Bot:
@@ -66,7 +72,7 @@ class Bot:
         saved = self.store.get("config")
         if saved is not None and (saved["market"], saved["account_index"]) != (cfg.market, cfg.account_index):
             raise AgentError(f"{cfg.db} belongs to account {saved['account_index']} on market {saved['market']}")
-        self.store.put("config", cfg.__dict__)
+        self.store.put("config", asdict(cfg))
         self.acct = account(cfg.account_index)
         self.address = self.acct.address
         self.sender = Sender(w3, artifacts, self.acct, self.store)
@@ -78,6 +84,7 @@ class Bot:
         self.plans: dict[int, Plan] = {}  # job id -> what this bot believes (rebuilt after a restart)
         self._tokens: dict[str, TokenInfo] = {}
         self._said: set[str] = set()  # messages already logged once (see `log_once`)
+        self._burn_bps: int | None = None
         dropped = self.sender.recover()
         if dropped:
             self.log(f"restart: {len(dropped)} signed-but-unsent transaction(s) dropped; re-deriving from chain state")
@@ -206,6 +213,38 @@ class Bot:
         self.log_once(f"afford:{kind}:{token}:{amount}:{have}", msg)
         raise InsufficientFunds(msg, token=token, need=amount, have=have)
 
+    # -- policy -----------------------------------------------------------------------------------
+    def conditions(self) -> Conditions:
+        """What the policy compares a job with, measured now: the block interval (last 10 blocks),
+        the gas price, the market's burn share, and the clock one move of this bot costs: the mean
+        of its recent moves (a chess clock adds them up), at least one block interval (its move
+        goes into the block after the other side's) plus a second to compute and submit it."""
+        latest = retry(lambda: self.w3.eth.get_block("latest"))
+        first = max(0, int(latest["number"]) - 10)
+        stamps = [int(retry(lambda n=n: self.w3.eth.get_block(n))["timestamp"])  # type: ignore[misc]
+                  for n in range(first, int(latest["number"]))] + [int(latest["timestamp"])]
+        interval = block_interval(stamps)
+        if self._burn_bps is None:
+            self._burn_bps = retry(lambda: self.market.params()).burn_bps
+        charges = self.store.get("move_charges", [])
+        latency = max(interval + MOVE_COMPUTE, sum(charges) / len(charges) if charges else 0.0)
+        return Conditions(now=self.now(), block_interval=interval, gas_price=int(retry(lambda: self.w3.eth.gas_price)),
+                          burn_bps=self._burn_bps, move_latency=latency)
+
+    def refuses(self, job_id: int, terms: JobTerms, job: Job | None, what: str) -> str | None:
+        """The policy's reason not to `what` (stake, dispute) in this job, logged once; or None."""
+        why = refusal(terms, self.cfg.policy, self.conditions(), job, "trainer" if self.role == "trainer" else
+                      "challenger")
+        if why is not None:
+            self.log_once(f"policy:{job_id}:{why}", f"job {job_id}: refused by my policy, not {what}: {why}")
+        return why
+
+    def refuses_bond(self, job_id: int, bond: int) -> str | None:
+        why = bond_refusal(bond, self.cfg.policy)
+        if why is not None:
+            self.log_once(f"bond:{job_id}:{bond}", f"job {job_id}: refused by my policy, not disputing: {why}")
+        return why
+
     # -- games ------------------------------------------------------------------------------------
     def add_game(self, ev: MarketEvent) -> None:
         a = ev.args
@@ -219,21 +258,74 @@ class Bot:
         self.log(f"game {gid} (job {a['jobId']}, slot {a['defenderSlot']}): I am the {role} against {other}")
 
     def play_games(self) -> bool:
-        acted = False
+        """Play every open game at once. First settle the moves mined since the last pass; then,
+        most urgent clock first, submit this bot's move (or a timeout claim, or the challenger's
+        step) in every game where one is due and none of ours is in flight. Nothing waits for a
+        receipt (``Sender.submit`` pipelines the nonces), so one pass's moves all go into the next
+        block however many games run: a game's clock never waits on another game."""
+        live: list[tuple[int, dict[str, Any], GameView]] = []
         for gid, rec in self.store.games().items():
             if rec.get("done"):
                 continue
+            if not self._settle(gid, rec):
+                continue  # a move of ours is still in flight: the chain's view is about to change
             v = retry(lambda g=gid: self.games.game(g))  # type: ignore[misc]
             if v.phase == Phase.RESOLVED:
                 won = v.winner == self.address
                 self.store.update_game(gid, done=True, won=won, resolution=v.resolution.name)
                 self.log(f"game {gid} resolved by {v.resolution.name}: {'I won' if won else 'I lost'}")
                 continue
+            live.append((gid, self.store.game(gid) or rec, v))
+        live.sort(key=lambda t: (t[2].to_move != self.address, t[2].expires_at))
+        acted = False
+        for gid, rec, v in live:
             if v.to_move == self.address:
                 acted |= self._move(gid, rec, v)
             else:
                 acted |= self._timeout_or_step(gid, rec, v)
         return acted
+
+    def _settle(self, gid: int, rec: dict[str, Any]) -> bool:
+        """Record how this game's last submitted transaction ended; False while it is in flight."""
+        inflight = rec.get("inflight")
+        if inflight is None:
+            return True
+        row = self.store.tx(int(inflight["row"]))
+        if row.status in OPEN_TX:
+            self.sender.poll()
+            row = self.store.tx(row.id)
+            if row.status in OPEN_TX:
+                return False
+        what = inflight["what"]
+        if row.status == "mined":
+            self.store.update_game(gid, inflight=None)
+            if "turn" in inflight:  # the clock this move cost: its block's time - the turn's start
+                block = retry(lambda: self.w3.eth.get_transaction_receipt(HexStr(row.hash)))["blockNumber"]
+                spent = int(retry(lambda: self.w3.eth.get_block(block))["timestamp"]) - int(inflight["turn"])
+                self.store.put("move_charges", [*self.store.get("move_charges", []), spent][-LATENCY_SAMPLES:])
+            if what == "claimTimeout":
+                self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
+            return True
+        # failed (its revert decoded from its own block) or dropped: remembered with its position
+        # so it is not retried there; the clock then decides
+        err = row.error if row.status == "failed" else "dropped"
+        if what == "claimTimeout":
+            self.store.update_game(gid, inflight=None, timeout_error=err)
+            self.log(f"game {gid}: claimTimeout reverted: {err}")
+        else:
+            self.store.update_game(gid, inflight=None, failed_at=inflight["position"], last_error=err)
+            self.log(f"game {gid}: my {what} at {inflight['position']} failed: {err}")
+        return True
+
+    def _submit(self, gid: int, fn_call: Any, what: str, position: str, level: int, gas: int | None = None,
+                turn: int | None = None) -> None:
+        """Submit one game transaction (pipelined) and remember it as the game's move in flight
+        (with `turn`, the start of this bot's turn, once mined its clock cost is measured)."""
+        row = self.sender.submit(fn_call, what, game_id=gid, level=level, gas=gas)
+        inflight: dict[str, Any] = {"row": row.id, "what": what, "position": position}
+        if turn is not None:
+            inflight["turn"] = turn
+        self.store.update_game(gid, inflight=inflight)
 
     def _silent(self, gid: int, rec: dict[str, Any]) -> bool:
         limit = self.plan(rec["job_id"]).silent_after
@@ -259,12 +351,13 @@ class Bot:
             return False
         position = f"{v.phase.name}:{v.lo}:{v.hi}:{v.cursor}:{v.depth_left}"
         if rec.get("failed_at") == position:
-            return False  # this move already reverted here; wait (the clock decides)
+            return False  # this move already failed here; wait (the clock decides)
         move = self._player(rec).move(v, self.seen(gid, rec))
         if move is None:
             return False
         try:
-            self.send_move(gid, move, v.phase.level)
+            self._submit(gid, self.games.move_call(gid, move), move.function, position, v.phase.level,
+                         turn=v.turn_started_at)
         except ContractRevert as exc:
             self.store.update_game(gid, failed_at=position, last_error=exc.name)
             self.log(f"game {gid}: my {type(move).__name__} at {v.phase.name} reverted: {exc.name}")
@@ -275,17 +368,16 @@ class Bot:
         return True
 
     def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
-        mover_left = v.defender_left if v.phase.mover == Side.DEFENDER else v.challenger_left
-        if self.now() - v.turn_started_at > mover_left:
+        if self.now() > v.expires_at:
+            if rec.get("timeout_error"):
+                return False
             try:
-                self.sender.send(self.games.contract.functions.claimTimeout(gid), "claimTimeout", game_id=gid,
-                                 gas=TIMEOUT_GAS)
-                self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
+                self._submit(gid, self.games.contract.functions.claimTimeout(gid), "claimTimeout", "timeout", 0,
+                             gas=TIMEOUT_GAS)
                 return True
             except ContractRevert as exc:
-                if rec.get("timeout_error") != exc.name:
-                    self.store.update_game(gid, timeout_error=exc.name)
-                    self.log(f"game {gid}: claimTimeout reverted: {exc.name}")
+                self.store.update_game(gid, timeout_error=exc.name)
+                self.log(f"game {gid}: claimTimeout reverted: {exc.name}")
                 return False
         if v.phase == Phase.L4_STEP and rec["role"] == "challenger" and not self._silent(gid, rec):
             # Anyone may execute the last step; a challenger whose own state j+1 differs from the
@@ -297,16 +389,12 @@ class Bot:
             if move is None or rec.get("failed_at") == "step":
                 return False
             try:
-                self.send_move(gid, move, 4)
+                self._submit(gid, self.games.move_call(gid, move), move.function, "step", 4)
                 return True
             except ContractRevert as exc:
                 self.store.update_game(gid, failed_at="step", last_error=exc.name)
                 self.log(f"game {gid}: my step reverted: {exc.name}")
         return False
-
-    def send_move(self, gid: int, move: Move, level: int) -> None:
-        """Send `move` through the crash-safe Sender (the same call the runner's client makes)."""
-        self.sender.send(self.games.move_call(gid, move), move.function, game_id=gid, level=level)
 
     def close(self) -> None:
         self.store.close()

@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS txs (
 """
 
 OPEN_TX = ("signed", "sent")
+_TX_COLUMNS = "SELECT id, account, nonce, kind, game_id, level, raw, hash, status, gas_used, error FROM txs"
 
 
 @dataclass(frozen=True)
@@ -125,12 +126,19 @@ class Store:
                         " WHERE id = ?", (status, gas_used, error, row_id))
 
     def txs(self, status: tuple[str, ...] | None = None) -> list[TxRow]:
-        q = "SELECT id, account, nonce, kind, game_id, level, raw, hash, status, gas_used, error FROM txs"
+        q = _TX_COLUMNS
         args: tuple[Any, ...] = ()
         if status:
             q += f" WHERE status IN ({', '.join('?' for _ in status)})"
             args = status
         return [TxRow(*r) for r in self.db.execute(q + " ORDER BY id", args).fetchall()]
+
+    def tx(self, row_id: int) -> TxRow:
+        return TxRow(*self.db.execute(_TX_COLUMNS + " WHERE id = ?", (row_id,)).fetchone())
+
+    def open_txs(self, game_id: int) -> list[TxRow]:
+        """This game's transactions still in flight (signed or sent, no receipt yet)."""
+        return [r for r in self.txs(OPEN_TX) if r.game_id == game_id]
 
     def gas_used(self, game_id: int | None = None) -> int:
         q = "SELECT COALESCE(SUM(gas_used), 0) FROM txs WHERE status IN ('mined', 'failed')"

@@ -4,9 +4,10 @@ Accounts are Anvil's funded ones, by index: their keys derive from the standard 
 (BIP-44 path m/44'/60'/0'/0/i). Transactions are signed locally, so the hash is known before
 broadcast and can be written to the bot's SQLite store first (see ``store.py``).
 
-Nonces survive restarts because none is cached: every send first *recovers* the open rows of the
-store (a mined receipt closes them; a transaction the node still holds is waited for; one the node
-never saw is dropped and its action re-derived by the bot), then takes the node's pending nonce.
+Nonces survive restarts because none is cached: the next nonce is derived from the node's pending
+count and the store's open rows. Several transactions may be in flight at once (``Sender.submit``,
+pipelined); on restart ``recover`` closes what was mined, waits for what the node still holds, and
+drops the one row that may have been signed but never broadcast (its action re-derived by the bot).
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from eth_account.signers.local import LocalAccount
 from eth_typing import HexStr
 from web3 import HTTPProvider, Web3
 from web3.exceptions import TransactionNotFound
-from web3.types import TxReceipt
+from web3.types import RPCEndpoint, TxReceipt
 
 from verde_chain.agents.errors import AgentError, CrashInjected
-from verde_chain.agents.store import OPEN_TX, Store
+from verde_chain.agents.store import OPEN_TX, Store, TxRow
 from verde_chain.chain.anvil import DEFAULT_MNEMONIC
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.revert import decode_revert
-from verde_chain.chain.tx import _REVERTS
-from verde_chain.errors import ChainError
+from verde_chain.chain.tx import _REVERTS, mined_revert_data
+from verde_chain.errors import ChainError, ContractRevert
 
 T = TypeVar("T")
 TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, TimeoutError)
@@ -63,6 +64,17 @@ def retry(fn: Callable[[], T], what: str = "rpc", attempts: int = 6, base: float
 class Sender:
     """Sends one account's transactions, recording each in the store before it is broadcast.
 
+    Transactions are *pipelined*: ``submit`` signs with the next free nonce, records and broadcasts
+    and returns at once, so several can be in flight (one per open game, all in the next block);
+    ``poll`` settles whatever was mined since, without waiting. ``send`` is ``submit`` plus the
+    wait, for the calls whose receipt the caller needs before going on.
+
+    The next nonce is the larger of the node's pending count and one past the highest nonce of
+    this account's open rows: both survive a restart (the node's pool, the store), so nothing about
+    nonces lives only in memory. Rows are broadcast in the order they are signed, so a crash can
+    leave only the last signed row unsent; on restart ``recover`` drops it (no gap behind it) and
+    the bot re-derives its action from the chain.
+
     ``crash_before_broadcast`` is a test hook: the next send stores its signed transaction and
     then raises ``CrashInjected`` instead of broadcasting (a bot dying at the worst moment). Set to
     a kind (e.g. ``"join"``) it fires on the next send of that kind only, so a test can let an
@@ -77,23 +89,58 @@ class Sender:
         self.chain_id = retry(lambda: w3.eth.chain_id)
         self.crash_before_broadcast: bool | str = False
 
-    def recover(self) -> list[int]:
-        """Settle every open row; returns the ids of rows dropped (never seen by the node)."""
+    def _open(self) -> list[TxRow]:
+        return [r for r in self.store.txs(OPEN_TX) if r.account == self.address]
+
+    def recover(self, wait: bool = True) -> list[int]:
+        """Settle every open row; returns the ids of rows dropped (never seen by the node). With
+        `wait`, a transaction the node still holds is waited for; without, it stays open."""
         dropped = []
-        for row in self.store.txs(OPEN_TX):
-            if row.account != self.address:
-                continue
+        for row in self._open():
             h = HexStr(row.hash)
             receipt = self._receipt(h)
             if receipt is None and self._known(h):
+                if not wait:
+                    continue
                 receipt = retry(
                     lambda h=h: self.w3.eth.wait_for_transaction_receipt(h, timeout=120))  # type: ignore[misc]
             if receipt is None:
                 self.store.set_tx(row.id, "dropped")
                 dropped.append(row.id)
             else:
-                self.store.set_tx(row.id, "mined" if receipt["status"] == 1 else "failed", int(receipt["gasUsed"]))
+                self._close(row.id, receipt)
         return dropped
+
+    def poll(self) -> list[TxRow]:
+        """Settle the open rows that were mined since (no waiting); returns them as now stored. A
+        row the node no longer holds and that nothing mined in its place is broadcast again."""
+        closed = []
+        for row in self._open():
+            receipt = self._receipt(row.hash)
+            if receipt is None:
+                if row.status == "sent" and not self._known(row.hash):
+                    self._rebroadcast(row)
+                continue
+            self._close(row.id, receipt)
+            closed.append(row.id)
+        return [r for r in self.store.txs() if r.id in closed]
+
+    def _rebroadcast(self, row: TxRow) -> None:
+        mined_nonce = int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "latest")))
+        if row.nonce < mined_nonce:  # another transaction took its nonce: it can never be mined
+            self.store.set_tx(row.id, "dropped", error="replaced")
+            return
+        try:
+            retry(lambda: self.w3.eth.send_raw_transaction(row.raw))
+        except ValueError as exc:
+            self.store.set_tx(row.id, "dropped", error=str(exc))
+
+    def _close(self, row_id: int, receipt: TxReceipt) -> None:
+        if receipt["status"] == 1:
+            self.store.set_tx(row_id, "mined", int(receipt["gasUsed"]))
+            return
+        err = self.mined_revert(receipt)
+        self.store.set_tx(row_id, "failed", int(receipt["gasUsed"]), error=err.name)
 
     def _receipt(self, tx_hash: str) -> TxReceipt | None:
         try:
@@ -108,22 +155,26 @@ class Sender:
         except TransactionNotFound:
             return False
 
-    def send(self, fn_call: Any, kind: str, value: int = 0, game_id: int | None = None, level: int = 0,
-             gas: int | None = None) -> TxReceipt:
-        """Estimate (a revert surfaces here, decoded, and nothing is sent), sign, record, broadcast,
-        wait. A transaction mined with status 0 raises the decoded revert too.
+    def next_nonce(self) -> int:
+        pending = int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
+        return max([pending] + [r.nonce + 1 for r in self._open()])
+
+    def submit(self, fn_call: Any, kind: str, value: int = 0, game_id: int | None = None, level: int = 0,
+               gas: int | None = None) -> TxRow:
+        """Estimate (a revert surfaces here, decoded, and nothing is sent), sign with the next
+        nonce, record, broadcast; do not wait. Returns the stored row (status ``sent``).
 
         A fixed `gas` skips the estimate: for calls whose validity depends on the time of the
         block that will include them (timeouts, deadlines), because a node estimates against its
         latest block, which on a quiet dev chain can be minutes old."""
-        self.recover()
+        self.poll()
         params: dict[str, Any] = {"from": self.address, "value": value}
         if gas is None:
             try:
                 gas = retry(lambda: fn_call.estimate_gas(params))
             except _REVERTS as exc:
                 raise decode_revert(self.artifacts, exc) from exc
-        nonce = retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending"))
+        nonce = self.next_nonce()
         tx = fn_call.build_transaction({
             **params, "nonce": nonce, "gas": min(int(gas * 1.25) + 20_000, 900_000_000),
             "gasPrice": retry(lambda: self.w3.eth.gas_price), "chainId": self.chain_id,
@@ -140,13 +191,34 @@ class Sender:
             self.store.set_tx(row, "dropped", error=str(exc))
             raise AgentError(f"{kind}: node refused the transaction: {exc}") from exc
         self.store.set_tx(row, "sent")
-        receipt = retry(lambda: self.w3.eth.wait_for_transaction_receipt(signed.hash, timeout=120))
+        return self.store.tx(row)
+
+    def send(self, fn_call: Any, kind: str, value: int = 0, game_id: int | None = None, level: int = 0,
+             gas: int | None = None) -> TxReceipt:
+        """``submit`` and wait for the receipt. A transaction mined with status 0 raises its
+        decoded revert (``mined_revert``)."""
+        row = self.submit(fn_call, kind, value, game_id, level, gas)
+        receipt = retry(lambda: self.w3.eth.wait_for_transaction_receipt(HexStr(row.hash), timeout=120))
+        self._close(row.id, receipt)
         if receipt["status"] != 1:
-            self.store.set_tx(row, "failed", int(receipt["gasUsed"]))
-            try:
-                fn_call.call(params, block_identifier=receipt["blockNumber"] - 1)
-            except _REVERTS as exc:
-                raise decode_revert(self.artifacts, exc) from exc
-            raise decode_revert(self.artifacts, b"")
-        self.store.set_tx(row, "mined", int(receipt["gasUsed"]))
+            raise self.mined_revert(receipt)
         return receipt
+
+    def mined_revert(self, receipt: TxReceipt) -> ContractRevert:
+        """The custom error a mined transaction failed with, as it failed in its own block (the
+        node's call tracer: a time-dependent revert, a deadline or a clock, reads as itself). A
+        node without the tracer: replayed on the state before its block with that block's number
+        and timestamp (block overrides); failing that, ``UnknownRevert``."""
+        traced = mined_revert_data(self.w3, receipt["transactionHash"])
+        if traced is not None:
+            return decode_revert(self.artifacts, traced)
+        tx = retry(lambda: self.w3.eth.get_transaction(receipt["transactionHash"]))
+        block = retry(lambda: self.w3.eth.get_block(receipt["blockNumber"]))
+        call = {"from": tx["from"], "to": tx["to"], "data": Web3.to_hex(tx["input"]), "value": hex(tx["value"]),
+                "gas": hex(tx["gas"])}
+        over = {"number": hex(block["number"]), "time": hex(block["timestamp"])}
+        res = self.w3.provider.make_request(
+            RPCEndpoint("eth_call"), [call, hex(block["number"] - 1), {}, over])
+        err = res.get("error") if isinstance(res, dict) else None
+        data = err.get("data") if isinstance(err, dict) else None
+        return decode_revert(self.artifacts, data if isinstance(data, str) else b"")
