@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from verde_chain.chain.market_client import Market
 from verde_chain.commit.merkle import keccak256
 from verde_chain.dispute import players as pl
 from verde_chain.dispute import runner
-from verde_chain.dispute.types import GameView, Phase, Seen
+from verde_chain.dispute.types import GameView, Move, Phase, Seen
 from verde_chain.errors import ChainError, ContractRevert
 from verde_chain.job import Job
 from verde_chain.market.types import JobTerms, MarketEvent
@@ -40,6 +41,7 @@ from verde_chain.market.types import JobTerms, MarketEvent
 Log = Callable[[str], None]
 LOG_RANGE = 2_000  # blocks per eth_getLogs query
 LATENCY_SAMPLES = 32  # recent moves whose clock cost the policy looks at
+POOL_THREADS = 8  # games read and moves computed at once (mostly waiting on the node)
 MOVE_COMPUTE = 1.0  # seconds assumed to compute and submit a move before any was measured
 TIMEOUT_GAS = 400_000  # claimTimeout + the market's settlement callback, with room to spare
 
@@ -85,6 +87,7 @@ class Bot:
         self._tokens: dict[str, TokenInfo] = {}
         self._said: set[str] = set()  # messages already logged once (see `log_once`)
         self._burn_bps: int | None = None
+        self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=self.name)
         dropped = self.sender.recover()
         if dropped:
             self.log(f"restart: {len(dropped)} signed-but-unsent transaction(s) dropped; re-deriving from chain state")
@@ -113,7 +116,11 @@ class Bot:
         """The chain's notion of now: the latest block's timestamp, or the wall clock if that is
         later (on a quiet dev chain no block is mined while everyone waits for a deadline, but
         the next block will carry the current time)."""
-        return max(int(retry(lambda: self.w3.eth.get_block("latest"))["timestamp"]), int(time.time()))
+        return max(self.block_time(), int(time.time()))
+
+    def block_time(self) -> int:
+        """The latest block's timestamp (what a transaction sent now is checked against at least)."""
+        return int(retry(lambda: self.w3.eth.get_block("latest"))["timestamp"])
 
     def poll(self) -> list[MarketEvent]:
         """New market events of the kinds this bot follows, oldest first; the cursor only moves
@@ -262,26 +269,30 @@ class Bot:
         most urgent clock first, submit this bot's move (or a timeout claim, or the challenger's
         step) in every game where one is due and none of ours is in flight. Nothing waits for a
         receipt (``Sender.submit`` pipelines the nonces), so one pass's moves all go into the next
-        block however many games run: a game's clock never waits on another game."""
+        block however many games run: a game's clock never waits on another game. The views are
+        read, and the moves computed and priced (``eth_estimateGas``), on a few threads; the
+        moves are then signed and broadcast in order of urgency on this one."""
+        self.sender.poll()  # once per pass: every move mined since is settled below
+        open_games = {gid: rec for gid, rec in self.store.games().items()
+                      if not rec.get("done") and self._settle(gid, rec)}  # False: a move still in flight
+        views = dict(zip(open_games, self._pool.map(lambda g: retry(lambda: self.games.game(g)), open_games),
+                         strict=True))
         live: list[tuple[int, dict[str, Any], GameView]] = []
-        for gid, rec in self.store.games().items():
-            if rec.get("done"):
-                continue
-            if not self._settle(gid, rec):
-                continue  # a move of ours is still in flight: the chain's view is about to change
-            v = retry(lambda g=gid: self.games.game(g))  # type: ignore[misc]
+        for gid, v in views.items():
             if v.phase == Phase.RESOLVED:
                 won = v.winner == self.address
                 self.store.update_game(gid, done=True, won=won, resolution=v.resolution.name)
                 self.log(f"game {gid} resolved by {v.resolution.name}: {'I won' if won else 'I lost'}")
                 continue
-            live.append((gid, self.store.game(gid) or rec, v))
+            live.append((gid, self.store.game(gid) or open_games[gid], v))
         live.sort(key=lambda t: (t[2].to_move != self.address, t[2].expires_at))
+        turns = [(gid, rec, v, self._player(rec)) for gid, rec, v in live
+                 if v.to_move == self.address and self._may_move(gid, rec, v)]
         acted = False
+        for (gid, rec, v, _), prepared in zip(turns, self._pool.map(self._prepare, turns), strict=True):
+            acted |= self._send_prepared(gid, v, prepared)
         for gid, rec, v in live:
-            if v.to_move == self.address:
-                acted |= self._move(gid, rec, v)
-            else:
+            if v.to_move != self.address:
                 acted |= self._timeout_or_step(gid, rec, v)
         return acted
 
@@ -292,10 +303,7 @@ class Bot:
             return True
         row = self.store.tx(int(inflight["row"]))
         if row.status in OPEN_TX:
-            self.sender.poll()
-            row = self.store.tx(row.id)
-            if row.status in OPEN_TX:
-                return False
+            return False
         what = inflight["what"]
         if row.status == "mined":
             self.store.update_game(gid, inflight=None)
@@ -346,22 +354,38 @@ class Bot:
         move, so a restarted bot continues where the game stands)."""
         return retry(lambda: runner.seen_from_history(self.games, gid, int(rec.get("block", 0))))
 
-    def _move(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
-        if self._silent(gid, rec):
-            return False
-        position = f"{v.phase.name}:{v.lo}:{v.hi}:{v.cursor}:{v.depth_left}"
-        if rec.get("failed_at") == position:
-            return False  # this move already failed here; wait (the clock decides)
-        move = self._player(rec).move(v, self.seen(gid, rec))
+    @staticmethod
+    def _position(v: GameView) -> str:
+        return f"{v.phase.name}:{v.lo}:{v.hi}:{v.cursor}:{v.depth_left}"
+
+    def _may_move(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
+        # a move that already failed at this position is not retried there: the clock decides
+        return not self._silent(gid, rec) and rec.get("failed_at") != self._position(v)
+
+    def _prepare(self, turn: tuple[int, dict[str, Any], GameView, pl.Defender | pl.Challenger]
+                 ) -> tuple[Move, Any, int] | ContractRevert | None:
+        """This bot's move in one game, its call and its gas estimate (on a worker thread: reads
+        the chain and computes, touches no state); the revert if the estimate fails."""
+        gid, rec, v, player = turn
+        move = player.move(v, self.seen(gid, rec))
         if move is None:
-            return False
+            return None
+        fn_call = self.games.move_call(gid, move)
         try:
-            self._submit(gid, self.games.move_call(gid, move), move.function, position, v.phase.level,
-                         turn=v.turn_started_at)
+            return move, fn_call, self.sender.estimate(fn_call)
         except ContractRevert as exc:
-            self.store.update_game(gid, failed_at=position, last_error=exc.name)
-            self.log(f"game {gid}: my {type(move).__name__} at {v.phase.name} reverted: {exc.name}")
+            return exc
+
+    def _send_prepared(self, gid: int, v: GameView, prepared: tuple[Move, Any, int] | ContractRevert | None) -> bool:
+        position = self._position(v)
+        if prepared is None:
             return False
+        if isinstance(prepared, ContractRevert):
+            self.store.update_game(gid, failed_at=position, last_error=prepared.name)
+            self.log(f"game {gid}: my move at {v.phase.name} reverted: {prepared.name}")
+            return False
+        move, fn_call, gas = prepared
+        self._submit(gid, fn_call, move.function, position, v.phase.level, gas=gas, turn=v.turn_started_at)
         # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
         self.store.update_game(gid, last_move=type(move).__name__, last_position=position,
                                last_choice=getattr(move, "choice", getattr(move, "element", None)))
@@ -369,8 +393,8 @@ class Bot:
 
     def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
         if self.now() > v.expires_at:
-            if rec.get("timeout_error"):
-                return False
+            if rec.get("timeout_error") and self.block_time() <= v.expires_at:
+                return False  # it failed on a stale view: retried once a block past the expiry exists
             try:
                 self._submit(gid, self.games.contract.functions.claimTimeout(gid), "claimTimeout", "timeout", 0,
                              gas=TIMEOUT_GAS)
@@ -397,6 +421,7 @@ class Bot:
         return False
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         self.store.close()
 
 

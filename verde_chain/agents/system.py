@@ -94,6 +94,8 @@ class Conductor:
             if until():
                 return n
             if not self.round():
+                if any(bot.sender.in_flight() for bot in self.bots):
+                    continue  # a move still waits for its block: moving the clock now would charge it
                 target = self.next_deadline()
                 if target is None:
                     if until():

@@ -21,7 +21,7 @@ import requests
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_typing import HexStr
-from web3 import HTTPProvider, Web3
+from web3 import Web3
 from web3.exceptions import TransactionNotFound
 from web3.types import RPCEndpoint, TxReceipt
 
@@ -30,7 +30,7 @@ from verde_chain.agents.store import OPEN_TX, Store, TxRow
 from verde_chain.chain.anvil import DEFAULT_MNEMONIC
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.revert import decode_revert
-from verde_chain.chain.tx import _REVERTS, mined_revert_data
+from verde_chain.chain.tx import _REVERTS, http_provider, mined_revert_data
 from verde_chain.errors import ChainError, ContractRevert
 
 T = TypeVar("T")
@@ -44,7 +44,7 @@ def account(index: int, mnemonic: str = DEFAULT_MNEMONIC) -> LocalAccount:
 
 
 def connect(rpc_url: str, timeout: float = 120.0) -> Web3:
-    w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+    w3 = Web3(http_provider(rpc_url, timeout))
     retry(lambda: w3.eth.chain_id, what=f"connect to {rpc_url}", attempts=5)
     return w3
 
@@ -69,8 +69,8 @@ class Sender:
     ``poll`` settles whatever was mined since, without waiting. ``send`` is ``submit`` plus the
     wait, for the calls whose receipt the caller needs before going on.
 
-    The next nonce is the larger of the node's pending count and one past the highest nonce of
-    this account's open rows: both survive a restart (the node's pool, the store), so nothing about
+    The next nonce is one past the highest nonce of this account's open rows, or, with none open,
+    the node's pending count: both survive a restart (the store, the node's pool), so nothing about
     nonces lives only in memory. Rows are broadcast in the order they are signed, so a crash can
     leave only the last signed row unsent; on restart ``recover`` drops it (no gap behind it) and
     the bot re-derives its action from the chain.
@@ -89,14 +89,15 @@ class Sender:
         self.chain_id = retry(lambda: w3.eth.chain_id)
         self.crash_before_broadcast: bool | str = False
 
-    def _open(self) -> list[TxRow]:
+    def in_flight(self) -> list[TxRow]:
+        """This account's transactions without a receipt yet (as last polled)."""
         return [r for r in self.store.txs(OPEN_TX) if r.account == self.address]
 
     def recover(self, wait: bool = True) -> list[int]:
         """Settle every open row; returns the ids of rows dropped (never seen by the node). With
         `wait`, a transaction the node still holds is waited for; without, it stays open."""
         dropped = []
-        for row in self._open():
+        for row in self.in_flight():
             h = HexStr(row.hash)
             receipt = self._receipt(h)
             if receipt is None and self._known(h):
@@ -115,7 +116,7 @@ class Sender:
         """Settle the open rows that were mined since (no waiting); returns them as now stored. A
         row the node no longer holds and that nothing mined in its place is broadcast again."""
         closed = []
-        for row in self._open():
+        for row in self.in_flight():
             receipt = self._receipt(row.hash)
             if receipt is None:
                 if row.status == "sent" and not self._known(row.hash):
@@ -156,8 +157,19 @@ class Sender:
             return False
 
     def next_nonce(self) -> int:
-        pending = int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
-        return max([pending] + [r.nonce + 1 for r in self._open()])
+        """One past this account's open rows; with none open, the node's pending count."""
+        in_flight = [r.nonce + 1 for r in self.in_flight()]
+        if in_flight:
+            return max(in_flight)
+        return int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
+
+    def estimate(self, fn_call: Any, value: int = 0) -> int:
+        """Gas of `fn_call` from this account on the latest block; a revert raises its decoded
+        ``ContractRevert`` (reads the node only: safe on any thread)."""
+        try:
+            return int(retry(lambda: fn_call.estimate_gas({"from": self.address, "value": value})))
+        except _REVERTS as exc:
+            raise decode_revert(self.artifacts, exc) from exc
 
     def submit(self, fn_call: Any, kind: str, value: int = 0, game_id: int | None = None, level: int = 0,
                gas: int | None = None) -> TxRow:
@@ -166,14 +178,13 @@ class Sender:
 
         A fixed `gas` skips the estimate: for calls whose validity depends on the time of the
         block that will include them (timeouts, deadlines), because a node estimates against its
-        latest block, which on a quiet dev chain can be minutes old."""
-        self.poll()
+        latest block, which on a quiet dev chain can be minutes old.
+
+        Open rows are not polled here (the caller polls once per pass): with n transactions in
+        flight that would cost n receipt lookups per submission. The nonce needs none of them."""
         params: dict[str, Any] = {"from": self.address, "value": value}
         if gas is None:
-            try:
-                gas = retry(lambda: fn_call.estimate_gas(params))
-            except _REVERTS as exc:
-                raise decode_revert(self.artifacts, exc) from exc
+            gas = self.estimate(fn_call, value)
         nonce = self.next_nonce()
         tx = fn_call.build_transaction({
             **params, "nonce": nonce, "gas": min(int(gas * 1.25) + 20_000, 900_000_000),
