@@ -87,4 +87,7 @@ def test_bots_on_a_mainnet_shaped_chain_with_default_terms(mainnet_chain: Anvil,
     gas = {b.name: max(t.gas_used or 0 for t in b.store.txs()) for b in world.bots}
     assert max(gas.values()) <= MOVE_GAS_CAP, gas
     moves = [t for t in ch.store.txs() + cheat.store.txs() if t.game_id is not None]
-    assert len(moves) >= 10 and all(t.status == "mined" for t in ch.store.txs())
+    assert len(moves) >= 10
+    # the challenger also steps at once (anyone may); if the defender's own step lands in the same
+    # block, the second one finds the game over, and says so by name
+    assert all(t.status == "mined" or (t.kind, t.error) == ("step", "GameAlreadyResolved") for t in ch.store.txs())

@@ -23,10 +23,10 @@ from web3.types import TxReceipt
 from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.policy import Conditions, Policy, block_interval, bond_refusal, refusal
-from verde_chain.agents.store import OPEN_TX, Store
+from verde_chain.agents.store import OPEN_TX, Store, TxRow
 from verde_chain.agents.strategies import Plan
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
-from verde_chain.agents.wallet import Sender, account, retry
+from verde_chain.agents.wallet import Call, Sender, account, retry
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
@@ -34,7 +34,7 @@ from verde_chain.commit.merkle import keccak256
 from verde_chain.dispute import players as pl
 from verde_chain.dispute import runner
 from verde_chain.dispute.types import GameView, Move, Phase, Seen
-from verde_chain.errors import ChainError, ContractRevert
+from verde_chain.errors import ChainError, ContractRevert, VerdeError
 from verde_chain.job import Job
 from verde_chain.market.types import JobTerms, MarketEvent
 
@@ -87,6 +87,7 @@ class Bot:
         self._tokens: dict[str, TokenInfo] = {}
         self._said: set[str] = set()  # messages already logged once (see `log_once`)
         self._burn_bps: int | None = None
+        self._timestamps: dict[int, int] = {}
         self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=self.name)
         dropped = self.sender.recover()
         if dropped:
@@ -121,6 +122,14 @@ class Bot:
     def block_time(self) -> int:
         """The latest block's timestamp (what a transaction sent now is checked against at least)."""
         return int(retry(lambda: self.w3.eth.get_block("latest"))["timestamp"])
+
+    def timestamp_of(self, block: int) -> int:
+        """A mined block's timestamp (remembered: a pass's moves mostly share a few blocks)."""
+        if block not in self._timestamps:
+            if len(self._timestamps) > 1_024:
+                self._timestamps.clear()
+            self._timestamps[block] = int(retry(lambda: self.w3.eth.get_block(block))["timestamp"])
+        return self._timestamps[block]
 
     def poll(self) -> list[MarketEvent]:
         """New market events of the kinds this bot follows, oldest first; the cursor only moves
@@ -273,8 +282,9 @@ class Bot:
         read, and the moves computed and priced (``eth_estimateGas``), on a few threads; the
         moves are then signed and broadcast in order of urgency on this one."""
         self.sender.poll()  # once per pass: every move mined since is settled below
-        open_games = {gid: rec for gid, rec in self.store.games().items()
-                      if not rec.get("done") and self._settle(gid, rec)}  # False: a move still in flight
+        with self.store.batch():
+            open_games = {gid: rec for gid, rec in self.store.games().items()
+                          if not rec.get("done") and self._settle(gid, rec)}  # False: a move still in flight
         views = dict(zip(open_games, self._pool.map(lambda g: retry(lambda: self.games.game(g)), open_games),
                          strict=True))
         live: list[tuple[int, dict[str, Any], GameView]] = []
@@ -288,9 +298,7 @@ class Bot:
         live.sort(key=lambda t: (t[2].to_move != self.address, t[2].expires_at))
         turns = [(gid, rec, v, self._player(rec)) for gid, rec, v in live
                  if v.to_move == self.address and self._may_move(gid, rec, v)]
-        acted = False
-        for (gid, rec, v, _), prepared in zip(turns, self._pool.map(self._prepare, turns), strict=True):
-            acted |= self._send_prepared(gid, v, prepared)
+        acted = self._send_moves(turns, list(self._pool.map(self._prepare, turns)))
         for gid, rec, v in live:
             if v.to_move != self.address:
                 acted |= self._timeout_or_step(gid, rec, v)
@@ -308,8 +316,9 @@ class Bot:
         if row.status == "mined":
             self.store.update_game(gid, inflight=None)
             if "turn" in inflight:  # the clock this move cost: its block's time - the turn's start
-                block = retry(lambda: self.w3.eth.get_transaction_receipt(HexStr(row.hash)))["blockNumber"]
-                spent = int(retry(lambda: self.w3.eth.get_block(block))["timestamp"]) - int(inflight["turn"])
+                block = self.sender.mined_at.get(row.id) or int(
+                    retry(lambda: self.w3.eth.get_transaction_receipt(HexStr(row.hash)))["blockNumber"])
+                spent = self.timestamp_of(block) - int(inflight["turn"])
                 self.store.put("move_charges", [*self.store.get("move_charges", []), spent][-LATENCY_SAMPLES:])
             if what == "claimTimeout":
                 self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
@@ -325,15 +334,26 @@ class Bot:
             self.log(f"game {gid}: my {what} at {inflight['position']} failed: {err}")
         return True
 
-    def _submit(self, gid: int, fn_call: Any, what: str, position: str, level: int, gas: int | None = None,
-                turn: int | None = None) -> None:
-        """Submit one game transaction (pipelined) and remember it as the game's move in flight
-        (with `turn`, the start of this bot's turn, once mined its clock cost is measured)."""
-        row = self.sender.submit(fn_call, what, game_id=gid, level=level, gas=gas)
+    def _submit(self, gid: int, fn_call: Any, what: str, position: str, level: int, gas: int | None = None) -> bool:
+        """Submit one game transaction (pipelined) and remember it as the game's move in flight.
+        A revert of its estimate raises ``ContractRevert``."""
+        (row,) = self.sender.submit_many([Call(fn_call, what, game_id=gid, level=level, gas=gas)])
+        if isinstance(row, ContractRevert):
+            raise row
+        return self._in_flight(gid, row, what, position)
+
+    def _in_flight(self, gid: int, row: TxRow | VerdeError, what: str, position: str, turn: int | None = None) -> bool:
+        """Remember a submitted row as the game's transaction in flight (with `turn`, the start of
+        this bot's turn: once mined, its clock cost is measured). A transaction the node refused
+        is logged and retried on the next pass; the other games go on."""
+        if isinstance(row, VerdeError):
+            self.log(f"game {gid}: {row}; retrying on the next pass")
+            return False
         inflight: dict[str, Any] = {"row": row.id, "what": what, "position": position}
         if turn is not None:
             inflight["turn"] = turn
         self.store.update_game(gid, inflight=inflight)
+        return True
 
     def _silent(self, gid: int, rec: dict[str, Any]) -> bool:
         limit = self.plan(rec["job_id"]).silent_after
@@ -376,33 +396,37 @@ class Bot:
         except ContractRevert as exc:
             return exc
 
-    def _send_prepared(self, gid: int, v: GameView, prepared: tuple[Move, Any, int] | ContractRevert | None) -> bool:
-        position = self._position(v)
-        if prepared is None:
+    def _send_moves(self, turns: list[tuple[int, dict[str, Any], GameView, Any]],
+                    prepared: list[tuple[Move, Any, int] | ContractRevert | None]) -> bool:
+        """Submit the prepared moves as one batch (in the order of `turns`: most urgent first)."""
+        calls: list[Call] = []
+        sent: list[tuple[int, GameView, Move]] = []
+        for (gid, _, v, _), p in zip(turns, prepared, strict=True):
+            if isinstance(p, ContractRevert):
+                self.store.update_game(gid, failed_at=self._position(v), last_error=p.name)
+                self.log(f"game {gid}: my move at {v.phase.name} reverted: {p.name}")
+            elif p is not None:
+                move, fn_call, gas = p
+                calls.append(Call(fn_call, move.function, game_id=gid, level=v.phase.level, gas=gas))
+                sent.append((gid, v, move))
+        if not calls:
             return False
-        if isinstance(prepared, ContractRevert):
-            self.store.update_game(gid, failed_at=position, last_error=prepared.name)
-            self.log(f"game {gid}: my move at {v.phase.name} reverted: {prepared.name}")
-            return False
-        move, fn_call, gas = prepared
-        self._submit(gid, fn_call, move.function, position, v.phase.level, gas=gas, turn=v.turn_started_at)
-        # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
-        self.store.update_game(gid, last_move=type(move).__name__, last_position=position,
-                               last_choice=getattr(move, "choice", getattr(move, "element", None)))
+        with self.store.batch():
+            for (gid, v, move), row in zip(sent, self.sender.submit_many(calls), strict=True):
+                if self._in_flight(gid, row, move.function, self._position(v), v.turn_started_at):
+                    # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
+                    self.store.update_game(gid, last_move=type(move).__name__, last_position=self._position(v),
+                                           last_choice=getattr(move, "choice", getattr(move, "element", None)))
         return True
 
     def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
         if self.now() > v.expires_at:
             if rec.get("timeout_error") and self.block_time() <= v.expires_at:
                 return False  # it failed on a stale view: retried once a block past the expiry exists
-            try:
-                self._submit(gid, self.games.contract.functions.claimTimeout(gid), "claimTimeout", "timeout", 0,
-                             gas=TIMEOUT_GAS)
-                return True
-            except ContractRevert as exc:
-                self.store.update_game(gid, timeout_error=exc.name)
-                self.log(f"game {gid}: claimTimeout reverted: {exc.name}")
-                return False
+            # a fixed gas limit, no estimate: the latest block may predate the expiry (a failure is
+            # named from its own block when it is settled)
+            return self._submit(gid, self.games.contract.functions.claimTimeout(gid), "claimTimeout", "timeout", 0,
+                                gas=TIMEOUT_GAS)
         if v.phase == Phase.L4_STEP and rec["role"] == "challenger" and not self._silent(gid, rec):
             # Anyone may execute the last step; a challenger whose own state j+1 differs from the
             # defender's claim does so at once instead of waiting for the defender's clock.
@@ -413,8 +437,7 @@ class Bot:
             if move is None or rec.get("failed_at") == "step":
                 return False
             try:
-                self._submit(gid, self.games.move_call(gid, move), move.function, "step", 4)
-                return True
+                return self._submit(gid, self.games.move_call(gid, move), move.function, "step", 4)
             except ContractRevert as exc:
                 self.store.update_game(gid, failed_at="step", last_error=exc.name)
                 self.log(f"game {gid}: my step reverted: {exc.name}")

@@ -8,8 +8,8 @@ Tables::
     txs    one row per transaction  account, nonce, kind, level, game, raw signed bytes, hash,
                                     status (signed -> sent -> mined | failed | dropped), gas used
 
-Every write is its own committed transaction (autocommit, ``synchronous=FULL``), so a SIGKILL
-loses at most the statement in flight. A transaction row is written *before* the transaction is
+Every write is its own committed transaction (autocommit, ``synchronous=FULL``), or one of a
+``batch()`` committed together, so a SIGKILL loses at most the statement (or batch) in flight. A transaction row is written *before* the transaction is
 broadcast: after a crash the bot finds it by hash (mined or pending) or, if the node never saw
 it, marks it dropped and re-derives the action from the chain's state.
 """
@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,20 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Make every write inside one transaction (one disk sync); nested batches join the outer."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     # -- meta -------------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
@@ -139,6 +155,13 @@ class Store:
     def open_txs(self, game_id: int) -> list[TxRow]:
         """This game's transactions still in flight (signed or sent, no receipt yet)."""
         return [r for r in self.txs(OPEN_TX) if r.game_id == game_id]
+
+    def last_nonce(self, account: str) -> int | None:
+        """The highest nonce `account` signed a transaction with that was not dropped (a dropped
+        one never reached the node, so its nonce is free again)."""
+        row = self.db.execute("SELECT MAX(nonce) FROM txs WHERE account = ? AND status != 'dropped'",
+                              (account,)).fetchone()
+        return None if row[0] is None else int(row[0])
 
     def gas_used(self, game_id: int | None = None) -> int:
         q = "SELECT COALESCE(SUM(gas_used), 0) FROM txs WHERE status IN ('mined', 'failed')"

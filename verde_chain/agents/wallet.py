@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import requests
@@ -22,7 +23,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_typing import HexStr
 from web3 import Web3
-from web3.exceptions import TransactionNotFound
+from web3.exceptions import TransactionNotFound, Web3RPCError
 from web3.types import RPCEndpoint, TxReceipt
 
 from verde_chain.agents.errors import AgentError, CrashInjected
@@ -31,7 +32,7 @@ from verde_chain.chain.anvil import DEFAULT_MNEMONIC
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.revert import decode_revert
 from verde_chain.chain.tx import _REVERTS, http_provider, mined_revert_data
-from verde_chain.errors import ChainError, ContractRevert
+from verde_chain.errors import ChainError, ContractRevert, VerdeError
 
 T = TypeVar("T")
 TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, TimeoutError)
@@ -61,6 +62,18 @@ def retry(fn: Callable[[], T], what: str = "rpc", attempts: int = 6, base: float
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class Call:
+    """One transaction to submit: the contract call, its kind (for the store) and how to send it."""
+
+    fn_call: Any
+    kind: str
+    value: int = 0
+    game_id: int | None = None
+    level: int = 0
+    gas: int | None = None  # None: estimated just before signing
+
+
 class Sender:
     """Sends one account's transactions, recording each in the store before it is broadcast.
 
@@ -69,8 +82,8 @@ class Sender:
     ``poll`` settles whatever was mined since, without waiting. ``send`` is ``submit`` plus the
     wait, for the calls whose receipt the caller needs before going on.
 
-    The next nonce is one past the highest nonce of this account's open rows, or, with none open,
-    the node's pending count: both survive a restart (the store, the node's pool), so nothing about
+    The next nonce is one past the last nonce this account signed with (in the store), and with
+    nothing in flight at least the node's pending count: both survive a restart, so nothing about
     nonces lives only in memory. Rows are broadcast in the order they are signed, so a crash can
     leave only the last signed row unsent; on restart ``recover`` drops it (no gap behind it) and
     the bot re-derives its action from the chain.
@@ -88,6 +101,7 @@ class Sender:
         self.address = acct.address
         self.chain_id = retry(lambda: w3.eth.chain_id)
         self.crash_before_broadcast: bool | str = False
+        self.mined_at: dict[int, int] = {}  # row id -> block number, for the rows this object closed
 
     def in_flight(self) -> list[TxRow]:
         """This account's transactions without a receipt yet (as last polled)."""
@@ -113,15 +127,19 @@ class Sender:
         return dropped
 
     def poll(self) -> list[TxRow]:
-        """Settle the open rows that were mined since (no waiting); returns them as now stored. A
-        row the node no longer holds and that nothing mined in its place is broadcast again."""
+        """Settle the open rows that were mined since (no waiting); returns them as now stored.
+
+        One account's transactions are mined in nonce order, so the rows are looked at in that
+        order and the first without a receipt ends the look: a poll costs one lookup per row mined
+        since, plus one. If the node no longer holds that first row (and nothing took its nonce),
+        it is broadcast again, so a lost transaction never stalls the ones behind it."""
         closed = []
-        for row in self.in_flight():
+        for row in sorted(self.in_flight(), key=lambda r: r.nonce):
             receipt = self._receipt(row.hash)
             if receipt is None:
                 if row.status == "sent" and not self._known(row.hash):
                     self._rebroadcast(row)
-                continue
+                break
             self._close(row.id, receipt)
             closed.append(row.id)
         return [r for r in self.store.txs() if r.id in closed]
@@ -133,10 +151,11 @@ class Sender:
             return
         try:
             retry(lambda: self.w3.eth.send_raw_transaction(row.raw))
-        except ValueError as exc:
+        except (ValueError, Web3RPCError) as exc:
             self.store.set_tx(row.id, "dropped", error=str(exc))
 
     def _close(self, row_id: int, receipt: TxReceipt) -> None:
+        self.mined_at[row_id] = int(receipt["blockNumber"])
         if receipt["status"] == 1:
             self.store.set_tx(row_id, "mined", int(receipt["gasUsed"]))
             return
@@ -157,11 +176,15 @@ class Sender:
             return False
 
     def next_nonce(self) -> int:
-        """One past this account's open rows; with none open, the node's pending count."""
-        in_flight = [r.nonce + 1 for r in self.in_flight()]
-        if in_flight:
-            return max(in_flight)
-        return int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
+        """One past the last nonce this account signed with (rows not dropped); with nothing in
+        flight, at least the node's pending count (transactions sent before this store existed).
+        Not "one past the open rows": a poll can close a later row and miss an earlier one mined
+        in the block that arrived meanwhile."""
+        last = self.store.last_nonce(self.address)
+        if last is not None and self.in_flight():
+            return last + 1
+        pending = int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
+        return pending if last is None else max(pending, last + 1)
 
     def estimate(self, fn_call: Any, value: int = 0) -> int:
         """Gas of `fn_call` from this account on the latest block; a revert raises its decoded
@@ -178,31 +201,69 @@ class Sender:
 
         A fixed `gas` skips the estimate: for calls whose validity depends on the time of the
         block that will include them (timeouts, deadlines), because a node estimates against its
-        latest block, which on a quiet dev chain can be minutes old.
+        latest block, which on a quiet dev chain can be minutes old."""
+        (out,) = self.submit_many([Call(fn_call, kind, value, game_id, level, gas)])
+        if isinstance(out, VerdeError):
+            raise out
+        return out
+
+    def submit_many(self, calls: Sequence[Call]) -> list[TxRow | VerdeError]:
+        """Submit several transactions at once, one result per call in order: the stored row, or
+        the call's decoded ``ContractRevert`` (its estimate reverted; nothing signed), or an
+        ``AgentError`` (the node refused it, or refused one before it).
+
+        They are signed with consecutive nonces, recorded in one store transaction (one disk
+        sync however many: a bot answering 20 games at once does not wait on 20 syncs), then
+        broadcast in order. A broadcast the node refuses ends the batch: that row and the ones
+        after it are dropped unsent, so no nonce gap is left. Rows are never broadcast before they
+        are stored, and always in nonce order, so after a crash the unsent ones are a suffix.
 
         Open rows are not polled here (the caller polls once per pass): with n transactions in
         flight that would cost n receipt lookups per submission. The nonce needs none of them."""
-        params: dict[str, Any] = {"from": self.address, "value": value}
-        if gas is None:
-            gas = self.estimate(fn_call, value)
-        nonce = self.next_nonce()
-        tx = fn_call.build_transaction({
-            **params, "nonce": nonce, "gas": min(int(gas * 1.25) + 20_000, 900_000_000),
-            "gasPrice": retry(lambda: self.w3.eth.gas_price), "chainId": self.chain_id,
-        })
-        signed = self.acct.sign_transaction(tx)
-        tx_hash = "0x" + bytes(signed.hash).hex()
-        row = self.store.add_tx(self.address, nonce, kind, bytes(signed.raw_transaction), tx_hash, game_id, level)
-        if self.crash_before_broadcast is True or self.crash_before_broadcast == kind:
-            self.crash_before_broadcast = False
-            raise CrashInjected("crash injected after signing, before broadcast", tx_hash=tx_hash)
-        try:
-            retry(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
-        except ValueError as exc:  # the node refused it outright (nonce, funds): nothing was sent
-            self.store.set_tx(row, "dropped", error=str(exc))
-            raise AgentError(f"{kind}: node refused the transaction: {exc}") from exc
-        self.store.set_tx(row, "sent")
-        return self.store.tx(row)
+        out: dict[int, TxRow | VerdeError] = {}
+        priced: list[tuple[int, Call, int]] = []
+        for i, c in enumerate(calls):
+            try:
+                priced.append((i, c, c.gas if c.gas is not None else self.estimate(c.fn_call, c.value)))
+            except ContractRevert as exc:
+                out[i] = exc
+        if priced:
+            nonce = self.next_nonce()
+            price = retry(lambda: self.w3.eth.gas_price)
+            signed = []
+            for k, (i, c, gas) in enumerate(priced):
+                tx = c.fn_call.build_transaction({
+                    "from": self.address, "value": c.value, "nonce": nonce + k,
+                    "gas": min(int(gas * 1.25) + 20_000, 900_000_000), "gasPrice": price, "chainId": self.chain_id,
+                })
+                signed.append((i, c, nonce + k, self.acct.sign_transaction(tx)))
+            with self.store.batch():
+                rows = [self.store.add_tx(self.address, n, c.kind, bytes(st.raw_transaction),
+                                          "0x" + bytes(st.hash).hex(), c.game_id, c.level) for _, c, n, st in signed]
+            crash = self.crash_before_broadcast
+            if crash is True or crash in {c.kind for _, c, _, _ in signed}:
+                self.crash_before_broadcast = False
+                raise CrashInjected("crash injected after signing, before broadcast",
+                                    tx_hash="0x" + bytes(signed[0][3].hash).hex())
+            sent = 0
+            refused: Exception | None = None
+            for _, c, _, st in signed:
+                try:
+                    retry(lambda st=st: self.w3.eth.send_raw_transaction(st.raw_transaction))  # type: ignore[misc]
+                except (ValueError, Web3RPCError) as exc:  # refused outright (nonce, funds): nothing was sent
+                    refused = exc
+                    break
+                sent += 1
+            with self.store.batch():
+                for row in rows[:sent]:
+                    self.store.set_tx(row, "sent")
+                for row in rows[sent:]:
+                    self.store.set_tx(row, "dropped", error=str(refused))
+            for k, (i, c, _, _) in enumerate(signed):
+                out[i] = self.store.tx(rows[k]) if k < sent else AgentError(
+                    f"{c.kind}: node refused the transaction: {refused}" if k == sent
+                    else f"{c.kind}: not sent (the node refused an earlier transaction of the batch)")
+        return [out[i] for i in range(len(calls))]
 
     def send(self, fn_call: Any, kind: str, value: int = 0, game_id: int | None = None, level: int = 0,
              gas: int | None = None) -> TxReceipt:
