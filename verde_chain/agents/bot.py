@@ -411,8 +411,9 @@ class Bot:
                 sent.append((gid, v, move))
         if not calls:
             return False
+        rows = self.sender.submit_many(calls)  # its own store transaction, committed before any broadcast
         with self.store.batch():
-            for (gid, v, move), row in zip(sent, self.sender.submit_many(calls), strict=True):
+            for (gid, v, move), row in zip(sent, rows, strict=True):
                 if self._in_flight(gid, row, move.function, self._position(v), v.turn_started_at):
                     # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
                     self.store.update_game(gid, last_move=type(move).__name__, last_position=self._position(v),

@@ -70,7 +70,9 @@ class Store:
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """Make every write inside one transaction (one disk sync); nested batches join the outer."""
+        """Make every write inside one transaction (one disk sync); nested batches join the outer
+        (so a write that must be durable before something leaves the process, like a signed
+        transaction before its broadcast, must not run inside another batch)."""
         if self.db.in_transaction:
             yield
             return

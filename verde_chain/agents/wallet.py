@@ -220,6 +220,8 @@ class Sender:
 
         Open rows are not polled here (the caller polls once per pass): with n transactions in
         flight that would cost n receipt lookups per submission. The nonce needs none of them."""
+        # the rows must be on disk before anything is broadcast: not inside a caller's batch
+        assert not self.store.db.in_transaction, "submit_many inside a store batch"
         out: dict[int, TxRow | VerdeError] = {}
         priced: list[tuple[int, Call, int]] = []
         for i, c in enumerate(calls):
