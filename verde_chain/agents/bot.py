@@ -323,9 +323,13 @@ class Bot:
             if what == "claimTimeout":
                 self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
             return True
-        # failed (its revert decoded from its own block) or dropped: remembered with its position
-        # so it is not retried there; the clock then decides
-        err = row.error if row.status == "failed" else "dropped"
+        if row.status == "dropped":  # it never reached a block: worked out and sent again next pass
+            self.store.update_game(gid, inflight=None)
+            self.log(f"game {gid}: my {what} was dropped ({row.error}); sending it again")
+            return True
+        # failed (its revert decoded from its own block): remembered with its position so it is
+        # not retried there; the clock then decides
+        err = row.error or "UnknownRevert"
         if what == "claimTimeout":
             self.store.update_game(gid, inflight=None, timeout_error=err)
             self.log(f"game {gid}: claimTimeout reverted: {err}")
