@@ -105,6 +105,12 @@ def test_policy_file(tmp_path: Path) -> None:
         Policy.from_json(f)
     with pytest.raises(AgentError, match="policy file"):
         Policy.from_json(tmp_path / "missing.json")
+    for bad, says in (({"clock_margin": "fast"}, "'fast' is not a non-negative float"),
+                      ({"horizon": 1.5}, "1.5 is not a non-negative int"),
+                      ({"tokens": ["ETH"]}, "'ETH' is not a 0x-prefixed 20-byte address")):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(AgentError, match=says):
+            Policy.from_json(f)
 
 
 # -- the shipped bots on a loosely bounded market --------------------------------------------------

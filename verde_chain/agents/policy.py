@@ -62,14 +62,39 @@ class Policy:
         if not isinstance(raw, dict) or set(raw) - known:
             extra = sorted(set(raw) - known) if isinstance(raw, dict) else raw
             raise AgentError(f"policy file {path}: unknown fields {extra}; known: {', '.join(sorted(known))}")
-        if "tokens" in raw:
-            raw["tokens"] = tuple(raw["tokens"])
-        if "token_bonds" in raw:
-            raw["token_bonds"] = tuple((str(t), int(a)) for t, a in raw["token_bonds"])
+        try:
+            if "tokens" in raw:
+                raw["tokens"] = tuple(_address(t) for t in raw["tokens"])
+            if "token_bonds" in raw:
+                raw["token_bonds"] = tuple((_address(t), _number(a, int)) for t, a in raw["token_bonds"])
+            for name in ("clock_margin", "max_stake_to_share"):
+                if name in raw:
+                    raw[name] = _number(raw[name], float)
+            for name in ("defence_gas", "min_window_blocks", "horizon"):
+                if name in raw:
+                    raw[name] = _number(raw[name], int)
+            if raw.get("max_bond") is not None:
+                raw["max_bond"] = _number(raw["max_bond"], int)
+        except (TypeError, ValueError) as exc:
+            raise AgentError(f"policy file {path}: {exc}") from exc
         return cls(**raw)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _address(value: Any) -> str:
+    if not (isinstance(value, str) and len(value) == 42 and value.startswith("0x")):
+        raise ValueError(f"{value!r} is not a 0x-prefixed 20-byte address")
+    int(value, 16)
+    return value
+
+
+def _number(value: Any, kind: type[int | float]) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or (kind is int and not float(value).is_integer()):
+        raise ValueError(f"{value!r} is not a non-negative {kind.__name__}")
+    return kind(value)
 
 
 @dataclass(frozen=True)
