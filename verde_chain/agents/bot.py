@@ -299,9 +299,10 @@ class Bot:
         turns = [(gid, rec, v, self._player(rec)) for gid, rec, v in live
                  if v.to_move == self.address and self._may_move(gid, rec, v)]
         acted = self._send_moves(turns, list(self._pool.map(self._prepare, turns)))
+        now = self.now()  # once a pass, not once a game
         for gid, rec, v in live:
             if v.to_move != self.address:
-                acted |= self._timeout_or_step(gid, rec, v)
+                acted |= self._timeout_or_step(gid, rec, v, now)
         return acted
 
     def _settle(self, gid: int, rec: dict[str, Any]) -> bool:
@@ -424,8 +425,8 @@ class Bot:
                                            last_choice=getattr(move, "choice", getattr(move, "element", None)))
         return True
 
-    def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
-        if self.now() > v.expires_at:
+    def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView, now: int) -> bool:
+        if now > v.expires_at:
             if rec.get("timeout_error") and self.block_time() <= v.expires_at:
                 return False  # it failed on a stale view: retried once a block past the expiry exists
             # a fixed gas limit, no estimate: the latest block may predate the expiry (a failure is
