@@ -158,13 +158,6 @@ class Store:
         """This game's transactions still in flight (signed or sent, no receipt yet)."""
         return [r for r in self.txs(OPEN_TX) if r.game_id == game_id]
 
-    def last_nonce(self, account: str) -> int | None:
-        """The highest nonce `account` signed a transaction with that was not dropped (a dropped
-        one never reached the node, so its nonce is free again)."""
-        row = self.db.execute("SELECT MAX(nonce) FROM txs WHERE account = ? AND status != 'dropped'",
-                              (account,)).fetchone()
-        return None if row[0] is None else int(row[0])
-
     def gas_used(self, game_id: int | None = None) -> int:
         q = "SELECT COALESCE(SUM(gas_used), 0) FROM txs WHERE status IN ('mined', 'failed')"
         if game_id is None:

@@ -82,8 +82,8 @@ class Sender:
     ``poll`` settles whatever was mined since, without waiting. ``send`` is ``submit`` plus the
     wait, for the calls whose receipt the caller needs before going on.
 
-    The next nonce is one past the last nonce this account signed with (in the store), and with
-    nothing in flight at least the node's pending count: both survive a restart, so nothing about
+    The next nonce is one past the highest nonce of this account's rows in flight, or with none
+    the node's pending count: both survive a restart (the store, the node's pool), so nothing about
     nonces lives only in memory. Rows are broadcast in the order they are signed, so a crash can
     leave only the last signed row unsent; on restart ``recover`` drops it (no gap behind it) and
     the bot re-derives its action from the chain.
@@ -176,15 +176,13 @@ class Sender:
             return False
 
     def next_nonce(self) -> int:
-        """One past the last nonce this account signed with (rows not dropped); with nothing in
-        flight, at least the node's pending count (transactions sent before this store existed).
-        Not "one past the open rows": a poll can close a later row and miss an earlier one mined
-        in the block that arrived meanwhile."""
-        last = self.store.last_nonce(self.address)
-        if last is not None and self.in_flight():
-            return last + 1
-        pending = int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
-        return pending if last is None else max(pending, last + 1)
+        """One past this account's transactions in flight; with none, the node's pending count
+        (which also follows a node that went back to an older state). The rows in flight are
+        consecutive: ``poll`` closes them in nonce order and stops at the first still pending."""
+        in_flight = [r.nonce for r in self.in_flight()]
+        if in_flight:
+            return max(in_flight) + 1
+        return int(retry(lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
 
     def estimate(self, fn_call: Any, value: int = 0) -> int:
         """Gas of `fn_call` from this account on the latest block; a revert raises its decoded
