@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,14 @@ from verde_chain.agents.catalog import Bundles, check_against_chain
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import JobOffer
 from verde_chain.agents.errors import CrashInjected, StrategyError
+from verde_chain.agents.store import Store
 from verde_chain.agents.strategies import (
     challenger_plan,
     parse_cheat,
     trainer_plan,
 )
 from verde_chain.agents.wallet import account
+from verde_chain.chain.anvil import increase_time
 from verde_chain.chain.market_client import Market
 from verde_chain.dispute.types import Phase, Resolution
 from verde_chain.graph.world import OutputFault
@@ -96,7 +99,6 @@ def test_sender_finds_a_broadcast_transaction_it_never_marked_sent(w3: Web3, art
     """A bot that died right after broadcasting (its row still says 'signed') finds the
     transaction by hash on restart; one that died before broadcasting has its row dropped, and
     the next transaction reuses the nonce."""
-    from verde_chain.agents.store import Store
     from verde_chain.agents.wallet import Sender
 
     market = Market.deploy(w3, artifacts, deploy("GameMock").address, FAST)
@@ -287,10 +289,14 @@ def test_challenger_crashes_mid_dispute_and_resumes_from_sqlite(world: World) ->
 
 
 def _spawn_challenger(world: World, db: Path) -> subprocess.Popen[str]:
+    return _spawn(world, "challenger", 4, db)
+
+
+def _spawn(world: World, role: str, account_index: int, db: Path) -> subprocess.Popen[str]:
     url = getattr(world.w3.provider, "endpoint_uri", "")
-    cmd = [sys.executable, "-m", "verde_chain.cli", "challenger", "run", "--rpc-url", str(url),
-           "--market", world.market.address, "--account", "4", "--db", str(db), "--bundles", str(world.bundles),
-           "--poll", "0.1"]
+    cmd = [sys.executable, "-m", "verde_chain.cli", role, "run", "--rpc-url", str(url),
+           "--market", world.market.address, "--account", str(account_index), "--db", str(db),
+           "--bundles", str(world.bundles), "--poll", "0.1"]
     log = open(db.with_suffix(".log"), "a")  # noqa: SIM115 - lives as long as the child
     return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -339,4 +345,38 @@ def test_challenger_process_sigkilled_mid_dispute_still_wins(world: World) -> No
     assert v.winner == account(4).address and v.resolution == Resolution.STEP, v.resolution
     assert len(game()) == 1  # the restarted bot did not open a second dispute
     assert world.market.slot(job_id, world.market.slot_of(job_id, cheat.address)).status == SlotStatus.REJECTED
+    world.solvent()
+
+
+@pytest.mark.chain
+def test_trainer_process_sigkilled_between_commit_and_reveal_still_reveals(world: World) -> None:
+    """A real `verde-chain trainer run` process is SIGKILLed once its commitment is mined and
+    before the reveal window opens. The salt was stored before the commitment was sent, so the
+    process restarted on the same database reveals the same C_T in the window, keeps its stake and
+    is paid."""
+    client = world.client()
+    job_id = client.post(replace(TERMS, slots=1), world.job)
+    db = world.tmp / "trainer-proc.sqlite"
+    slot = lambda: world.market.slots(job_id)
+    proc = _spawn(world, "trainer", 2, db)
+    try:
+        _wait(lambda: bool(slot()) and slot()[0].status == SlotStatus.COMMITTED, [client], 180, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        rec = Store(db).job(job_id) or {}
+        # the commitment is mined; the salt and C_T were stored before it was sent (the record may
+        # not say "committed" yet: the kill can land between the receipt and that write)
+        assert rec["state"] in ("joined", "committed") and len(rec["salt"]) == 66 and len(rec["result"]) == 66
+        reveal_time(world, job_id)
+        proc = _spawn(world, "trainer", 2, db)
+        _wait(lambda: slot()[0].status == SlotStatus.REVEALED, [client], 180, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    assert slot()[0].result == trainer_plan("honest", world.job).result()
+    assert len(world.market.logs("ResultCommitted", 0)) == 1  # committed once, before the kill
+    increase_time(world.w3, world.market.challenge_deadline(job_id) - int(world.w3.eth.get_block("latest")["timestamp"]) + 1)
+    world.run(lambda: (client.store.job(job_id) or {}).get("state") == "done")
+    assert world.market.job(job_id).accepted_result == slot()[0].result
+    assert world.market.balance_of(account(2).address) == TERMS.trainer_stake + TERMS.reward  # not withdrawn: it was stopped
     world.solvent()

@@ -31,6 +31,17 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
     job_id = client.post(TERMS, world.job)
     at = ["--rpc-url", anvil.rpc_url, "--market", world.market.address]
     in_l2 = lambda: any(ch.games.game(g).phase.level == 2 for g in ch.store.games())
+    for _ in range(20):  # both trainers commit; before the deadline nothing is public
+        if all(s.status.name == "COMMITTED" for s in world.market.slots(job_id)) and len(world.market.slots(job_id)) == 2:
+            break
+        for b in world.bots:
+            b.tick()
+    rc, out = _cli(capsys, "job", "status", *at, str(job_id), "--json")
+    js = json.loads(out)
+    assert js["phase"] == "commit" and [s["status"] for s in js["slots"]] == ["COMMITTED", "COMMITTED"]
+    assert {s["result"] for s in js["slots"]} == {"0x" + "00" * 32}
+    rc, out = _cli(capsys, "job", "status", *at, str(job_id))
+    assert "OPEN, commit phase (results committed, none public)" in out
     for _ in range(50):
         if in_l2():
             break
@@ -47,7 +58,7 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
     assert st["to_move"] in (cheat.address, ch.address) and st["events"]["Bisected"] >= 1
     rc, out = _cli(capsys, "job", "status", *at, str(job_id), "--json")
     js = json.loads(out)
-    assert js["status"] == "OPEN" and js["active_disputes"] == 1
+    assert js["status"] == "OPEN" and js["active_disputes"] == 1 and js["phase"] in ("reveal", "challenge")
     assert [s["status"] for s in js["slots"]] == ["REVEALED", "REVEALED"]
     assert js["reveal_deadline"] == world.market.reveal_deadline(job_id)
     assert js["disputes"][0]["game_id"] == gid and js["disputes"][0]["active"] is True
@@ -69,7 +80,7 @@ def test_status_mid_game_and_after(world: World, anvil: Any, capsys: pytest.Capt
     rc, out = _cli(capsys, "job", "status", *at, str(job_id), "--json")
     js = json.loads(out)
     assert js["accepted_result"] == "0x" + world.market.job(job_id).accepted_result.hex()
-    assert js["disputes"][0]["winner"] == ch.address
+    assert js["disputes"][0]["winner"] == ch.address and js["phase"] == "finalized"
 
 
 def test_status_of_unknown_ids_is_a_clear_error(world: World, anvil: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,6 +24,7 @@ from verde_chain.agents.bot import Bot
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
 from verde_chain.agents.errors import CrashInjected, InsufficientFunds
+from verde_chain.agents.policy import Policy
 from verde_chain.agents.status import dispute_status, format_dispute, format_job, job_status
 from verde_chain.agents.strategies import trainer_plan
 from verde_chain.agents.tokens import ETH_INFO, TokenInfo, token_info
@@ -78,6 +79,7 @@ def tw(w3: Web3, artifacts: Any, deploy: Callable[..., Any], bundles: Path, tmp_
     market = Market.deploy(w3, artifacts, game.address, FAST.with_token(token.address, FAST.floor(ETH)))
     world = TokenWorld(w3, artifacts, market, bundles, tmp_path, job)
     world.token = token
+    world.policy = Policy(tokens=(ETH, token.address))
     world.logs = {}
     for i in (1, 2, 3, 4):
         transact(w3, world.token.functions.mint(account(i).address, FUNDS), artifacts)

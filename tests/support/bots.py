@@ -15,6 +15,7 @@ from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.catalog import Bundles, build_job
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
+from verde_chain.agents.policy import Policy
 from verde_chain.agents.system import Conductor
 from verde_chain.agents.trainer import TrainerBot
 from verde_chain.chain.anvil import increase_time
@@ -41,11 +42,12 @@ class World:
     tmp: Path
     job: Job
     bots: list[Bot] = field(default_factory=list)
+    policy: Policy = field(default_factory=Policy)  # every bot's (a token world allows its token)
 
     def cfg(self, name: str, index: int, strategy: str = "honest", seed: int = 0) -> BotConfig:
         url = getattr(self.w3.provider, "endpoint_uri", "")
         return BotConfig(str(url), self.market.address, index, str(self.tmp / f"{name}.sqlite"), str(self.bundles),
-                         strategy, seed, name)
+                         strategy, seed, name, policy=self.policy)
 
     def client(self) -> ClientBot:
         bot = ClientBot(self.w3, self.artifacts, self.cfg("client", 1), log=lambda m: None)

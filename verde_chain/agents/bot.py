@@ -10,32 +10,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
+from eth_typing import HexStr
 from web3 import Web3
 from web3.types import TxReceipt
 
 from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.errors import AgentError, InsufficientFunds
-from verde_chain.agents.store import Store
+from verde_chain.agents.policy import Conditions, Policy, block_interval, bond_refusal, refusal
+from verde_chain.agents.store import OPEN_TX, Store, TxRow
 from verde_chain.agents.strategies import Plan
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
-from verde_chain.agents.wallet import Sender, account, retry
+from verde_chain.agents.wallet import Call, Sender, account, retry
 from verde_chain.chain.compile import Artifact
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
 from verde_chain.commit.merkle import keccak256
 from verde_chain.dispute import players as pl
 from verde_chain.dispute import runner
-from verde_chain.dispute.types import GameView, Move, Phase, Seen, Side
-from verde_chain.errors import ChainError, ContractRevert
-from verde_chain.market.types import MarketEvent
+from verde_chain.dispute.types import GameView, Move, Phase, Seen
+from verde_chain.errors import ChainError, ContractRevert, VerdeError
+from verde_chain.job import Job
+from verde_chain.market.types import JobTerms, MarketEvent
 
 Log = Callable[[str], None]
 LOG_RANGE = 2_000  # blocks per eth_getLogs query
+LATENCY_SAMPLES = 32  # recent moves whose clock cost the policy looks at
+POOL_THREADS = 8  # games read and moves computed at once (mostly waiting on the node)
+MOVE_COMPUTE = 1.0  # seconds assumed to compute and submit a move before any was measured
 TIMEOUT_GAS = 400_000  # claimTimeout + the market's settlement callback, with room to spare
 
 
@@ -50,6 +57,7 @@ class BotConfig:
     seed: int = 0
     name: str = ""
     start_block: int = 0
+    policy: Policy = field(default_factory=Policy)
 
 
 class Bot:
@@ -66,7 +74,7 @@ class Bot:
         saved = self.store.get("config")
         if saved is not None and (saved["market"], saved["account_index"]) != (cfg.market, cfg.account_index):
             raise AgentError(f"{cfg.db} belongs to account {saved['account_index']} on market {saved['market']}")
-        self.store.put("config", cfg.__dict__)
+        self.store.put("config", asdict(cfg))
         self.acct = account(cfg.account_index)
         self.address = self.acct.address
         self.sender = Sender(w3, artifacts, self.acct, self.store)
@@ -78,6 +86,9 @@ class Bot:
         self.plans: dict[int, Plan] = {}  # job id -> what this bot believes (rebuilt after a restart)
         self._tokens: dict[str, TokenInfo] = {}
         self._said: set[str] = set()  # messages already logged once (see `log_once`)
+        self._burn_bps: int | None = None
+        self._timestamps: dict[int, int] = {}
+        self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=self.name)
         dropped = self.sender.recover()
         if dropped:
             self.log(f"restart: {len(dropped)} signed-but-unsent transaction(s) dropped; re-deriving from chain state")
@@ -106,7 +117,19 @@ class Bot:
         """The chain's notion of now: the latest block's timestamp, or the wall clock if that is
         later (on a quiet dev chain no block is mined while everyone waits for a deadline, but
         the next block will carry the current time)."""
-        return max(int(retry(lambda: self.w3.eth.get_block("latest"))["timestamp"]), int(time.time()))
+        return max(self.block_time(), int(time.time()))
+
+    def block_time(self) -> int:
+        """The latest block's timestamp (what a transaction sent now is checked against at least)."""
+        return int(retry(lambda: self.w3.eth.get_block("latest"))["timestamp"])
+
+    def timestamp_of(self, block: int) -> int:
+        """A mined block's timestamp (remembered: a pass's moves mostly share a few blocks)."""
+        if block not in self._timestamps:
+            if len(self._timestamps) > 1_024:
+                self._timestamps.clear()
+            self._timestamps[block] = int(retry(lambda: self.w3.eth.get_block(block))["timestamp"])
+        return self._timestamps[block]
 
     def poll(self) -> list[MarketEvent]:
         """New market events of the kinds this bot follows, oldest first; the cursor only moves
@@ -206,6 +229,38 @@ class Bot:
         self.log_once(f"afford:{kind}:{token}:{amount}:{have}", msg)
         raise InsufficientFunds(msg, token=token, need=amount, have=have)
 
+    # -- policy -----------------------------------------------------------------------------------
+    def conditions(self) -> Conditions:
+        """What the policy compares a job with, measured now: the block interval (last 10 blocks),
+        the gas price, the market's burn share, and the clock one move of this bot costs: the mean
+        of its recent moves (a chess clock adds them up), at least one block interval (its move
+        goes into the block after the other side's) plus a second to compute and submit it."""
+        latest = retry(lambda: self.w3.eth.get_block("latest"))
+        first = max(0, int(latest["number"]) - 10)
+        stamps = [int(retry(lambda n=n: self.w3.eth.get_block(n))["timestamp"])  # type: ignore[misc]
+                  for n in range(first, int(latest["number"]))] + [int(latest["timestamp"])]
+        interval = block_interval(stamps)
+        if self._burn_bps is None:
+            self._burn_bps = retry(lambda: self.market.params()).burn_bps
+        charges = self.store.get("move_charges", [])
+        latency = max(interval + MOVE_COMPUTE, sum(charges) / len(charges) if charges else 0.0)
+        return Conditions(now=self.now(), block_interval=interval, gas_price=int(retry(lambda: self.w3.eth.gas_price)),
+                          burn_bps=self._burn_bps, move_latency=latency)
+
+    def refuses(self, job_id: int, terms: JobTerms, job: Job | None, what: str) -> str | None:
+        """The policy's reason not to `what` (stake, dispute) in this job, logged once; or None."""
+        why = refusal(terms, self.cfg.policy, self.conditions(), job, "trainer" if self.role == "trainer" else
+                      "challenger")
+        if why is not None:
+            self.log_once(f"policy:{job_id}:{why}", f"job {job_id}: refused by my policy, not {what}: {why}")
+        return why
+
+    def refuses_bond(self, job_id: int, bond: int) -> str | None:
+        why = bond_refusal(bond, self.cfg.policy)
+        if why is not None:
+            self.log_once(f"bond:{job_id}:{bond}", f"job {job_id}: refused by my policy, not disputing: {why}")
+        return why
+
     # -- games ------------------------------------------------------------------------------------
     def add_game(self, ev: MarketEvent) -> None:
         a = ev.args
@@ -219,21 +274,91 @@ class Bot:
         self.log(f"game {gid} (job {a['jobId']}, slot {a['defenderSlot']}): I am the {role} against {other}")
 
     def play_games(self) -> bool:
-        acted = False
-        for gid, rec in self.store.games().items():
-            if rec.get("done"):
-                continue
-            v = retry(lambda g=gid: self.games.game(g))  # type: ignore[misc]
+        """Play every open game at once. First settle the moves mined since the last pass; then,
+        most urgent clock first, submit this bot's move (or a timeout claim, or the challenger's
+        step) in every game where one is due and none of ours is in flight. Nothing waits for a
+        receipt (``Sender.submit`` pipelines the nonces), so one pass's moves all go into the next
+        block however many games run: a game's clock never waits on another game. The views are
+        read, and the moves computed and priced (``eth_estimateGas``), on a few threads; the
+        moves are then signed and broadcast in order of urgency on this one."""
+        self.sender.poll()  # once per pass: every move mined since is settled below
+        with self.store.batch():
+            open_games = {gid: rec for gid, rec in self.store.games().items()
+                          if not rec.get("done") and self._settle(gid, rec)}  # False: a move still in flight
+        views = dict(zip(open_games, self._pool.map(lambda g: retry(lambda: self.games.game(g)), open_games),
+                         strict=True))
+        live: list[tuple[int, dict[str, Any], GameView]] = []
+        for gid, v in views.items():
             if v.phase == Phase.RESOLVED:
                 won = v.winner == self.address
                 self.store.update_game(gid, done=True, won=won, resolution=v.resolution.name)
                 self.log(f"game {gid} resolved by {v.resolution.name}: {'I won' if won else 'I lost'}")
                 continue
-            if v.to_move == self.address:
-                acted |= self._move(gid, rec, v)
-            else:
-                acted |= self._timeout_or_step(gid, rec, v)
+            live.append((gid, self.store.game(gid) or open_games[gid], v))
+        live.sort(key=lambda t: (t[2].to_move != self.address, t[2].expires_at))
+        turns = [(gid, rec, v, self._player(rec)) for gid, rec, v in live
+                 if v.to_move == self.address and self._may_move(gid, rec, v)]
+        acted = self._send_moves(turns, list(self._pool.map(self._prepare, turns)))
+        now = self.now()  # once a pass, not once a game
+        for gid, rec, v in live:
+            if v.to_move != self.address:
+                acted |= self._timeout_or_step(gid, rec, v, now)
         return acted
+
+    def _settle(self, gid: int, rec: dict[str, Any]) -> bool:
+        """Record how this game's last submitted transaction ended; False while it is in flight."""
+        inflight = rec.get("inflight")
+        if inflight is None:
+            return True
+        row = self.store.tx(int(inflight["row"]))
+        if row.status in OPEN_TX:
+            return False
+        what = inflight["what"]
+        if row.status == "mined":
+            self.store.update_game(gid, inflight=None)
+            if "turn" in inflight:  # the clock this move cost: its block's time - the turn's start
+                block = self.sender.mined_at.get(row.id) or int(
+                    retry(lambda: self.w3.eth.get_transaction_receipt(HexStr(row.hash)))["blockNumber"])
+                spent = self.timestamp_of(block) - int(inflight["turn"])
+                self.store.put("move_charges", [*self.store.get("move_charges", []), spent][-LATENCY_SAMPLES:])
+            if what == "claimTimeout":
+                self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
+            return True
+        if row.status == "dropped":  # it never reached a block: worked out and sent again next pass
+            self.store.update_game(gid, inflight=None)
+            self.log(f"game {gid}: my {what} was dropped ({row.error}); sending it again")
+            return True
+        # failed (its revert decoded from its own block): remembered with its position so it is
+        # not retried there; the clock then decides
+        err = row.error or "UnknownRevert"
+        if what == "claimTimeout":
+            self.store.update_game(gid, inflight=None, timeout_error=err)
+            self.log(f"game {gid}: claimTimeout reverted: {err}")
+        else:
+            self.store.update_game(gid, inflight=None, failed_at=inflight["position"], last_error=err)
+            self.log(f"game {gid}: my {what} at {inflight['position']} failed: {err}")
+        return True
+
+    def _submit(self, gid: int, fn_call: Any, what: str, position: str, level: int, gas: int | None = None) -> bool:
+        """Submit one game transaction (pipelined) and remember it as the game's move in flight.
+        A revert of its estimate raises ``ContractRevert``."""
+        (row,) = self.sender.submit_many([Call(fn_call, what, game_id=gid, level=level, gas=gas)])
+        if isinstance(row, ContractRevert):
+            raise row
+        return self._in_flight(gid, row, what, position)
+
+    def _in_flight(self, gid: int, row: TxRow | VerdeError, what: str, position: str, turn: int | None = None) -> bool:
+        """Remember a submitted row as the game's transaction in flight (with `turn`, the start of
+        this bot's turn: once mined, its clock cost is measured). A transaction the node refused
+        is logged and retried on the next pass; the other games go on."""
+        if isinstance(row, VerdeError):
+            self.log(f"game {gid}: {row}; retrying on the next pass")
+            return False
+        inflight: dict[str, Any] = {"row": row.id, "what": what, "position": position}
+        if turn is not None:
+            inflight["turn"] = turn
+        self.store.update_game(gid, inflight=inflight)
+        return True
 
     def _silent(self, gid: int, rec: dict[str, Any]) -> bool:
         limit = self.plan(rec["job_id"]).silent_after
@@ -254,39 +379,60 @@ class Bot:
         move, so a restarted bot continues where the game stands)."""
         return retry(lambda: runner.seen_from_history(self.games, gid, int(rec.get("block", 0))))
 
-    def _move(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
-        if self._silent(gid, rec):
-            return False
-        position = f"{v.phase.name}:{v.lo}:{v.hi}:{v.cursor}:{v.depth_left}"
-        if rec.get("failed_at") == position:
-            return False  # this move already reverted here; wait (the clock decides)
-        move = self._player(rec).move(v, self.seen(gid, rec))
+    @staticmethod
+    def _position(v: GameView) -> str:
+        return f"{v.phase.name}:{v.lo}:{v.hi}:{v.cursor}:{v.depth_left}"
+
+    def _may_move(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
+        # a move that already failed at this position is not retried there: the clock decides
+        return not self._silent(gid, rec) and rec.get("failed_at") != self._position(v)
+
+    def _prepare(self, turn: tuple[int, dict[str, Any], GameView, pl.Defender | pl.Challenger]
+                 ) -> tuple[Move, Any, int] | ContractRevert | None:
+        """This bot's move in one game, its call and its gas estimate (on a worker thread: reads
+        the chain and computes, touches no state); the revert if the estimate fails."""
+        gid, rec, v, player = turn
+        move = player.move(v, self.seen(gid, rec))
         if move is None:
-            return False
+            return None
+        fn_call = self.games.move_call(gid, move)
         try:
-            self.send_move(gid, move, v.phase.level)
+            return move, fn_call, self.sender.estimate(fn_call)
         except ContractRevert as exc:
-            self.store.update_game(gid, failed_at=position, last_error=exc.name)
-            self.log(f"game {gid}: my {type(move).__name__} at {v.phase.name} reverted: {exc.name}")
+            return exc
+
+    def _send_moves(self, turns: list[tuple[int, dict[str, Any], GameView, Any]],
+                    prepared: list[tuple[Move, Any, int] | ContractRevert | None]) -> bool:
+        """Submit the prepared moves as one batch (in the order of `turns`: most urgent first)."""
+        calls: list[Call] = []
+        sent: list[tuple[int, GameView, Move]] = []
+        for (gid, _, v, _), p in zip(turns, prepared, strict=True):
+            if isinstance(p, ContractRevert):
+                self.store.update_game(gid, failed_at=self._position(v), last_error=p.name)
+                self.log(f"game {gid}: my move at {v.phase.name} reverted: {p.name}")
+            elif p is not None:
+                move, fn_call, gas = p
+                calls.append(Call(fn_call, move.function, game_id=gid, level=v.phase.level, gas=gas))
+                sent.append((gid, v, move))
+        if not calls:
             return False
-        # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
-        self.store.update_game(gid, last_move=type(move).__name__, last_position=position,
-                               last_choice=getattr(move, "choice", getattr(move, "element", None)))
+        rows = self.sender.submit_many(calls)  # its own store transaction, committed before any broadcast
+        with self.store.batch():
+            for (gid, v, move), row in zip(sent, rows, strict=True):
+                if self._in_flight(gid, row, move.function, self._position(v), v.turn_started_at):
+                    # what this bot claimed/chose where (the signed transactions themselves are in `txs`)
+                    self.store.update_game(gid, last_move=type(move).__name__, last_position=self._position(v),
+                                           last_choice=getattr(move, "choice", getattr(move, "element", None)))
         return True
 
-    def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView) -> bool:
-        mover_left = v.defender_left if v.phase.mover == Side.DEFENDER else v.challenger_left
-        if self.now() - v.turn_started_at > mover_left:
-            try:
-                self.sender.send(self.games.contract.functions.claimTimeout(gid), "claimTimeout", game_id=gid,
-                                 gas=TIMEOUT_GAS)
-                self.log(f"game {gid}: the other side ran out of clock; claimed the timeout")
-                return True
-            except ContractRevert as exc:
-                if rec.get("timeout_error") != exc.name:
-                    self.store.update_game(gid, timeout_error=exc.name)
-                    self.log(f"game {gid}: claimTimeout reverted: {exc.name}")
-                return False
+    def _timeout_or_step(self, gid: int, rec: dict[str, Any], v: GameView, now: int) -> bool:
+        if now > v.expires_at:
+            if rec.get("timeout_error") and self.block_time() <= v.expires_at:
+                return False  # it failed on a stale view: retried once a block past the expiry exists
+            # a fixed gas limit, no estimate: the latest block may predate the expiry (a failure is
+            # named from its own block when it is settled)
+            return self._submit(gid, self.games.contract.functions.claimTimeout(gid), "claimTimeout", "timeout", 0,
+                                gas=TIMEOUT_GAS)
         if v.phase == Phase.L4_STEP and rec["role"] == "challenger" and not self._silent(gid, rec):
             # Anyone may execute the last step; a challenger whose own state j+1 differs from the
             # defender's claim does so at once instead of waiting for the defender's clock.
@@ -297,18 +443,14 @@ class Bot:
             if move is None or rec.get("failed_at") == "step":
                 return False
             try:
-                self.send_move(gid, move, 4)
-                return True
+                return self._submit(gid, self.games.move_call(gid, move), move.function, "step", 4)
             except ContractRevert as exc:
                 self.store.update_game(gid, failed_at="step", last_error=exc.name)
                 self.log(f"game {gid}: my step reverted: {exc.name}")
         return False
 
-    def send_move(self, gid: int, move: Move, level: int) -> None:
-        """Send `move` through the crash-safe Sender (the same call the runner's client makes)."""
-        self.sender.send(self.games.move_call(gid, move), move.function, game_id=gid, level=level)
-
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         self.store.close()
 
 

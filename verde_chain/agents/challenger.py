@@ -86,6 +86,10 @@ class ChallengerBot(Bot):
             self._mark(key, "skipped", reason=str(exc))
             self.log(f"job {job_id}: cannot re-execute ({exc})")
             return False
+        why = self.refuses(job_id, job.terms, self.bundles.fetch(job.terms.spec_hash), "re-executing or disputing")
+        if why is not None:
+            self._mark(key, "refused", reason=f"policy: {why}")
+            return False
         # remembered (for this strategy and seed) so a check that must wait, for an unaffordable
         # bond, does not re-execute the job on every poll
         by = f"{self.cfg.strategy}/{self.cfg.seed}"
@@ -102,6 +106,9 @@ class ChallengerBot(Bot):
             self._mark(key, "missed")
             return False
         bond = max(self.bond or 0, retry(lambda: self.market.required_bond(job_id, slot)))
+        if self.refuses_bond(job_id, bond):
+            self._mark(key, "refused", reason=f"bond {bond}")
+            return False
         try:
             self.pay(self.market.contract.functions.openDispute(job_id, slot, bond), "openDispute", job.terms.token, bond)
         except InsufficientFunds:

@@ -13,6 +13,7 @@ from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.catalog import JOB_KINDS
 from verde_chain.agents.endpoint import check_address, check_market, connect_node
 from verde_chain.agents.errors import AgentError
+from verde_chain.agents.policy import Policy
 from verde_chain.agents.strategies import ChallengerStrategy, TrainerStrategy
 from verde_chain.chain.compile import Artifact, compile_contracts
 from verde_chain.chain.deploy import DeploymentRecord
@@ -41,6 +42,9 @@ def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of any random choice (cheat sites, garbage claims)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between polls when idle")
     p.add_argument("--start-block", type=int, default=0, help="first block to read events from on a fresh database")
+    p.add_argument("--policy", type=Path, default=None,
+                   help="JSON file of the jobs this bot accepts (agents/policy.py: tokens, clock_margin, "
+                        "max_stake_to_share, min_window_blocks, horizon, max_bond, ...; default: built-in)")
     p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
 
@@ -73,8 +77,9 @@ def _config(args: argparse.Namespace, role: str, market: str, strategy: str) -> 
     name = f"{role}-{args.account}"
     db = args.db or args.state_dir / f"{name}.sqlite"
     bundles = args.bundles or args.state_dir / "bundles"
+    policy = Policy.from_json(args.policy) if getattr(args, "policy", None) else Policy()
     return BotConfig(args.rpc_url, market, args.account, str(db), str(bundles), strategy, args.seed, name,
-                     args.start_block)
+                     args.start_block, policy)
 
 
 def _run_bot(bot: Bot, args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from verde_chain.agents.trace import interval
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
 from verde_chain.dispute.types import Phase
+from verde_chain.market.types import Job, JobStatus
 
 
 def _hex(b: bytes) -> str:
@@ -32,8 +33,10 @@ def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[st
             "bond": d.bond, "bond_posted": int(ev.args["bond"]), "active": d.active, "phase": v.phase.name,
             "winner": v.winner if v.phase == Phase.RESOLVED else None,
         })
+    now = int(market.w3.eth.get_block("latest")["timestamp"])
     return {
-        "job_id": job_id, "status": job.status.name, "client": job.client, "token": tok.as_dict(),
+        "job_id": job_id, "status": job.status.name, "phase": job_phase(job, now), "client": job.client,
+        "token": tok.as_dict(),
         "spec_hash": _hex(s.spec_hash), "num_steps": s.num_steps, "num_nodes": s.num_nodes, "arity": s.arity,
         "reward": s.reward, "reward_held": job.reward_held, "trainer_stake": s.trainer_stake,
         "min_challenge_bond": s.min_challenge_bond, "submission_deadline": s.submission_deadline,
@@ -44,6 +47,20 @@ def job_status(market: Market, games: DisputeGameClient, job_id: int) -> dict[st
                    "result": _hex(sl.result)} for i, sl in enumerate(market.slots(job_id))],
         "disputes": disputes,
     }
+
+
+def job_phase(job: Job, now: int) -> str:
+    """Where a job stands in the commit-reveal protocol at `now` (the latest block's time)."""
+    t = job.terms
+    if job.status == JobStatus.FINALIZED:
+        return "finalized"
+    if now <= t.submission_deadline:
+        return "commit"  # trainers join and commit; no result is public yet
+    if now <= t.reveal_deadline:
+        return "reveal"  # trainers open their commitments; disputes open from each reveal
+    if now <= t.challenge_deadline:
+        return "challenge"
+    return "disputes running" if job.active_disputes else "ready to finalize"
 
 
 def dispute_status(market: Market, games: DisputeGameClient, game_id: int, now: int) -> dict[str, Any]:
@@ -73,13 +90,20 @@ def dispute_status(market: Market, games: DisputeGameClient, game_id: int, now: 
     }
 
 
+PHASE_TEXT = {
+    "commit": "commit phase (results committed, none public)", "reveal": "reveal phase",
+    "challenge": "challenge window open", "disputes running": "waiting for its disputes",
+    "ready to finalize": "ready to finalize", "finalized": "finalized",
+}
+
+
 def format_job(st: dict[str, Any]) -> str:
     t = st["token"]
     tok = TokenInfo(t["address"], t["symbol"], t["decimals"])
     u = tok.format
     paid_in = "ETH" if tok.is_eth else f"{tok.symbol} ({tok.address}" + (
         f", {tok.decimals} decimals)" if tok.decimals is not None else ", no decimals(): raw units)")
-    lines = [f"job {st['job_id']}: {st['status']}  client {st['client']}",
+    lines = [f"job {st['job_id']}: {st['status']}, {PHASE_TEXT[st['phase']]}  client {st['client']}",
              f"  spec {st['spec_hash']}  {st['num_steps']} steps, {st['num_nodes']} nodes, arity {st['arity']}",
              f"  paid in {paid_in}",
              (f"  reward {u(st['reward'])} (held {u(st['reward_held'])}), stake {u(st['trainer_stake'])}, "

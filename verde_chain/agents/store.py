@@ -8,8 +8,8 @@ Tables::
     txs    one row per transaction  account, nonce, kind, level, game, raw signed bytes, hash,
                                     status (signed -> sent -> mined | failed | dropped), gas used
 
-Every write is its own committed transaction (autocommit, ``synchronous=FULL``), so a SIGKILL
-loses at most the statement in flight. A transaction row is written *before* the transaction is
+Every write is its own committed transaction (autocommit, ``synchronous=FULL``), or one of a
+``batch()`` committed together, so a SIGKILL loses at most the statement (or batch) in flight. A transaction row is written *before* the transaction is
 broadcast: after a crash the bot finds it by hash (mined or pending) or, if the node never saw
 it, marks it dropped and re-derives the action from the chain's state.
 """
@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ CREATE TABLE IF NOT EXISTS txs (
 """
 
 OPEN_TX = ("signed", "sent")
+_TX_COLUMNS = "SELECT id, account, nonce, kind, game_id, level, raw, hash, status, gas_used, error FROM txs"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,22 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Make every write inside one transaction (one disk sync); nested batches join the outer
+        (so a write that must be durable before something leaves the process, like a signed
+        transaction before its broadcast, must not run inside another batch)."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     # -- meta -------------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
@@ -125,12 +144,19 @@ class Store:
                         " WHERE id = ?", (status, gas_used, error, row_id))
 
     def txs(self, status: tuple[str, ...] | None = None) -> list[TxRow]:
-        q = "SELECT id, account, nonce, kind, game_id, level, raw, hash, status, gas_used, error FROM txs"
+        q = _TX_COLUMNS
         args: tuple[Any, ...] = ()
         if status:
             q += f" WHERE status IN ({', '.join('?' for _ in status)})"
             args = status
         return [TxRow(*r) for r in self.db.execute(q + " ORDER BY id", args).fetchall()]
+
+    def tx(self, row_id: int) -> TxRow:
+        return TxRow(*self.db.execute(_TX_COLUMNS + " WHERE id = ?", (row_id,)).fetchone())
+
+    def open_txs(self, game_id: int) -> list[TxRow]:
+        """This game's transactions still in flight (signed or sent, no receipt yet)."""
+        return [r for r in self.txs(OPEN_TX) if r.game_id == game_id]
 
     def gas_used(self, game_id: int | None = None) -> int:
         q = "SELECT COALESCE(SUM(gas_used), 0) FROM txs WHERE status IN ('mined', 'failed')"

@@ -20,7 +20,7 @@ from verde_chain.chain.compile import Artifact
 from verde_chain.chain.deploy import DeploymentRecord, deploy_contract, deploy_market
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
-from verde_chain.dispute.types import Phase, Side
+from verde_chain.dispute.types import Phase
 from verde_chain.errors import ChainError
 from verde_chain.market.marketparams import MAINNET, MarketParams
 from verde_chain.market.types import JobStatus
@@ -76,8 +76,7 @@ class Conductor:
         for gid in range(1, self.games.game_count() + 1):
             v = self.games.game(gid)
             if v.phase not in (Phase.NONE, Phase.RESOLVED):
-                left = v.defender_left if v.phase.mover == Side.DEFENDER else v.challenger_left
-                cands.append(v.turn_started_at + left)
+                cands.append(v.expires_at)
         future = [c for c in cands if c >= now]
         return min(future) if future else None
 
@@ -95,6 +94,8 @@ class Conductor:
             if until():
                 return n
             if not self.round():
+                if any(bot.sender.in_flight() for bot in self.bots):
+                    continue  # a move still waits for its block: moving the clock now would charge it
                 target = self.next_deadline()
                 if target is None:
                     if until():

@@ -74,6 +74,10 @@ class TrainerBot(Bot):
             self.store.update_job(job_id, state="skipped", reason=f"bundle disagrees with chain on {bad}")
             self.log(f"job {job_id}: skipped, bundle disagrees with the posted {bad}")
             return
+        why = self.refuses(job_id, job.terms, bundle, "staking")
+        if why is not None:
+            self.store.update_job(job_id, state="skipped", reason=f"policy: {why}")
+            return
         self.store.update_job(job_id, state="joining")
 
     def _slot(self, job_id: int) -> int | None:
@@ -150,6 +154,8 @@ class TrainerBot(Bot):
             if rival in mine or retry(lambda r=rival: self.market.has_disputed(job_id, r, self.address)):  # type: ignore[misc]
                 continue
             bond = retry(lambda r=rival: self.market.required_bond(job_id, r))  # type: ignore[misc]
+            if self.refuses_bond(job_id, bond):
+                continue
             try:
                 self.pay(self.market.contract.functions.disputeRival(job_id, rival, own_slot, bond), "disputeRival",
                          token, bond)

@@ -18,9 +18,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from web3 import HTTPProvider, Web3
+from web3 import Web3
 
 from verde_chain.chain.paths import BUILD, anvil_binary
+from verde_chain.chain.tx import http_provider
 from verde_chain.errors import ChainError
 
 DEFAULT_MNEMONIC = "test test test test test test test test test test test junk"
@@ -103,7 +104,7 @@ class Anvil:
         raise ChainError(f"anvil did not answer on {self.rpc_url} within {timeout}s")
 
     def web3(self) -> Web3:
-        return Web3(HTTPProvider(self.rpc_url, request_kwargs={"timeout": 120}))
+        return Web3(http_provider(self.rpc_url))
 
     @property
     def running(self) -> bool:

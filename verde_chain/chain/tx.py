@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from web3 import Web3
+from web3 import HTTPProvider, Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, ContractPanicError
 from web3.types import RPCEndpoint, TxReceipt
 
@@ -13,6 +13,13 @@ from verde_chain.chain.compile import Artifact
 from verde_chain.chain.revert import decode_revert
 
 _REVERTS = (ContractCustomError, ContractLogicError, ContractPanicError, ValueError)
+
+
+def http_provider(rpc_url: str, timeout: float = 120.0) -> HTTPProvider:
+    """An HTTP provider that asks the node its chain id once (web3 checks it before every call
+    and transaction, which would double a busy bot's requests)."""
+    return HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}, cache_allowed_requests=True,
+                        cacheable_requests={RPCEndpoint("eth_chainId")})
 
 
 def transact_raw(

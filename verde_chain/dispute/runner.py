@@ -88,11 +88,6 @@ def _turn(client: DisputeGameClient, m: _Match) -> tuple[bool, GameView]:
     return True, v
 
 
-def _expiry(v: GameView) -> int:
-    """When the running turn's clock runs out (claimTimeout is possible one second later)."""
-    return v.turn_started_at + (v.defender_left if v.phase.mover == Side.DEFENDER else v.challenger_left)
-
-
 def _outcome(client: DisputeGameClient, m: _Match, start: int) -> Outcome:
     """The game's result and the moves sent through `client` for it since `start`."""
     v = client.game(m.game_id)
@@ -148,11 +143,11 @@ def play_many(
                 stalled.append((m, v))
         if live and len(stalled) == len(live):
             # Nobody can move: wait out the earliest stalled clock; the other side claims the timeout.
-            due = min(_expiry(v) for _, v in stalled)
+            due = min(v.expires_at for _, v in stalled)
             now = int(client.w3.eth.get_block("latest")["timestamp"])
             advance_time(max(0, due - now) + 1)
             for m, v in stalled:
-                if _expiry(v) <= due:
+                if v.expires_at <= due:
                     client.claim_timeout(m.game_id, v.challenger if v.phase.mover == Side.DEFENDER else v.defender)
                     done(m)
     if live:

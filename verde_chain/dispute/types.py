@@ -180,6 +180,11 @@ class GameView:
         return self.checkpoint_interval if self.phase.level == 1 else 1
 
     @property
+    def expires_at(self) -> int:
+        """When the running turn's clock runs out (a timeout can be claimed in any later block)."""
+        return self.turn_started_at + (self.defender_left if self.phase.mover == Side.DEFENDER else self.challenger_left)
+
+    @property
     def to_move(self) -> str | None:
         if self.phase in (Phase.NONE, Phase.RESOLVED):
             return None
