@@ -288,6 +288,9 @@ def inference_outputs(job: Job, state: Mapping[str, np.ndarray]) -> dict[str, np
     return out
 
 
+BUNDLE_FILES = ("job.json", "model.onnx", "data.npz", "init.npz")  # what save_job writes and load_job reads
+
+
 def save_job(job: Job, directory: str | Path) -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,8 @@ class BotConfig:
     seed: int = 0
     name: str = ""
     start_block: int = 0
+    bundle_url: str = ""  # client: where `bundles serve` publishes its bundles (the jobs' bundleUri base)
+    workers: int = 1  # trainer/challenger: processes a sharded job trains on (`train --workers`)
 
 
 class Bot:

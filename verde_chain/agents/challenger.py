@@ -29,7 +29,7 @@ class ChallengerBot(Bot):
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
             terms = retry(lambda: self.market.job(job_id)).terms
-            job = self.bundles.fetch(terms.spec_hash)
+            job = self.bundles.fetch(terms.spec_hash, terms.bundle_uri)
             bad = check_against_chain(job, terms)
             if bad:
                 raise AgentError(f"job {job_id}: bundle disagrees with the posted {bad}")

@@ -34,7 +34,7 @@ class TrainerBot(Bot):
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
             terms = retry(lambda: self.market.job(job_id)).terms
-            job = self.bundles.fetch(terms.spec_hash)
+            job = self.bundles.fetch(terms.spec_hash, terms.bundle_uri)
             self.plans[job_id] = trainer_plan(self.cfg.strategy, job, self.cfg.seed)
         return self.plans[job_id]
 
@@ -64,7 +64,7 @@ class TrainerBot(Bot):
             return
         job = retry(lambda: self.market.job(job_id))
         try:
-            bundle = self.bundles.fetch(job.terms.spec_hash)
+            bundle = self.bundles.fetch(job.terms.spec_hash, job.terms.bundle_uri)
         except AgentError as exc:
             self.store.update_job(job_id, state="skipped", reason=str(exc))
             self.log(f"job {job_id}: skipped ({exc})")
