@@ -21,7 +21,7 @@ from web3.types import TxReceipt
 from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.store import Store
-from verde_chain.agents.strategies import Plan
+from verde_chain.agents.strategies import Plan, ProgressFn
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
 from verde_chain.agents.wallet import Sender, account, retry
 from verde_chain.chain.compile import Artifact
@@ -153,6 +153,16 @@ class Bot:
     def plan(self, job_id: int) -> Plan:
         raise NotImplementedError
 
+
+    def train(self, plan: Plan, spec_hash: bytes, progress: ProgressFn | None) -> bytes:
+        """The plan's result, trained on ``cfg.workers`` processes where the job allows
+        (``agents/workers.py``; the run's checkpoints kept beside this bot's database)."""
+        from verde_chain.agents.workers import train_on_workers
+
+        job = self.bundles.fetch(spec_hash)
+        run_dir = Path(self.cfg.db).parent / "runs" / self.name / spec_hash.hex()
+        return train_on_workers(plan, self.bundles.root / spec_hash.hex(), job.spec.shards, self.cfg.workers, run_dir,
+                                progress)
     def _withdraw(self, token: str) -> bool:
         owed = retry(lambda: self.market.balance_of(self.address, token))
         if owed == 0:

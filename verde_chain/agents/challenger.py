@@ -12,7 +12,7 @@ from __future__ import annotations
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
-from verde_chain.agents.strategies import Plan, challenger_plan, train
+from verde_chain.agents.strategies import Plan, challenger_plan
 from verde_chain.agents.wallet import retry
 from verde_chain.errors import ContractRevert
 from verde_chain.market.types import ETH, SlotStatus
@@ -92,7 +92,7 @@ class ChallengerBot(Bot):
         if w.get("mine") and w.get("mine_by") == by:
             mine = bytes.fromhex(w["mine"][2:])
         else:
-            mine = train(plan, None)
+            mine = self.train(plan, job.terms.spec_hash, None)
             self._mark(key, "new", mine="0x" + mine.hex(), mine_by=by)
         if mine == s.result:
             self._mark(key, "agreed")

@@ -15,7 +15,7 @@ import os
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
-from verde_chain.agents.strategies import Plan, train, trainer_plan
+from verde_chain.agents.strategies import Plan, trainer_plan
 from verde_chain.agents.wallet import retry
 from verde_chain.errors import ContractRevert
 from verde_chain.market.types import ZERO32, JobStatus, SlotStatus, commitment
@@ -111,8 +111,8 @@ class TrainerBot(Bot):
                 return False
             plan = self.plan(job_id)
             every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
-            result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
-                           if i % every == 0 or i == n else None)
+            result = self.train(plan, job.terms.spec_hash, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
+                                if i % every == 0 or i == n else None)
             # the salt is stored before the commitment is sent, so a restart can still reveal it
             salt = rec.get("salt") or "0x" + os.urandom(32).hex()
             self.store.update_job(job_id, slot=slot, result="0x" + result.hex(), salt=salt)
