@@ -3,7 +3,9 @@
 ``verde_chain/cli.py`` registers it with ``configure(parser)`` and ``run(args)``. The last line
 with ``--json`` is one JSON object: final_commitment (0x hex), steps, wall_s, final_loss,
 accuracy (digits, digits_cnn: test accuracy; else null), spec_hash, graph_root, c0, nodes,
-checkpoint_interval, shards (S of the job) and workers (per rank: rank, pid, first_shard, shards).
+checkpoint_interval, shards (S of the job), comm_s and comm_bytes (rank 0's time in collectives
+and bytes received from the other ranks; 0 in one process) and workers (per rank: rank, pid,
+first_shard, shards).
 
 ``--workers W`` runs the job's S shards on W processes (``graph/distributed.py``, started by
 ``graph/launch.py``; under torchrun, its process group): the same commitments as one process.
@@ -200,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         "nodes": job.spec.num_nodes,
         "checkpoint_interval": interval,
         "shards": job.spec.shards,
+        "comm_s": round(executor.comm_s, 4) if executor is not None else 0.0,
+        "comm_bytes": executor.comm_bytes if executor is not None else 0,
         "workers": worker_info(coll, job.spec.shards) if coll is not None else [
             {"rank": 0, "pid": os.getpid(), "first_shard": 0, "shards": job.spec.shards}],
     }

@@ -44,6 +44,13 @@ def test_two_three_and_four_processes_equal_one_bit_for_bit() -> None:
         assert len(pids) == workers  # every rank its own process
         if workers > 1:  # ... started by the launcher, none of them the launcher itself
             assert launcher not in pids and os.getpid() not in pids
+    # torchrun's processes are ranks alike (its environment; --workers is not needed)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                        "verde_chain.cli", *JOB, "--steps", "12"], cwd=REPO, capture_output=True, text=True,
+                       timeout=900, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    torchrun = json.loads(p.stdout.strip().splitlines()[-1])
+    assert torchrun["final_commitment"] == finals[1] and len({w["pid"] for w in torchrun["workers"]}) == 2
     # and a different S is a different program
     other, _ = _summary(["train", "digits", "--shards", "2", "--json", "--steps", "12", "--workers", "2"])
     assert other["final_commitment"] != finals[1] and other["spec_hash"] != runs[1][0]["spec_hash"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Protocol
@@ -135,6 +136,8 @@ class ShardedExecutor(StepExecutor):
         self._exports = [sorted(d for d in range(lo, hi) if d in wanted) for lo, hi in blocks]
         self._numel = [math.prod(n.desc.out_shape) for n in graph.nodes]
         self._mine = [d for k in self.ranges[coll.rank] for d in range(*blocks[k])]
+        self.comm_s = 0.0  # seconds spent in collectives (the benchmark's communication share)
+        self.comm_bytes = 0  # bytes this rank received from the others
 
     def step_kernel(self) -> Any:
         return None  # the whole-step kernel runs every node; a rank runs its shards only
@@ -150,7 +153,11 @@ class ShardedExecutor(StepExecutor):
                 v = values[d].reshape(-1).view(dtype)
                 local[pos : pos + v.size] = v
                 pos += v.size
-        for r, got in enumerate(self.coll.all_gather(local)):
+        t0 = time.perf_counter()
+        everyone = self.coll.all_gather(local)
+        self.comm_s += time.perf_counter() - t0
+        self.comm_bytes += local.nbytes * (self.coll.world - 1)
+        for r, got in enumerate(everyone):
             if r == self.coll.rank:
                 continue
             pos = 0
