@@ -31,6 +31,38 @@ def run(bundle: Path, workers: int) -> dict:  # type: ignore[type-arg]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+class OneRank:
+    """A collective of one rank: the sharded executor's node-by-node path with no communication."""
+
+    rank, world = 0, 1
+
+    def all_gather(self, buf):  # type: ignore[no-untyped-def]
+        return [buf]
+
+    def broadcast(self, buf, src=0):  # type: ignore[no-untyped-def]
+        return buf
+
+
+def node_by_node_ms(job, steps: int, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    """ms per step of the W = 2 ranks' way of running nodes (one by one), all shards in one process."""
+    import time
+
+    import torch
+
+    from verde_chain.graph.backend import make_runner
+    from verde_chain.graph.distributed import ShardedExecutor
+
+    torch.set_num_threads(1)
+    runner = make_runner("cpu", 1)
+    best = float("inf")
+    for _ in range(rounds):
+        run = job.make_run(None, 0, runner, steps, executor=ShardedExecutor(job.program.graph, OneRank(), runner))
+        t0 = time.perf_counter()
+        run.run()
+        best = min(best, (time.perf_counter() - t0) / steps * 1e3)
+    return best
+
+
 def model(p: int) -> list[str]:
     rows = ["| W = S | all-gather + fixed-order sum (ours) | ring all-reduce | ratio | reduce-scatter + fixed-order sum + all-gather | ratio |",
             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -67,9 +99,10 @@ def main() -> None:
             assert best[1]["final_commitment"] == best[2]["final_commitment"]
             one, two = best[1]["wall_s"] / a.steps * 1e3, best[2]["wall_s"] / a.steps * 1e3
             comm = best[2]["comm_s"] / best[2]["wall_s"]
+            nbn = node_by_node_ms(job, a.steps, a.rounds)
             print(f"{name}: P = {p} params; ms/step W=1 {one:.3f}, W=2 {two:.3f} -> speed-up {one / two:.2f}x; "
                   f"W=2 communication {comm:.0%} of a step, {best[2]['comm_bytes'] / a.steps / 1e3:.1f} kB "
-                  "received per step by rank 0")
+                  f"received per step by rank 0; both shards node by node in one process {nbn:.3f} ms/step")
             print("\n".join(model(p)))
     print("load:", os.getloadavg())
 
