@@ -142,6 +142,20 @@ def _accuracy(job: Job, state: dict[str, np.ndarray]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from verde_chain.graph.distributed import WorkerLostError, distributed_env
+
+    if not distributed_env():
+        return _run(args)
+    try:
+        return _run(args)
+    except WorkerLostError as exc:
+        # a rank that lost a peer leaves at once: tearing down the gloo group would abort the
+        # interpreter (its threads still wait on the dead peer), hiding this one line
+        print(f"verde-chain train: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+
+def _run(args: argparse.Namespace) -> int:
     from verde_chain.graph.distributed import (
         ShardedExecutor,
         TorchCollective,

@@ -82,10 +82,10 @@ class TorchCollective:
         self.step = 0  # the step being run, for the error message
 
     def _lost(self, exc: Exception) -> WorkerLostError:
+        why = (str(exc).splitlines() or [""])[0].split(" This is typically")[0]  # gloo's first sentence
         return WorkerLostError(
             f"rank {self.rank} of {self.world}: a collective of step {self.step} failed, another worker has "
-            f"stopped ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-            rank=self.rank, step=self.step)
+            f"stopped ({type(exc).__name__}: {why})", rank=self.rank, step=self.step)
 
     def all_gather(self, buf: np.ndarray) -> list[np.ndarray]:
         t = self._torch.from_numpy(np.ascontiguousarray(buf)).to(self.device)
