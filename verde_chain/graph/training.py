@@ -10,6 +10,10 @@ Node order (fixed, part of the graph root):
     6. carry nodes (identity copies) of parameters the loss does not reach and of frozen
        constants, so every state tensor has a producer
 
+With S > 1 micro-batch shards (``build_training_graph(..., shards=S)``, docs/distributed.md)
+1-4 are repeated once per shard, and the shards' gradients (and losses) are combined in
+ascending shard order by ``combine_desc`` nodes before 5.
+
 The packed batch of a step holds, in field order: every model input, then ``labels`` (class ids
 as float32 integers, cross-entropy) or ``targets`` (MSE), then for Adam/AdamW ``sched`` =
 [fl32(lr / (1 - b1^t)), fl32(sqrt(1 - b2^t))] of that step t (exact, rounded once:
