@@ -66,10 +66,11 @@ def job_of(args: argparse.Namespace) -> Job:
         kw: dict[str, Any] = {}
         if args.steps is not None:
             kw["steps"] = args.steps
-        if args.shards is not None:
+        shards = getattr(args, "shards", None)  # callers building a Namespace by hand may leave it out
+        if shards is not None:
             if "shards" not in inspect.signature(EXAMPLES[args.job]).parameters:
                 raise VerdeError(f"the {args.job} example has no --shards option")
-            kw["shards"] = args.shards
+            kw["shards"] = shards
         if args.checkpoint_interval is not None:
             kw["checkpoint_interval"] = args.checkpoint_interval
         else:  # the market refuses a checkpoint interval above T
@@ -77,7 +78,7 @@ def job_of(args: argparse.Namespace) -> Job:
             kw["checkpoint_interval"] = min(DEFAULT_CHECKPOINT_INTERVAL, steps)
         return EXAMPLES[args.job](**kw)
     job = load_job(args.job)
-    if args.shards is not None and args.shards != job.spec.shards:
+    if getattr(args, "shards", None) not in (None, job.spec.shards):
         raise VerdeError(f"{args.job} has {job.spec.shards} shard(s); --shards only builds examples (re-create the "
                          "bundle with `verde-chain job create --shards S`)")
     return job
