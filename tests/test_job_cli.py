@@ -93,3 +93,18 @@ def test_invalid_job_json_is_refused_on_one_line(files: Path, tmp_path: Path) ->
                    "--out", str(tmp_path / "b")).returncode == 0
     (tmp_path / "b" / "job.json").write_text("{ not json")
     assert_refused(run_cli("train", str(tmp_path / "b")), "not valid JSON", "job create")
+
+
+def test_job_create_shards_reads_s_micro_batches_of_the_models_batch(files: Path, tmp_path: Path) -> None:
+    r = run_cli("job", "create", "--model", str(files / "m.onnx"), "--data", str(files / "d.npz"), "--steps", "3",
+                "--shards", "2", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    job = load_job(tmp_path / "b")
+    assert (job.spec.shards, job.spec.batch_size) == (2, 16)  # the model's batch of 8 is one shard
+    with np.load(files / "d.npz") as z:
+        data = Dataset(z["X"], z["Y"].astype(np.float32))
+    want = make_job("m", (files / "m.onnx").read_bytes(), data, LossSpec(), OptimizerSpec(), 3, 16, 0, 3, shards=2)
+    assert job.spec == want.spec
+    assert_refused(run_cli("job", "create", "--model", str(files / "m.onnx"), "--data", str(files / "d.npz"),
+                           "--steps", "3", "--shards", "3", "--batch-size", "16", "--out", str(tmp_path / "c")),
+                   "does not split into 3 equal shards")

@@ -193,6 +193,16 @@ def _register_explorer() -> None:
 _register_explorer()
 
 
+def _register_bundles() -> None:
+    from verde_chain.bundles import server
+
+    COMMANDS.append(("bundles", "`bundles serve DIR`: publish job bundles over HTTP for bots on other machines",
+                     server.configure, server.run))
+
+
+_register_bundles()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verde-chain", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -55,6 +55,10 @@ def create_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="samples per step (default: the model input's first "
                    "dimension, which it must equal)")
     p.add_argument("--steps", type=int, required=True, help="T: training steps, or inference batches")
+    p.add_argument("--shards", type=int, default=1,
+                   help="S micro-batch shards per step: the model's batch dimension is one shard, a step reads S "
+                   "of them (batch size S x the model's), combined in a fixed order; `train --workers` runs them "
+                   "on up to S processes")
     p.add_argument("--kind", choices=("train", "inference"), default="train")
     p.add_argument("--loss", choices=LOSSES, default="cross_entropy",
                    help="cross_entropy (integer class labels) or mse (targets of the output's shape)")
@@ -116,7 +120,8 @@ def create(args: argparse.Namespace) -> Job:
         raise JobSpecError(f"no model file {args.model}; export one with torch.onnx.export or use job_from_torch")
     onnx_bytes = args.model.read_bytes()
     data = read_npz(args.data, args.kind)
-    batch_size = args.batch_size or _model_batch_size(onnx_bytes)
+    model_batch = _model_batch_size(onnx_bytes)
+    batch_size = args.batch_size or (model_batch * args.shards if model_batch else None)
     if batch_size is None:
         raise JobSpecError(f"{args.model} has no fixed batch dimension; pass --batch-size (and export with fixed shapes)")
     interval = args.checkpoint_interval
@@ -127,7 +132,7 @@ def create(args: argparse.Namespace) -> Job:
     opt = OptimizerSpec(args.optimizer, args.lr, args.momentum, args.nesterov, args.weight_decay, args.beta1,
                         args.beta2, args.eps)
     return make_job(args.name or args.model.stem, onnx_bytes, data, loss, opt, args.steps, batch_size, args.seed,
-                    interval, frozen, kind=args.kind)
+                    interval, frozen, kind=args.kind, shards=args.shards)
 
 
 def describe(job: Job, out: Path) -> dict[str, Any]:

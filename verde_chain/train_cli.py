@@ -3,7 +3,12 @@
 ``verde_chain/cli.py`` registers it with ``configure(parser)`` and ``run(args)``. The last line
 with ``--json`` is one JSON object: final_commitment (0x hex), steps, wall_s, final_loss,
 accuracy (digits, digits_cnn: test accuracy; else null), spec_hash, graph_root, c0, nodes,
-checkpoint_interval.
+checkpoint_interval, shards (S of the job), comm_s and comm_bytes (rank 0's time in collectives
+and bytes received from the other ranks; 0 in one process) and workers (per rank: rank, pid,
+first_shard, shards).
+
+``--workers W`` runs the job's S shards on W processes (``graph/distributed.py``, started by
+``graph/launch.py``; under torchrun, its process group): the same commitments as one process.
 
 The run commits only the steps it stores or publishes (checkpoint steps and the last step; see
 ``graph/executor.py``); ``commitments.json`` lists those. The checkpoint interval is
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +50,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="RepOps backend: cpu (C++ kernels; default, falls back to reference if it cannot build), "
                    "reference (numpy), cuda, or a registered one")
     p.add_argument("--json", action="store_true", help="print one JSON summary line at the end")
+    p.add_argument("--shards", type=int, default=None,
+                   help="examples: split each step's batch into S micro-batch shards (part of the job: moves its "
+                   "commitments; bundles carry their own, set by `job create --shards`)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes computing the shards (gloo; 1..S; never changes a bit). Under torchrun the "
+                   "process group is torchrun's and this is ignored")
 
 
 def job_of(args: argparse.Namespace) -> Job:
@@ -54,13 +66,57 @@ def job_of(args: argparse.Namespace) -> Job:
         kw: dict[str, Any] = {}
         if args.steps is not None:
             kw["steps"] = args.steps
+        shards = getattr(args, "shards", None)  # callers building a Namespace by hand may leave it out
+        if shards is not None:
+            if "shards" not in inspect.signature(EXAMPLES[args.job]).parameters:
+                raise VerdeError(f"the {args.job} example has no --shards option")
+            kw["shards"] = shards
         if args.checkpoint_interval is not None:
             kw["checkpoint_interval"] = args.checkpoint_interval
         else:  # the market refuses a checkpoint interval above T
             steps = kw.get("steps", inspect.signature(EXAMPLES[args.job]).parameters["steps"].default)
             kw["checkpoint_interval"] = min(DEFAULT_CHECKPOINT_INTERVAL, steps)
         return EXAMPLES[args.job](**kw)
-    return load_job(args.job)
+    job = load_job(args.job)
+    if getattr(args, "shards", None) not in (None, job.spec.shards):
+        raise VerdeError(f"{args.job} has {job.spec.shards} shard(s); --shards only builds examples (re-create the "
+                         "bundle with `verde-chain job create --shards S`)")
+    return job
+
+
+def _shards_named(args: argparse.Namespace) -> int:
+    """S of the job the arguments name, without building it (the launcher's check)."""
+    from verde_chain.examples import EXAMPLES
+
+    if args.job in EXAMPLES or args.shards is not None:
+        return args.shards or 1
+    p = Path(args.job)
+    try:
+        return int(json.loads((p / "job.json" if p.is_dir() else p).read_text()).get("shards", 1))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise VerdeError(f"{args.job}: not a job bundle ({type(exc).__name__}: {exc})") from exc
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """The command each rank of ``--workers`` runs: this one, as a rank."""
+    argv = [sys.executable, "-m", "verde_chain.cli", "train", str(args.job), "--backend", args.backend,
+            "--workers", str(args.workers)]
+    for flag, v in (("--steps", args.steps), ("--threads", args.threads), ("--shards", args.shards),
+                    ("--checkpoint-interval", args.checkpoint_interval), ("--out", args.out)):
+        if v is not None:
+            argv += [flag, str(v)]
+    return argv + [f for f, on in (("--resume", args.resume), ("--json", args.json)) if on]
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from verde_chain.graph.distributed import shard_ranges
+    from verde_chain.graph.launch import launch
+
+    shard_ranges(_shards_named(args), args.workers)  # refuse W > S before starting anything
+    hint = (f"Resume from its last checkpoint with the same command and --resume (any --workers): checkpoints in "
+            f"{args.out}" if args.out is not None else "Pass --out DIR to keep checkpoints a run can resume from.")
+    launch(_worker_argv(args), args.workers, hint)
+    return 0
 
 
 def _bar(log: StepLog, total: int, t0: float) -> None:
@@ -87,24 +143,57 @@ def _accuracy(job: Job, state: dict[str, np.ndarray]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from verde_chain.graph.distributed import WorkerLostError, distributed_env
+
+    if not distributed_env():
+        return _run(args)
+    try:
+        return _run(args)
+    except WorkerLostError as exc:
+        # a rank that lost a peer leaves at once: tearing down the gloo group would abort the
+        # interpreter (its threads still wait on the dead peer), hiding this one line
+        print(f"verde-chain train: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from verde_chain.graph.distributed import (
+        ShardedExecutor,
+        TorchCollective,
+        distributed_env,
+        distributed_run,
+        worker_info,
+    )
+
+    if args.workers < 1:
+        raise VerdeError(f"--workers must be >= 1, got {args.workers}")
+    if args.resume and args.out is None:
+        raise VerdeError("--resume needs --out (the directory holding the checkpoints)")
+    if args.workers > 1 and not distributed_env():
+        return _launch(args)
     set_threads(args.threads)
     job = job_of(args)
     steps = min(args.steps or job.spec.steps, job.spec.steps)
-    if args.resume and args.out is None:
-        raise VerdeError("--resume needs --out (the directory holding the checkpoints)")
-    if args.out is not None and not args.resume:
+    coll = TorchCollective(cuda=args.backend == "cuda") if distributed_env() else None
+    rank0 = coll is None or coll.rank == 0
+    if args.out is not None and not args.resume and rank0:
         save_job(job, args.out / "job")
     interval = args.checkpoint_interval
     if interval is None:
         interval = job.spec.checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
     if interval < 0:
         raise VerdeError(f"--checkpoint-interval must be >= 0, got {interval}")
-    tr = job.make_run(args.out, interval, make_runner(args.backend, args.threads), job.spec.steps, fresh=not args.resume)
-    if args.resume:
+    runner = make_runner(args.backend, args.threads)
+    executor = ShardedExecutor(job.program.graph, coll, runner) if coll is not None else None
+    tr = job.make_run(args.out if rank0 else None, interval, runner, job.spec.steps, fresh=not args.resume,
+                      executor=executor)
+    if coll is not None:
+        start = distributed_run(tr, coll, args.resume)
+    elif args.resume:
         start = tr.resume()
-        if not args.json:
-            print(f"resumed from the verified checkpoint of step {start}")
-    tty = sys.stdout.isatty() and not args.json
+    if args.resume and rank0 and not args.json:
+        print(f"resumed from the verified checkpoint of step {start}")
+    tty = sys.stdout.isatty() and not args.json and rank0
     t0 = time.perf_counter()
     tr.run(until=steps, progress=(lambda log: _bar(log, steps, t0)) if tty else None)
     wall = time.perf_counter() - t0
@@ -124,7 +213,16 @@ def run(args: argparse.Namespace) -> int:
         "c0": "0x" + job.spec.initial_commitment.hex(),
         "nodes": job.spec.num_nodes,
         "checkpoint_interval": interval,
+        "shards": job.spec.shards,
+        "comm_s": round(executor.comm_s, 4) if executor is not None else 0.0,
+        "comm_bytes": executor.comm_bytes if executor is not None else 0,
+        "workers": worker_info(coll, job.spec.shards) if coll is not None else [
+            {"rank": 0, "pid": os.getpid(), "first_shard": 0, "shards": job.spec.shards}],
     }
+    if coll is not None:
+        coll.close()
+    if not rank0:
+        return 0
     if args.out is not None:
         (args.out / "commitments.json").write_text(
             json.dumps({str(k): "0x" + v.hex() for k, v in tr.commitments.computed().items()}, indent=1)

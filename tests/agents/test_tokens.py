@@ -254,16 +254,15 @@ def test_client_command_takes_a_token_address() -> None:
 def test_challenger_without_bond_waits_without_re_executing(tw: TokenWorld, monkeypatch: pytest.MonkeyPatch) -> None:
     """A challenger that finds a wrong result but cannot afford the bond logs once, sends nothing,
     does not redo its re-execution on every poll, and disputes once funded (window still open)."""
-    import verde_chain.agents.challenger as challenger_mod
+    import verde_chain.agents.workers as workers_mod  # the bots' one way to train a plan (Bot.train)
 
     runs: list[int] = []
-    real_train = challenger_mod.train
+    real_train = workers_mod.train
 
     def counting_train(plan: Any, progress: Any) -> bytes:
         runs.append(1)
         return real_train(plan, progress)
 
-    monkeypatch.setattr(challenger_mod, "train", counting_train)
     client = tw.make("client", 1)
     job_id = client.post(offer(tw, slots=1), tw.job)  # type: ignore[attr-defined]
     cheat = tw.make("trainer", 3, f"bitflip:2:{node_of(tw.job, 'matmul')}:1:3")
@@ -273,6 +272,7 @@ def test_challenger_without_bond_waits_without_re_executing(tw: TokenWorld, monk
     increase_time(tw.w3, tw.market.job(job_id).terms.submission_deadline - tw.w3.eth.get_block("latest")["timestamp"] + 1)
     cheat.tick()
     assert tw.market.slot(job_id, 0).status == SlotStatus.REVEALED
+    monkeypatch.setattr(workers_mod, "train", counting_train)  # from here on: the challenger's re-executions
     ch = tw.make("challenger", 6)  # holds no VTT
     assert [ch.tick() for _ in range(3)] == [False, False, False]
     assert ch.store.txs() == [] and len(runs) == 1

@@ -24,7 +24,7 @@ from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.policy import Conditions, Policy, block_interval, bond_refusal, refusal
 from verde_chain.agents.store import OPEN_TX, Store, TxRow
-from verde_chain.agents.strategies import Plan
+from verde_chain.agents.strategies import Plan, ProgressFn
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
 from verde_chain.agents.wallet import Call, Sender, account, retry
 from verde_chain.chain.compile import Artifact
@@ -58,6 +58,8 @@ class BotConfig:
     name: str = ""
     start_block: int = 0
     policy: Policy = field(default_factory=Policy)
+    bundle_url: str = ""  # client: where `bundles serve` publishes its bundles (the jobs' bundleUri base)
+    workers: int = 1  # trainer/challenger: processes a sharded job trains on (`train --workers`)
 
 
 class Bot:
@@ -174,6 +176,16 @@ class Bot:
     def plan(self, job_id: int) -> Plan:
         raise NotImplementedError
 
+
+    def train(self, plan: Plan, spec_hash: bytes, progress: ProgressFn | None) -> bytes:
+        """The plan's result, trained on ``cfg.workers`` processes where the job allows
+        (``agents/workers.py``; the run's checkpoints kept beside this bot's database)."""
+        from verde_chain.agents.workers import train_on_workers
+
+        job = self.bundles.fetch(spec_hash)
+        run_dir = Path(self.cfg.db).parent / "runs" / self.name / spec_hash.hex()
+        return train_on_workers(plan, self.bundles.root / spec_hash.hex(), job.spec.shards, self.cfg.workers, run_dir,
+                                progress)
     def _withdraw(self, token: str) -> bool:
         owed = retry(lambda: self.market.balance_of(self.address, token))
         if owed == 0:

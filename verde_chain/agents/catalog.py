@@ -2,7 +2,9 @@
 
 A posted job carries only commitments on chain (specHash, graphRoot, C_0, batchRoot). The bundle
 itself (``job.json``, ``model.onnx``, ``data.npz``, ``init.npz``, see ``verde_chain/job.py``)
-is published under ``<bundles>/<specHash hex>/``: content addressed, as it would be on IPFS.
+is published under ``<bundles>/<specHash hex>/``: content addressed, as it would be on IPFS;
+bots on other machines download it from the job's ``bundleUri`` (``verde-chain bundles serve``)
+into their own directory, verified (``verde_chain/bundles/fetch.py``).
 Whoever fetches a bundle re-derives every commitment (``load_job``) and checks it against the
 on-chain job before spending compute on it.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verde_chain.agents.errors import AgentError
+from verde_chain.bundles import BundleRefused, fetch_bundle
 from verde_chain.dispute.world import World
 from verde_chain.errors import VerdeError
 from verde_chain.job import Job, load_job, save_job
@@ -62,11 +65,20 @@ class Bundles:
         self._cache[h] = job
         return h
 
-    def fetch(self, spec_hash: bytes) -> Job:
+    def fetch(self, spec_hash: bytes, uri: str = "") -> Job:
+        """The verified bundle of ``spec_hash``: from this directory, else downloaded from the
+        job's ``uri`` into it (``bundles/fetch.py``; a refusal names its reason)."""
         if spec_hash not in self._cache:
             d = self.root / spec_hash.hex()
             if not (d / "job.json").exists():
-                raise AgentError(f"no bundle for spec 0x{spec_hash.hex()} under {self.root}", spec_hash=spec_hash)
+                if not uri:
+                    raise AgentError(f"no bundle for spec 0x{spec_hash.hex()} under {self.root} and the job names no "
+                                     "bundleUri", spec_hash=spec_hash)
+                try:
+                    self._cache[spec_hash] = fetch_bundle(uri, spec_hash, self.root)
+                except BundleRefused as exc:
+                    raise AgentError(str(exc), spec_hash=spec_hash, reason=exc.reason, field=exc.field) from exc
+                return self._cache[spec_hash]
             try:
                 job = load_job(d)
             except VerdeError as exc:  # a bad bundle is one job refused, never a bot down

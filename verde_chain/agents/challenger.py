@@ -12,7 +12,7 @@ from __future__ import annotations
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
-from verde_chain.agents.strategies import Plan, challenger_plan, train
+from verde_chain.agents.strategies import Plan, challenger_plan
 from verde_chain.agents.wallet import retry
 from verde_chain.errors import ContractRevert
 from verde_chain.market.types import ETH, SlotStatus
@@ -29,7 +29,7 @@ class ChallengerBot(Bot):
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
             terms = retry(lambda: self.market.job(job_id)).terms
-            job = self.bundles.fetch(terms.spec_hash)
+            job = self.bundles.fetch(terms.spec_hash, terms.bundle_uri)
             bad = check_against_chain(job, terms)
             if bad:
                 raise AgentError(f"job {job_id}: bundle disagrees with the posted {bad}")
@@ -96,7 +96,7 @@ class ChallengerBot(Bot):
         if w.get("mine") and w.get("mine_by") == by:
             mine = bytes.fromhex(w["mine"][2:])
         else:
-            mine = train(plan, None)
+            mine = self.train(plan, job.terms.spec_hash, None)
             self._mark(key, "new", mine="0x" + mine.hex(), mine_by=by)
         if mine == s.result:
             self._mark(key, "agreed")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import build_job
 from verde_chain.agents.wallet import retry
+from verde_chain.bundles.server import bundle_uri
 from verde_chain.errors import ContractRevert
 from verde_chain.job import Job
 from verde_chain.market.types import ETH, JobStatus, JobTerms
@@ -59,7 +60,8 @@ class ClientBot(Bot):
         self.store.put("posting", spec_hash.hex())
         now = self.now()
         terms = JobTerms(
-            token=offer.token, spec_hash=spec_hash, bundle_uri="", graph_root=job.spec.graph_root,
+            token=offer.token, spec_hash=spec_hash, bundle_uri=bundle_uri(self.cfg.bundle_url, spec_hash),
+            graph_root=job.spec.graph_root,
             initial_commitment=job.spec.initial_commitment, batch_root=job.spec.batch_root,
             num_steps=job.spec.steps, checkpoint_interval=max(1, job.spec.checkpoint_interval),
             reward=offer.reward, trainer_stake=offer.trainer_stake, min_challenge_bond=offer.min_challenge_bond,

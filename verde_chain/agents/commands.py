@@ -79,7 +79,13 @@ def _config(args: argparse.Namespace, role: str, market: str, strategy: str) -> 
     bundles = args.bundles or args.state_dir / "bundles"
     policy = Policy.from_json(args.policy) if getattr(args, "policy", None) else Policy()
     return BotConfig(args.rpc_url, market, args.account, str(db), str(bundles), strategy, args.seed, name,
-                     args.start_block, policy)
+                     args.start_block, policy, bundle_url=getattr(args, "bundle_url", ""),
+                     workers=getattr(args, "workers", 1))
+
+
+def workers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1,
+                   help="train a job of S > 1 shards on this many processes (1..S; the same result)")
 
 
 def _run_bot(bot: Bot, args: argparse.Namespace) -> int:
@@ -103,6 +109,7 @@ def configure_trainer(p: argparse.ArgumentParser) -> None:
     r.add_argument("--strategy", default="honest",
                    help=f"{' | '.join(TrainerStrategy)} (with :PARAMS, see docs/agents.md)")
     r.add_argument("--max-jobs", type=int, default=1, help="jobs worked on at once")
+    workers_arg(r)
     r.add_argument("--dispute-rivals", action="store_true",
                    help="dispute rival trainers whose result differs from ours (staking our slot, no bond)")
 
@@ -122,6 +129,7 @@ def configure_challenger(p: argparse.ArgumentParser) -> None:
     r.add_argument("--strategy", default="honest",
                    help=f"{' | '.join(ChallengerStrategy)} (with :PARAMS, see docs/agents.md)")
     r.add_argument("--bond", type=int, default=None, help="bond per dispute in wei (default: the job's minimum)")
+    workers_arg(r)
 
 
 def run_challenger(args: argparse.Namespace) -> int:
@@ -156,6 +164,9 @@ def configure_client(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clock", type=int, default=d.clock_seconds, help="chess-clock seconds per party per game")
     p.add_argument("--arity", type=int, default=d.arity)
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
+    p.add_argument("--bundle-url", default="",
+                   help="base URL where `verde-chain bundles serve` publishes --bundles (e.g. http://HOST:8600): the "
+                   "job's bundleUri is BASE/<specHash hex>, for bots without the shared directory")
 
 
 def _token_address(text: str) -> str:

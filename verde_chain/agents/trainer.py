@@ -15,7 +15,7 @@ import os
 from verde_chain.agents.bot import Bot
 from verde_chain.agents.catalog import check_against_chain
 from verde_chain.agents.errors import AgentError, InsufficientFunds
-from verde_chain.agents.strategies import Plan, train, trainer_plan
+from verde_chain.agents.strategies import Plan, trainer_plan
 from verde_chain.agents.wallet import retry
 from verde_chain.errors import ContractRevert
 from verde_chain.market.types import ZERO32, JobStatus, SlotStatus, commitment
@@ -34,7 +34,7 @@ class TrainerBot(Bot):
     def plan(self, job_id: int) -> Plan:
         if job_id not in self.plans:
             terms = retry(lambda: self.market.job(job_id)).terms
-            job = self.bundles.fetch(terms.spec_hash)
+            job = self.bundles.fetch(terms.spec_hash, terms.bundle_uri)
             self.plans[job_id] = trainer_plan(self.cfg.strategy, job, self.cfg.seed)
         return self.plans[job_id]
 
@@ -64,7 +64,7 @@ class TrainerBot(Bot):
             return
         job = retry(lambda: self.market.job(job_id))
         try:
-            bundle = self.bundles.fetch(job.terms.spec_hash)
+            bundle = self.bundles.fetch(job.terms.spec_hash, job.terms.bundle_uri)
         except AgentError as exc:
             self.store.update_job(job_id, state="skipped", reason=str(exc))
             self.log(f"job {job_id}: skipped ({exc})")
@@ -115,8 +115,8 @@ class TrainerBot(Bot):
                 return False
             plan = self.plan(job_id)
             every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
-            result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
-                           if i % every == 0 or i == n else None)
+            result = self.train(plan, job.terms.spec_hash, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
+                                if i % every == 0 or i == n else None)
             # the salt is stored before the commitment is sent, so a restart can still reveal it
             salt = rec.get("salt") or "0x" + os.urandom(32).hex()
             self.store.update_job(job_id, slot=slot, result="0x" + result.hex(), salt=salt)

@@ -36,15 +36,18 @@ def digits_module(hidden: int = 64, seed: int = 0):  # type: ignore[no-untyped-d
 
 
 def digits_job(steps: int = 150, batch_size: int = 64, lr: float = 0.1, momentum: float = 0.9,
-               checkpoint_interval: int = 25, seed: int = 7, hidden: int = 64) -> Job:
+               checkpoint_interval: int = 25, seed: int = 7, hidden: int = 64, shards: int = 1) -> Job:
+    """``shards`` S > 1: each step's ``batch_size`` samples in S micro-batches (the model is
+    exported at ``batch_size / S``)."""
     import torch
 
     train, _ = digits_data()
     module = digits_module(hidden)
-    onnx_bytes = export_torch(module, torch.zeros(batch_size, 64), ["x"])
+    micro = batch_size // shards if shards >= 1 and batch_size % shards == 0 else batch_size
+    onnx_bytes = export_torch(module, torch.zeros(micro, 64), ["x"])
     return make_job(
         "digits-mlp", onnx_bytes, train, LossSpec("cross_entropy"), OptimizerSpec("sgd", lr=lr, momentum=momentum),
-        steps, batch_size, seed, checkpoint_interval,
+        steps, batch_size, seed, checkpoint_interval, shards=shards,
     )
 
 

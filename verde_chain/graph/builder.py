@@ -79,6 +79,10 @@ class GraphBuilder:
         desc = library.strided_copy(f.shape, self._batch_numel, library.c_strides(f.shape), f.offset, label=f"batch:{f.name}")
         return self.node(desc, Ref("batch", 0, (self._batch_numel,)), label=f"batch:{f.name}")
 
+    @property
+    def num_nodes(self) -> int:
+        return len(self._descs)
+
     # -------------------------------------------------------------- nodes
     def node(self, desc: KernelDesc, *args: Ref, label: str = "") -> Ref:
         if len(args) != len(desc.inputs):
@@ -159,8 +163,10 @@ class GraphBuilder:
         return self.node(desc, label="fill")
 
     # -------------------------------------------------------------- finish
-    def finish(self, producers: dict[str, Ref], named: dict[str, Ref]) -> TrainingGraph:
-        """Resolve state reads to PREV_STEP sources of their producer nodes; freeze the graph."""
+    def finish(self, producers: dict[str, Ref], named: dict[str, Ref],
+               shard_blocks: tuple[tuple[int, int], ...] = ()) -> TrainingGraph:
+        """Resolve state reads to PREV_STEP sources of their producer nodes; freeze the graph.
+        ``shard_blocks``: the node ranges of the micro-batch shards (``TrainingGraph``)."""
         prod_index: dict[str, int] = {}
         for name, (shape, _role) in self._states.items():
             r = producers.get(name)
@@ -197,4 +203,5 @@ class GraphBuilder:
             batch_numel=self._batch_numel,
             named={k: int(r.key) for k, r in named.items()},
             shapes={k: r.shape for k, r in named.items()},
+            shard_blocks=shard_blocks,
         )

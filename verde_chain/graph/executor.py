@@ -21,7 +21,7 @@ every-step behaviour (tests and tools that want all of C_0..C_T at once).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from verde_chain.graph.structure import SourceKind, TrainingGraph
 from verde_chain.repops import program
 
 BatchFn = Callable[[int], np.ndarray]
+_NOT_RUN = np.zeros(0, dtype=np.float32)  # a node output not (yet) computed in this process
 
 # Chosen from scripts/bench_training.py (docs/benchmarks.md): with the whole-step kernel a plain
 # step costs less than torch eager, so hashing a committed step (~2-3x a plain step: every node
@@ -186,20 +187,27 @@ class StepExecutor:
                 prev.arena = fused.pack(prev.tensors)
             arena = fused.run(prev.arena, batch)
             return fused.views(arena), arena
-        outputs: list[np.ndarray] = []
+        outputs: list[np.ndarray] = [_NOT_RUN] * len(self.graph.nodes)
+        self._run_nodes(range(len(self.graph.nodes)), outputs, prev, batch, tamper)
+        return outputs, None
+
+    def _run_nodes(self, nodes: Iterable[int], outputs: list[np.ndarray], prev: PlainState, batch: np.ndarray,
+                   tamper: Tamper | None) -> None:
+        """Run ``nodes`` (ascending) one by one, each writing ``outputs[d]``; the nodes of this
+        step they read must be in ``outputs`` already."""
         prev_t = prev.tensors
         run = self.runner
         node_k, prev_k = SourceKind.NODE_OUTPUT, SourceKind.PREV_STEP_NODE_OUTPUT
-        for node, wiring in zip(self.graph.nodes, self._wiring):
-            ins = [outputs[i] if k == node_k else prev_t[i] if k == prev_k else batch for k, i in wiring]
-            out = run(node.desc, ins)
+        all_nodes, all_wiring = self.graph.nodes, self._wiring
+        for d in nodes:
+            ins = [outputs[i] if k == node_k else prev_t[i] if k == prev_k else batch for k, i in all_wiring[d]]
+            out = run(all_nodes[d].desc, ins)
             if type(out) is not np.ndarray or out.dtype != np.float32 or not out.flags.c_contiguous:
                 out = np.ascontiguousarray(out, dtype=np.float32)
             out = out.reshape(-1)
             if tamper is not None:
-                out = tamper(node.index, out)
-            outputs.append(out)
-        return outputs, None
+                out = tamper(d, out)
+            outputs[d] = out
 
     def run_plain(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None) -> PlainStep:
         """Run one step's kernels only: the same tensors as ``run_step``, no roots or hashes."""
@@ -303,13 +311,15 @@ class TrainingRun:
         runner: Runner | None = None,
         save_initial: bool = True,
         commit_every: bool = False,
+        executor: StepExecutor | None = None,
     ) -> None:
         if steps < 1:
             raise GraphError(f"steps must be >= 1, got {steps}")
         if checkpoint_interval < 0:
             raise GraphError(f"checkpoint_interval must be >= 0, got {checkpoint_interval}")
         self.graph = graph
-        self.exec = StepExecutor(graph, runner)
+        # ``executor``: another way to run the same steps (graph/distributed.py: shards on ranks)
+        self.exec = executor or StepExecutor(graph, runner)
         self.batches = batches
         self.T = steps
         self.interval = checkpoint_interval
@@ -346,9 +356,15 @@ class TrainingRun:
         if self.store is None:
             raise GraphError("resume needs an out_dir with checkpoints")
         st = self.store.load_latest(self.T)
+        self.start_from(st)
+        return st.step
+
+    def start_from(self, st: StepState) -> None:
+        """Continue from a verified committed state (a checkpoint, loaded here or received)."""
         self.state = st
         self.commitments.record(st.step, st.commitment)
-        return st.step
+        if self.store is None:
+            self._memory_ckpts[st.step] = st
 
     def run(self, until: int | None = None, progress: Callable[[StepLog], None] | None = None) -> bytes:
         """Execute steps up to ``until`` (default T) and return the last step's commitment."""

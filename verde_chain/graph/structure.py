@@ -133,6 +133,11 @@ class TrainingGraph:
     named: Mapping[str, int]
     # free views: node index whose output is read in a named shape (e.g. logits)
     shapes: Mapping[str, Shape]
+    # S > 1 micro-batch shards: node range [lo, hi) of shard k's block (its unpacks, forward,
+    # loss, backward), which reads only the state, the batch and nodes of its own block; what
+    # lets ranks compute shards apart (graph/distributed.py). Not committed: the structure
+    # leaves are. Empty for S = 1.
+    shard_blocks: tuple[tuple[int, int], ...] = ()
 
     # -------------------------------------------------------------- commitments
     def structure_leaves(self) -> list[bytes]:

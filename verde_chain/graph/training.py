@@ -10,6 +10,10 @@ Node order (fixed, part of the graph root):
     6. carry nodes (identity copies) of parameters the loss does not reach and of frozen
        constants, so every state tensor has a producer
 
+With S > 1 micro-batch shards (``build_training_graph(..., shards=S)``, docs/distributed.md)
+1-4 are repeated once per shard, and the shards' gradients (and losses) are combined in
+ascending shard order by ``combine_desc`` nodes before 5.
+
 The packed batch of a step holds, in field order: every model input, then ``labels`` (class ids
 as float32 integers, cross-entropy) or ``targets`` (MSE), then for Adam/AdamW ``sched`` =
 [fl32(lr / (1 - b1^t)), fl32(sqrt(1 - b2^t))] of that step t (exact, rounded once:
@@ -27,6 +31,7 @@ Carried state a forward rule updates (batch norm's running mean and variance in 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -183,6 +188,7 @@ class TrainingProgram:
     loss: LossSpec | None  # None: an inference program (forward graph only)
     optimizer: OptimizerSpec | None
     graph: TrainingGraph
+    shards: int = 1  # S micro-batch shards (build_training_graph): the batch is split S ways
 
     def initial_state(self) -> dict[str, np.ndarray]:
         """Parameters and constants from the model; optimizer state zeros."""
@@ -206,13 +212,17 @@ class TrainingProgram:
         for name, arr in inputs.items():
             if self.model.integer_inputs.get(name):
                 check_integers(name, arr)
-        fields = dict(inputs)
-        for j, (v, ratio) in enumerate(self.model.masks()):
-            fields[v.name] = rng.dropout_keep(seed, j, v.shape, ratio, offset=(step - 1) * v.numel)
-        if self.loss is not None:
-            if target is None:
-                raise GraphError("a training batch needs its labels/targets")
-            fields[self.target_field] = target
+        S = self.shards
+        if self.loss is not None and target is None:
+            raise GraphError("a training batch needs its labels/targets")
+        fields: dict[str, np.ndarray] = {}
+        for k in range(S):  # shard k: samples k*b .. (k+1)*b - 1 of the step's batch
+            part = {n: np.array_split(np.asarray(a), S)[k] for n, a in inputs.items()}
+            if self.loss is not None:
+                part[self.target_field] = np.array_split(np.asarray(target), S)[k]
+            for j, (v, ratio) in enumerate(self.model.masks()):  # mask j of step t, shard k: counter block (t-1)*S + k
+                part[v.name] = rng.dropout_keep(seed, j, v.shape, ratio, offset=((step - 1) * S + k) * v.numel)
+            fields.update({shard_field(n, k, S): a for n, a in part.items()})
         if self.optimizer is not None and self.optimizer.is_adam:
             fields["sched"] = self.optimizer.schedule(step)
         if self.loss is None:  # inference: the row of the outputs buffers this step writes
@@ -243,35 +253,51 @@ def _state_producers(b: GraphBuilder, model: Model, skip: set[str]) -> dict[str,
     return out
 
 
-def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec) -> TrainingProgram:
-    b = GraphBuilder()
+def shard_field(name: str, shard: int, shards: int) -> str:
+    """The batch field of shard ``shard``'s tensor ``name``: the plain name when S = 1 (today's
+    layout), ``name#k`` when the batch is split into S > 1 micro-batch shards."""
+    return name if shards == 1 else f"{name}#{shard}"
+
+
+def combine_desc(shape: Shape, shards: int, label: str) -> KernelDesc:
+    """The fixed-order combination of S shard values: ``((v_0 + v_1) + ... + v_{S-1}) / S``
+    (ADD in ascending shard order, one DIV by S: the mean of the shards' means is the full
+    batch's mean when the shards are equal-sized). One map node, so a dispute lands on it and
+    the ScalarVM referees its S - 1 additions and the division like any other program."""
+    prog = [load(0, 0)]
+    for k in range(1, shards):
+        prog += [load(1, k), I(Op.ADD, 0, 0, 1)]
+    prog += [const(1, float(shards)), I(Op.DIV, 0, 0, 1)]
+    maps = tuple(library.broadcast_map(shape, shape) for _ in range(shards))
+    return KernelDesc(shape, 1, maps, tuple(prog), label=label)
+
+
+@dataclass
+class _Shard:
+    """What one micro-batch shard's block of nodes hands to the combination."""
+
+    loss: Ref
+    out: Ref
+    grads: dict[str, Ref]
+
+
+def _shard_block(b: GraphBuilder, model: Model, loss: LossSpec, fields: dict[str, Ref], tgt: Ref,
+                 early: Callable[[], None]) -> _Shard:
+    """Unpack, forward, loss and backward of one micro-batch: (batch) nodes 1-4 of the module
+    docstring. ``early`` runs after the unpacks (S = 1: the schedule's unpack, where it always was)."""
     out_name = loss.output or model.outputs[0]
-    if out_name not in model.values:
-        raise GraphError(f"loss reads {out_name!r}, not a model value", value=out_name)
     out_shape = model.shape(out_name)
-    # 1. batch layout, then unpack copies
-    fields: dict[str, Ref] = {n: b.batch_field(n, model.shape(n)) for n in model.inputs}
-    if loss.kind == "cross_entropy":
-        if len(out_shape) < 2:
-            raise ShapeMismatchError(f"cross-entropy needs (..., classes) scores, {out_name} is {out_shape}")
-        n_rows, n_cls = math.prod(out_shape[:-1]), out_shape[-1]
-        tgt = b.batch_field("labels", out_shape[:-1])
-    else:
-        tgt = b.batch_field("targets", out_shape)
-    sched = b.batch_field("sched", (2,)) if optimizer.is_adam else None
-    fields.update(_mask_fields(b, model))
     env: dict[str, Ref] = {n: b.unpack(r) for n, r in fields.items()}
     target = b.unpack(tgt)
-    sched_ref = b.unpack(sched) if sched is not None else None
+    early()
     for v in model.params():
         env[v.name] = b.state(v.name, v.shape, "param")
     for v in model.consts():
         env[v.name] = b.state(v.name, v.shape, "const")
-    # 2. forward
     saved = lower_forward(b, model, env)
     out = env[out_name]
-    # 3. loss and its backward
     if loss.kind == "cross_entropy":
+        n_rows, n_cls = math.prod(out_shape[:-1]), out_shape[-1]
         scores = b.view(out, (n_rows, n_cls))
         labels = b.view(target, (n_rows,))
         ign = loss.ignore_index
@@ -287,11 +313,68 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
         loss_ref = b.reduce("meansq", diff, range(len(out_shape)), keepdims=False)
         n = float(math.prod(out_shape))
         dout = b.map("mse_bwd", [const(1, 2.0), I(Op.MUL, 0, 0, 1), const(1, n), I(Op.DIV, 0, 0, 1)], diff)  # (d*2)/N
-    # 4. backward
     grads = differentiate(b, model, env, saved, {out_name: dout})
+    return _Shard(loss_ref, out, grads)
+
+
+def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec, shards: int = 1) -> TrainingProgram:
+    """The training step over S = ``shards`` micro-batches of the model's batch each (S = 1: the
+    graph of the module docstring, unchanged). For S > 1 the batch holds every shard's fields
+    (``shard_field``), nodes 1-4 are repeated once per shard in shard order (shard k's block
+    reads only its own fields, the parameters and its own nodes), and one ``combine_desc`` node
+    per gradient (and one for the loss) sums the shards in ascending order before the
+    optimizer: the result depends on S, never on which process computed which shard. Running
+    statistics a forward rule updates follow shard 0 (as torch DDP's broadcast buffers)."""
+    if shards < 1:
+        raise GraphError(f"shards must be >= 1, got {shards}")
+    b = GraphBuilder()
+    out_name = loss.output or model.outputs[0]
+    if out_name not in model.values:
+        raise GraphError(f"loss reads {out_name!r}, not a model value", value=out_name)
+    out_shape = model.shape(out_name)
+    if loss.kind == "cross_entropy" and len(out_shape) < 2:
+        raise ShapeMismatchError(f"cross-entropy needs (..., classes) scores, {out_name} is {out_shape}")
+    # 1. batch layout (every shard's inputs and labels/targets, the schedule, every shard's masks)
+    per_shard: list[tuple[dict[str, Ref], Ref]] = []
+    for k in range(shards):
+        fields = {n: b.batch_field(shard_field(n, k, shards), model.shape(n)) for n in model.inputs}
+        tgt_name = "labels" if loss.kind == "cross_entropy" else "targets"
+        tgt_shape = out_shape[:-1] if loss.kind == "cross_entropy" else out_shape
+        per_shard.append((fields, b.batch_field(shard_field(tgt_name, k, shards), tgt_shape)))
+    sched = b.batch_field("sched", (2,)) if optimizer.is_adam else None
+    for k, (fields, _) in enumerate(per_shard):
+        fields.update({v.name: b.batch_field(shard_field(v.name, k, shards), v.shape) for v, _ in model.masks()})
+    sched_ref: Ref | None = None
+
+    def unpack_sched() -> None:
+        nonlocal sched_ref
+        if sched is not None and sched_ref is None:
+            sched_ref = b.unpack(sched)
+
+    # 2-4. forward, loss and backward of each shard
+    blocks: list[tuple[int, int]] = []
+    results: list[_Shard] = []
+    for k, (fields, tgt) in enumerate(per_shard):
+        start, kept = b.num_nodes, dict(b.state_updates)
+        results.append(_shard_block(b, model, loss, fields, tgt, unpack_sched if shards == 1 else lambda: None))
+        if k:
+            b.state_updates = kept
+        blocks.append((start, b.num_nodes))
+    unpack_sched()
+    if shards == 1:
+        loss_ref, out, grads = results[0].loss, results[0].out, results[0].grads
+        blocks = []
+    else:
+        loss_ref = b.node(combine_desc((), shards, "combine:loss"), *(r.loss for r in results), label="combine:loss")
+        out = results[0].out
+        grads = {}
+        for name, g0 in results[0].grads.items():
+            parts = [b.view(r.grads[name], g0.shape) for r in results]
+            grads[name] = b.node(combine_desc(g0.shape, shards, f"combine:{name}"), *parts, label=f"combine:{name}")
     # 5. optimizer
     producers: dict[str, Ref] = {}
     o = optimizer
+    env = {v.name: Ref("state", v.name, v.shape) for v in model.params()}
     for name, g in grads.items():
         p = env[name]
         shape = p.shape
@@ -320,8 +403,8 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec)
     producers.update(_state_producers(b, model, set(grads)))
     named = {"loss": loss_ref, "output": out}
     named.update({f"grad:{k}": g for k, g in grads.items() if g.kind == "node"})
-    graph = b.finish(producers, named)
-    return TrainingProgram(model, loss, optimizer, graph)
+    graph = b.finish(producers, named, tuple(blocks))
+    return TrainingProgram(model, loss, optimizer, graph, shards)
 
 
 OUTPUT_ROW_FIELD = "outputs:row"  # an inference batch's step index s - 1 (the buffer row it writes)

@@ -89,6 +89,11 @@ class TrainingWorld:
             raise JobSpecError("the job's batches do not match its batchRoot")
         return w
 
+    def adopt(self, st: StepState) -> None:
+        """Keep a verified state computed elsewhere (a checkpoint of the same job's run) as if
+        this world had trained to it."""
+        self._ckpts[st.step] = st
+
     # ------------------------------------------------------------------ execution
     def _tamper(self, s: int) -> Callable[[int, np.ndarray], np.ndarray] | None:
         f = self.fault

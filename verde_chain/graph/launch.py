@@ -1,0 +1,75 @@
+"""``--workers W`` on one host: start W processes of the same command as ranks of a gloo group.
+
+Each worker gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` a free port), so a worker is exactly what torchrun
+would start (across hosts, torchrun does this instead: docs/distributed.md). Rank 0 writes to
+this process's stdout, the others' stdout is dropped; every rank's stderr is passed through.
+
+A worker that dies stops the run: the others fail in their next collective, this launcher stops
+whatever still runs and raises ``WorkerLostError`` naming the first rank that failed and how
+(signal or exit status), and where the run can resume from.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from verde_chain.graph.distributed import WorkerLostError
+
+GRACE_S = 20.0  # how long the other ranks get to notice a lost peer before they are stopped
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _how(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def launch(cmd: Sequence[str], workers: int, resume_hint: str = "") -> None:
+    """Run ``cmd`` (an argv) as ``workers`` ranks and wait for all of them; returns when every
+    rank exited with status 0, else raises ``WorkerLostError``."""
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    for r in range(workers):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(list(cmd), env=env, stdout=None if r == 0 else subprocess.DEVNULL))
+    print(f"started {workers} workers: " + ", ".join(f"rank {r} pid {p.pid}" for r, p in enumerate(procs)),
+          file=sys.stderr, flush=True)
+    first: tuple[int, int] | None = None  # (rank, status) of the first rank that failed
+    deadline: float | None = None
+    try:
+        while any(p.poll() is None for p in procs):
+            for r, p in enumerate(procs):
+                rc = p.poll()
+                if rc not in (None, 0) and first is None:
+                    first, deadline = (r, rc), time.monotonic() + GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    if first is None:
+        first = next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0), None)
+    if first is not None:
+        r, rc = first
+        raise WorkerLostError(f"worker rank {r} (pid {procs[r].pid}) {_how(rc)}; the run stopped. {resume_hint}".strip(),
+                              rank=r, status=rc)
