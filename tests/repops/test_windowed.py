@@ -4,6 +4,7 @@ path gives the reference's bits on every ISA and thread count, edge values inclu
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -47,6 +48,51 @@ def test_windowed_gemm_equals_the_reference(isa: str, threads: int) -> None:
         ins = [edges.edge_array((m.numel,), 100 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
         got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
         assert got.shape == want.shape and (got == want).all(), (isa, threads, desc.label)
+
+
+BIG = [  # big enough for threads (>= 2^20 FMAs per GEMM); strides, dilation, groups, padding
+    ((4, 16, 20, 18), (24, 16, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ((3, 12, 17, 19), (12, 4, 3, 2), (2, 3), (2, 1), (2, 0, 1, 3), 3),
+]
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> None:
+    """The native windowed GEMM (kernels/cpu/conv.cpp) against the reference for 1/2/3/4/7
+    threads and two blockings (K cut into several blocks, narrow column blocks)."""
+    for desc, a, a_bits, b, b_bits, shape, want in _big_cases():
+        for threads in (1, 2, 3, 4, 7):
+            for tile in (None, (12, 37, 64)):
+                got = ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads, tile)
+                assert (got.numpy().view(np.uint32).reshape(-1) == want).all(), (desc.label, threads, tile)
+
+
+@pytest.mark.xfail(strict=True, reason="parallel_items runs on at::parallel_for, which this torch build (no "
+                   "OpenMP) runs on the calling thread; the persistent pool of issue #14 makes this pass")
+def test_implicit_im2col_gemm_runs_on_several_os_threads() -> None:
+    ext = ck.extension(ck.best_isa())
+    desc, a, a_bits, b, b_bits, shape, _ = _big_cases()[0]
+    ck.windowed_matmul(a, a_bits, b, b_bits, *shape, threads=1)
+    assert ext.windowed_gemm_os_threads() == 1
+    ck.windowed_matmul(a, a_bits, b, b_bits, *shape, threads=2)
+    assert ext.windowed_gemm_os_threads() == 2
+
+
+@functools.cache
+def _big_cases() -> list[tuple]:  # type: ignore[type-arg]
+    out = []
+    for i, (xs, ws, st, dil, pads, groups) in enumerate(BIG):
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        for desc in (library.convolution(g, ws, groups), library.conv_grad_input(g, ws, groups),
+                     library.conv_grad_weight(g, ws, groups)):
+            plan = windowed.plan(desc)
+            assert plan is not None
+            ins = [edges.edge_array((m.numel,), 7 + i + t, 0.05, 2.0) for t, m in enumerate(desc.inputs)]
+            want = reference.run(desc, ins).view(np.uint32).reshape(-1)
+            a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+            flat = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+            out.append((desc, a, flat[plan.slot_a], b, flat[plan.slot_b], (nb, M, N), want))
+    return out
 
 
 def test_plan_splits_batch_m_and_n_axes() -> None:

@@ -140,8 +140,8 @@ class CpuBackend:
         return out
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
-        if desc.extended:  # the window extension: explicit GEMM or dewindowed (repops/windowed.py)
-            return windowed.run(desc, inputs, self._gemm, self)
+        if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
+            return windowed.run(desc, inputs, self._windowed_gemm, self)
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -163,9 +163,10 @@ class CpuBackend:
         return out.numpy().view(np.float32).reshape(desc.out_shape)
 
     # ------------------------------------------------------------------ fast paths
-    def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """(nb, M, K) @ (nb, K, N) float32 arrays on the fixed-chain GEMM."""
-        return ext.matmul3(torch.from_numpy(a), torch.from_numpy(b), self.isa, self.threads).numpy()
+    def _windowed_gemm(self, a: windowed.Operand, a_bits: np.ndarray, b: windowed.Operand, b_bits: np.ndarray,
+                       nb: int, M: int, N: int) -> np.ndarray:
+        """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp)."""
+        return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads).numpy()
 
     def _views(self, plan: Plan, flat: list[np.ndarray]) -> list[torch.Tensor]:
         # reshape keeps stride-0 (broadcast) batches as views where it can; a copy changes no value

@@ -109,7 +109,7 @@ class CudaBackend:
         if desc.extended:
             # the device interpreter reads no windows yet: operands gathered on the host
             # (repops/windowed.py), then the GEMM and the plain programs run on the device
-            return windowed.run(desc, inputs, self._gemm, self)
+            return windowed.run(desc, inputs, windowed.explicit(self._gemm), self)
         prep = self.prepare(desc)
         flat = check_inputs(desc, inputs)
         dev = [self._to_device(x) for x in flat]

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: MIT
+//
+// conv.cpp — the windowed GEMM: convolution forward, grad-input and grad-weight (any window
+// descriptor whose program is the dot chain, repops/windowed.py) as one fixed-chain GEMM with
+// implicit im2col.
+//
+//   C[b, i, j] = dot over k ascending of A(b*M + i, k) * B(b*N + j, k)
+//
+// Operands are never unfolded: each MR / NR panel of a K block is packed straight from the
+// input through its windows (WinOperand, kernels.h), padding taps reading the fill (+0), as the
+// plain GEMM packs its panels from strided memory. The micro-kernel is the plain GEMM's
+// (gemm_tile.h), so one output element's chain is acc = a0*b0, then fma(a_k, b_k, acc) for k
+// ascending, carried through C in fp32 between K blocks: the descriptor's bits whatever the
+// blocking or the thread count.
+//
+// Work items are (batch entry, column block, row block) triples, independent of each other
+// (each packs what it reads into its own buffers and writes its own output tile), handed out by
+// parallel_items.
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gemm_tile.h"
+#include "kernels.h"
+
+namespace repops_cpu {
+namespace {
+
+constexpr int MAX_CHECKED = 8;
+
+// How many distinct OS threads ran the items of the last call (tests prove threads really ran).
+std::atomic<int64_t> g_last_os_threads{0};
+
+// One element, any windows (div > 1 included): the fill where a window is out of range.
+inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, bool& ok) {
+    int64_t addr = o.rows[r] + kk[0];
+    for (int64_t w = 0; w < o.nchk; w++) {
+        const int64_t v = o.rows[(1 + w) * o.R + r] + kk[1 + w];
+        const int64_t div = o.wins[3 * w], size = o.wins[3 * w + 1];
+        if (v < 0) return o.fill;
+        const int64_t q = v / div;
+        if (q * div != v || q >= size) return o.fill;
+        addr += q * o.wins[3 * w + 2];
+    }
+    if ((uint64_t)addr >= (uint64_t)o.numel) {
+        ok = false;
+        return 0;
+    }
+    return o.data[addr];
+}
+
+// Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
+// `count` (those outputs are discarded). NCHK >= 0: that many checked windows, all div == 1
+// (a range check each); NCHK < 0: any windows (fetch_any).
+template <int P, int NCHK>
+void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
+    const int64_t cols = 1 + o.nchk;
+    uint64_t size[MAX_CHECKED > NCHK ? MAX_CHECKED : 1] = {};
+    for (int w = 0; w < NCHK; w++) size[w] = (uint64_t)o.wins[3 * w + 1];
+    for (int64_t pp = 0; pp < count; pp += P) {
+        const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
+        float* panel = out + pp * kc;
+        for (int64_t k = 0; k < kc; k++) {
+            const int64_t* kk = o.ks + (p0 + k) * cols;
+            float* d = panel + k * P;
+            int64_t c = 0;
+            if (NCHK < 0) {
+                for (; c < valid; c++) d[c] = from_bits(fetch_any(o, r + c, kk, ok));
+            } else {
+                const int64_t* ra = o.rows + r;
+                for (; c < valid; c++) {
+                    bool in = true;
+                    for (int w = 0; w < NCHK; w++) in &= (uint64_t)(o.rows[(1 + w) * o.R + r + c] + kk[1 + w]) < size[w];
+                    uint32_t bits = o.fill;
+                    if (in) {
+                        const int64_t addr = ra[c] + kk[0];
+                        if ((uint64_t)addr < (uint64_t)o.numel)
+                            bits = o.data[addr];
+                        else
+                            ok = false;
+                    }
+                    d[c] = from_bits(bits);
+                }
+            }
+            for (; c < P; c++) d[c] = 0.0f;
+        }
+    }
+}
+
+template <int P>
+void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
+    bool all_div1 = o.nchk <= 3;
+    for (int64_t w = 0; w < o.nchk && all_div1; w++) all_div1 = o.wins[3 * w] == 1;
+    if (!all_div1) return pack_panels<P, -1>(o, r0, count, p0, kc, out, ok);
+    switch (o.nchk) {
+        case 0: return pack_panels<P, 0>(o, r0, count, p0, kc, out, ok);
+        case 1: return pack_panels<P, 1>(o, r0, count, p0, kc, out, ok);
+        case 2: return pack_panels<P, 2>(o, r0, count, p0, kc, out, ok);
+        default: return pack_panels<P, 3>(o, r0, count, p0, kc, out, ok);
+    }
+}
+
+}  // namespace
+
+bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
+                   int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+    if ((double)batch * (double)M * (double)N * (double)K < (double)(1 << 20)) threads = 1;
+    int64_t mblocks = ceil_div(M, mc), nblocks = ceil_div(N, nc);
+    // Too few items for the threads (the weight gradient: one batch entry): narrower column
+    // blocks, whole NR panels, about two items per thread.
+    if (threads > 1 && batch * mblocks * nblocks < 2 * threads) {
+        const int64_t want = ceil_div(2 * threads, batch * mblocks);
+        nc = std::max<int64_t>(GEMM_NR, round_up(ceil_div(N, want), GEMM_NR));
+        nblocks = ceil_div(N, nc);
+    }
+    std::atomic<bool> all_ok{true};
+    const int64_t n_items = batch * nblocks * mblocks;
+    std::vector<std::thread::id> ran(std::min(threads, n_items));  // slot t -> the thread that ran it
+    parallel_items(n_items, threads, [&](int64_t item, int64_t t) {
+        ran[t] = std::this_thread::get_id();
+        thread_local std::vector<float> abuf, bbuf;
+        const int64_t bi = item / (nblocks * mblocks), rest = item % (nblocks * mblocks);
+        const int64_t j0 = (rest / mblocks) * nc, i0 = (rest % mblocks) * mc;
+        const int64_t cols = std::min(nc, N - j0), rows = std::min(mc, M - i0);
+        float* Cb = C + bi * M * N;
+        bool ok = true;
+        for (int64_t p0 = 0; p0 < K; p0 += kc) {
+            const int64_t kcur = std::min(kc, K - p0);
+            bbuf.resize(round_up(cols, GEMM_NR) * kcur);
+            abuf.resize(round_up(rows, GEMM_MR) * kcur);
+            pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bbuf.data(), ok);
+            pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, abuf.data(), ok);
+            for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
+                for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
+                    micro_kernel(kcur, abuf.data() + ir * kcur, bbuf.data() + jr * kcur, Cb + (i0 + ir) * N + j0 + jr,
+                                 N, p0 == 0, p0 + kcur == K, std::min<int64_t>(GEMM_MR, rows - ir),
+                                 std::min<int64_t>(GEMM_NR, cols - jr));
+        }
+        if (!ok) all_ok = false;
+    });
+    std::sort(ran.begin(), ran.end());
+    g_last_os_threads = std::unique(ran.begin(), ran.end()) - ran.begin() - (ran.front() == std::thread::id() ? 1 : 0);
+    return all_ok;
+}
+
+int64_t windowed_gemm_os_threads() { return g_last_os_threads; }
+
+}  // namespace repops_cpu
