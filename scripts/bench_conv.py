@@ -15,6 +15,7 @@ line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -70,8 +71,8 @@ def main() -> None:
             flat = [np.ascontiguousarray(v).reshape(-1).view(np.uint32) for v in ins]
             t_torch, t_call, t_kernel = best_of([
                 torch_fn,
-                lambda: be(desc, ins),
-                lambda: cpu_ext.windowed_matmul(a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, t),
+                functools.partial(be, desc, ins),
+                functools.partial(cpu_ext.windowed_matmul, a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, t),
             ], args.repeat)
             flops = 2.0 * desc.numel * desc.K
             rows.append({"kind": kind, "threads": t, "isa": isa, "torch_ms": round(t_torch * 1e3, 2),

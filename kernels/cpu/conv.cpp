@@ -18,6 +18,7 @@
 // parallel_items.
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -51,6 +52,59 @@ inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, boo
     return o.data[addr];
 }
 
+// A panel whose rows r .. r+valid-1 step evenly: address RA[r+c] = RA[r] + c*step and each
+// checked window's row part rv[r+c] = rv[r] + c*delta[w] (delta >= 0). Convolutions' im2col
+// panels are such runs along an output row (step = the conv stride): then each k reads one
+// interval of c [lo, hi) from memory, step apart, and the fill outside it.
+bool panel_steps(const WinOperand& o, int64_t r, int64_t valid, int64_t& step, int64_t* delta) {
+    step = valid > 1 ? o.rows[r + 1] - o.rows[r] : 0;
+    for (int64_t c = 2; c < valid; c++)
+        if (o.rows[r + c] - o.rows[r] != c * step) return false;
+    for (int64_t w = 0; w < o.nchk; w++) {
+        const int64_t* rv = o.rows + (1 + w) * o.R + r;
+        delta[w] = valid > 1 ? rv[1] - rv[0] : 0;
+        if (delta[w] < 0) return false;
+        for (int64_t c = 2; c < valid; c++)
+            if (rv[c] - rv[0] != c * delta[w]) return false;
+    }
+    return true;
+}
+
+// One k row of a stepping panel (see panel_steps): element c in range iff every window has
+// 0 <= v0_w + c*delta_w < size_w, i.e. c in [lo, hi).
+template <int NCHK>
+void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
+                    const int64_t* delta, const uint64_t* size, float* d, bool& ok) {
+    int64_t lo = 0, hi = valid;
+    for (int w = 0; w < NCHK; w++) {
+        const int64_t v0 = o.rows[(1 + w) * o.R + r] + kk[1 + w], sz = (int64_t)size[w], dl = delta[w];
+        if (dl == 0) {
+            if (v0 < 0 || v0 >= sz) hi = 0;
+            continue;
+        }
+        if (v0 < 0) lo = std::max(lo, (-v0 + dl - 1) / dl);
+        hi = sz - v0 <= 0 ? 0 : std::min(hi, (sz - v0 + dl - 1) / dl);
+    }
+    const float fill = from_bits(o.fill);
+    if (hi <= lo) {
+        lo = hi = 0;
+    } else {
+        const int64_t base = o.rows[r] + kk[0];
+        const int64_t first = base + lo * step, last = base + (hi - 1) * step;
+        if (std::min(first, last) < 0 || std::max(first, last) >= o.numel) {
+            ok = false;
+            return;
+        }
+        if (step == 1) {
+            std::memcpy(d + lo, o.data + first, sizeof(float) * (hi - lo));
+        } else {
+            for (int64_t c = lo; c < hi; c++) d[c] = from_bits(o.data[base + c * step]);
+        }
+    }
+    for (int64_t c = 0; c < lo; c++) d[c] = fill;
+    for (int64_t c = hi; c < valid; c++) d[c] = fill;
+}
+
 // Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
 // `count` (those outputs are discarded). NCHK >= 0: that many checked windows, all div == 1
 // (a range check each); NCHK < 0: any windows (fetch_any).
@@ -62,12 +116,17 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
     for (int64_t pp = 0; pp < count; pp += P) {
         const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
         float* panel = out + pp * kc;
+        int64_t step = 0, delta[MAX_CHECKED] = {};
+        const bool steps = NCHK >= 0 && panel_steps(o, r, valid, step, delta);
         for (int64_t k = 0; k < kc; k++) {
             const int64_t* kk = o.ks + (p0 + k) * cols;
             float* d = panel + k * P;
             int64_t c = 0;
             if (NCHK < 0) {
                 for (; c < valid; c++) d[c] = from_bits(fetch_any(o, r + c, kk, ok));
+            } else if (steps) {
+                pack_steps_row<NCHK>(o, r, valid, kk, step, delta, size, d, ok);
+                c = valid;
             } else {
                 const int64_t* ra = o.rows + r;
                 for (; c < valid; c++) {

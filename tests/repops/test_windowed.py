@@ -71,7 +71,7 @@ def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> No
                    "OpenMP) runs on the calling thread; the persistent pool of issue #14 makes this pass")
 def test_implicit_im2col_gemm_runs_on_several_os_threads() -> None:
     ext = ck.extension(ck.best_isa())
-    desc, a, a_bits, b, b_bits, shape, _ = _big_cases()[0]
+    _, a, a_bits, b, b_bits, shape, _ = _big_cases()[0]
     ck.windowed_matmul(a, a_bits, b, b_bits, *shape, threads=1)
     assert ext.windowed_gemm_os_threads() == 1
     ck.windowed_matmul(a, a_bits, b, b_bits, *shape, threads=2)
