@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -17,21 +19,12 @@ from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library import ConvGeometry
 from verde_chain.repops.program import KernelDesc
 
-CASES = [  # x shape, w shape, strides, dilations, pads, groups
-    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 3), (1, 2), (2, 0, 1, 3), 2),
-    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
-    ((1, 4, 5, 5), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 4),
-    ((2, 3, 11), (2, 3, 4), (3,), (2,), (2, 1), 1),
-]
 
-
-def _descs() -> list[KernelDesc]:
-    out = []
-    for xs, ws, st, dil, pads, groups in CASES:
-        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
-        out += [library.convolution(g, ws, groups, True), library.conv_grad_input(g, ws, groups),
-                library.conv_grad_weight(g, ws, groups)]
-    return out
+@pytest.fixture(scope="module")
+def conv_descs(script: Callable[[str], ModuleType]) -> list[KernelDesc]:
+    """scripts/gpu_check.py's convolution cases (a GPU runs the same)."""
+    gpu_check = script("gpu_check")
+    return list(gpu_check.conv_descs(gpu_check.CONV_CASES))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,9 +34,9 @@ def _fp_env() -> None:
 
 @pytest.mark.parametrize("isa", ck.available_isas())
 @pytest.mark.parametrize("threads", [1, 2])
-def test_windowed_gemm_equals_the_reference(isa: str, threads: int) -> None:
+def test_windowed_gemm_equals_the_reference(isa: str, threads: int, conv_descs: list[KernelDesc]) -> None:
     be = CpuBackend(isa=isa, threads=threads)
-    for i, desc in enumerate(_descs()):
+    for i, desc in enumerate(conv_descs):
         assert windowed.plan(desc) is not None, desc.label
         ins = [edges.edge_array((m.numel,), 100 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
         got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
@@ -153,21 +146,25 @@ def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     assert (CpuBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["explicit", "windowed_matmul"])
 def test_cuda_backend_runs_window_descriptors_through_its_gemm_and_interpreter(  # type: ignore[no-untyped-def]
-    host, monkeypatch: pytest.MonkeyPatch
+    host, monkeypatch: pytest.MonkeyPatch, conv_descs: list[KernelDesc], native: bool
 ) -> None:
-    """The CUDA backend (here its CPU stand-in: the C++ GEMM and the host build of the device
-    interpreter) gathers windowed operands on the host and runs the GEMM and the plain programs
-    as its own; same bits as the reference, and no whole-step kernel for a graph with windows."""
-    from tests.support.cuda_host import StandInExtension
+    """The CUDA backend (here its CPU stand-in: the C++ GEMMs and the host build of the device
+    interpreter) runs convolutions on the binding's windowed GEMM (tables moved to the device),
+    or, with an extension without one, gathers the operands on the host for its plain GEMM;
+    the plain programs run as its own; same bits as the reference, and no whole-step kernel
+    for a graph with windows."""
+    from tests.support.cuda_host import StandInExtension, WindowedStandInExtension
     from verde_chain.repops.backends.cuda import backend as cuda_backend
     from verde_chain.repops.backends.cuda.backend import CudaBackend
 
     monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
-    ext = StandInExtension(host)
+    ext = WindowedStandInExtension(host) if native else StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
-    for i, desc in enumerate(_descs()[:3] + _dewindowed_descs()):
+    for i, desc in enumerate(conv_descs[:3] + _dewindowed_descs()):
         ins = [edges.edge_array((m.numel,), 500 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
         assert (be(desc, ins).view(np.uint32) == reference.run(desc, ins).view(np.uint32)).all(), desc.label
-    assert ext.calls["matmul3"] >= 3 and ext.calls["run_program"] >= len(_dewindowed_descs())
-    assert be.compile_step(_descs()[:1], [[(0, 0), (0, 0)]], [0], 1) is None
+    assert ext.calls.get("windowed_matmul", 0) == (3 if native else 0)
+    assert ext.calls["matmul3"] >= (0 if native else 3) and ext.calls["run_program"] >= len(_dewindowed_descs())
+    assert be.compile_step(conv_descs[:1], [[(0, 0), (0, 0)]], [0], 1) is None
