@@ -52,25 +52,40 @@ inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, boo
     return o.data[addr];
 }
 
-// A panel whose rows r .. r+valid-1 step evenly: address RA[r+c] = RA[r] + c*step and each
+// A run of rows r .. r+len-1 that step evenly: address RA[r+c] = RA[r] + c*step and each
 // checked window's row part rv[r+c] = rv[r] + c*delta[w] (delta >= 0). Convolutions' im2col
-// panels are such runs along an output row (step = the conv stride): then each k reads one
-// interval of c [lo, hi) from memory, step apart, and the fill outside it.
-bool panel_steps(const WinOperand& o, int64_t r, int64_t valid, int64_t& step, int64_t* delta) {
-    step = valid > 1 ? o.rows[r + 1] - o.rows[r] : 0;
-    for (int64_t c = 2; c < valid; c++)
-        if (o.rows[r + c] - o.rows[r] != c * step) return false;
+// panels are such runs along an output row (step = the conv stride), or along the images when
+// the feature map is 1x1: then each k reads one interval of c [lo, hi) from memory, step
+// apart, and the fill outside it. Returns the longest such run from r (at least 1, at most
+// max_len) and its step and deltas.
+int64_t run_length(const WinOperand& o, int64_t r, int64_t max_len, int64_t& step, int64_t* delta) {
+    step = 0;
+    for (int64_t w = 0; w < o.nchk; w++) delta[w] = 0;
+    if (max_len < 2) return max_len;
+    step = o.rows[r + 1] - o.rows[r];
     for (int64_t w = 0; w < o.nchk; w++) {
         const int64_t* rv = o.rows + (1 + w) * o.R + r;
-        delta[w] = valid > 1 ? rv[1] - rv[0] : 0;
-        if (delta[w] < 0) return false;
-        for (int64_t c = 2; c < valid; c++)
-            if (rv[c] - rv[0] != c * delta[w]) return false;
+        delta[w] = rv[1] - rv[0];
+        if (delta[w] < 0) {
+            step = 0;
+            for (int64_t v = 0; v <= w; v++) delta[v] = 0;
+            return 1;
+        }
     }
-    return true;
+    int64_t len = 2;
+    for (; len < max_len; len++) {
+        if (o.rows[r + len] - o.rows[r] != len * step) break;
+        bool same = true;
+        for (int64_t w = 0; w < o.nchk && same; w++) {
+            const int64_t* rv = o.rows + (1 + w) * o.R + r;
+            same = rv[len] - rv[0] == len * delta[w];
+        }
+        if (!same) break;
+    }
+    return len;
 }
 
-// One k row of a stepping panel (see panel_steps): element c in range iff every window has
+// One k row of a run (see run_length): element c in range iff every window has
 // 0 <= v0_w + c*delta_w < size_w, i.e. c in [lo, hi).
 template <int NCHK>
 void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
@@ -113,19 +128,33 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
     const int64_t cols = 1 + o.nchk;
     uint64_t size[MAX_CHECKED > NCHK ? MAX_CHECKED : 1] = {};
     for (int w = 0; w < NCHK; w++) size[w] = (uint64_t)o.wins[3 * w + 1];
+    struct Run {
+        int64_t c0, len, step, delta[MAX_CHECKED];
+    };
     for (int64_t pp = 0; pp < count; pp += P) {
         const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
         float* panel = out + pp * kc;
-        int64_t step = 0, delta[MAX_CHECKED] = {};
-        const bool steps = NCHK >= 0 && panel_steps(o, r, valid, step, delta);
+        // the panel as runs (div == 1 windows only); runs of one or two rows do not pay
+        Run runs[P];
+        int64_t n_runs = 0;
+        bool use_runs = NCHK >= 0;
+        for (int64_t c = 0; use_runs && c < valid; n_runs++) {
+            Run& u = runs[n_runs];
+            u.c0 = c;
+            u.len = run_length(o, r + c, valid - c, u.step, u.delta);
+            c += u.len;
+        }
+        use_runs = use_runs && n_runs * 4 <= valid;
         for (int64_t k = 0; k < kc; k++) {
             const int64_t* kk = o.ks + (p0 + k) * cols;
             float* d = panel + k * P;
             int64_t c = 0;
             if (NCHK < 0) {
                 for (; c < valid; c++) d[c] = from_bits(fetch_any(o, r + c, kk, ok));
-            } else if (steps) {
-                pack_steps_row<NCHK>(o, r, valid, kk, step, delta, size, d, ok);
+            } else if (use_runs) {
+                for (int64_t i = 0; i < n_runs; i++)
+                    pack_steps_row<NCHK>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta, size,
+                                         d + runs[i].c0, ok);
                 c = valid;
             } else {
                 const int64_t* ra = o.rows + r;

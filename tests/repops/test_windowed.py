@@ -54,10 +54,13 @@ def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> No
     """The native windowed GEMM (kernels/cpu/conv.cpp) against the reference for 1/2/3/4/7
     threads and two blockings (K cut into several blocks, narrow column blocks)."""
     for desc, a, a_bits, b, b_bits, shape, want in _big_cases():
+        plan = windowed.plan(desc)
+        assert plan is not None
         for threads in (1, 2, 3, 4, 7):
             for tile in (None, (12, 37, 64)):
-                got = ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads, tile)
-                assert (got.numpy().view(np.uint32).reshape(-1) == want).all(), (desc.label, threads, tile)
+                got = ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads, tile).numpy()
+                got = windowed.to_output(desc, plan, got).view(np.uint32).reshape(-1)
+                assert (got == want).all(), (desc.label, threads, tile)
 
 
 @pytest.mark.xfail(strict=True, reason="parallel_items runs on at::parallel_for, which this torch build (no "
@@ -92,8 +95,9 @@ def test_plan_splits_batch_m_and_n_axes() -> None:
     g = ConvGeometry.make((2, 4, 9, 8), (3, 2), (2, 3), (1, 2), (2, 0, 1, 3))
     fwd, dx, dw = library.convolution(g, (6, 2, 3, 2), 2), library.conv_grad_input(g, (6, 2, 3, 2), 2), \
         library.conv_grad_weight(g, (6, 2, 3, 2), 2)
-    assert windowed.plan(fwd) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))  # w is A, x im2col is B
-    assert windowed.plan(dx) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))
+    # w is A, x im2col is B; the image axis joins the columns (w does not read it)
+    assert windowed.plan(fwd) == windowed.WindowedGemm(1, 0, (1,), (2,), (0, 3, 4))
+    assert windowed.plan(dx) == windowed.WindowedGemm(1, 0, (1,), (2,), (0, 3, 4))
     assert windowed.plan(dw) == windowed.WindowedGemm(0, 1, (0,), (1,), (2, 3, 4))
 
 

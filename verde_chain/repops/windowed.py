@@ -2,8 +2,8 @@
 
 A descriptor whose program is the spec's dot chain (``r0 = MUL(a_0, b_0)``, then
 ``r0 = FMA(a_k, b_k, r0)``) over two windowed inputs is a batched matrix product once each
-operand is read as a matrix: output axes split, in C order, into batch axes, then M axes
-(that only input A reads), then N axes (that only input B reads). :func:`operand` describes how
+operand is read as a matrix: output axes split into batch axes (that both inputs read), M axes
+(that only input A reads) and N axes (the rest). :func:`operand` describes how
 each operand's element (row, k) is read — its address split into a row part and a k part, the
 windows to check, the fill where one is out of range — and any GEMM that keeps the one chain per
 output element (k ascending, first product rounded, then FMA) gives the descriptor's bits. MUL
@@ -42,7 +42,8 @@ Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (nb, M, K) @ (nb, K, N)
 @dataclass(frozen=True)
 class WindowedGemm:
     """The GEMM shape of a windowed dot descriptor: which slot is A (M side) and B (N side),
-    and the output axes of each role (batch axes first, then M, then N, in C order)."""
+    and the output axes of each role (each in ascending order); the GEMM's result has the axes
+    batch, then m, then n (:func:`to_output` puts them back in the output's order)."""
 
     slot_a: int
     slot_b: int
@@ -86,14 +87,22 @@ def plan(desc: KernelDesc) -> WindowedGemm | None:
         (sa, ma), (sb, mb) = (s1, m1), (s0, m0)
     else:
         (sa, ma), (sb, mb) = (s0, m0), (s1, m1)
-    d = rank
-    while d > 0 and not _depends(ma, d - 1):
-        d -= 1
-    n_axes = tuple(range(d, rank))
-    e = d
-    while e > 0 and not _depends(mb, e - 1):
-        e -= 1
-    return WindowedGemm(sa, sb, tuple(range(e)), tuple(range(e, d)), n_axes)
+    # axes both read are batch axes, axes only A reads are rows, the rest columns: the image axis
+    # of a convolution (not read by the weights) joins the columns, so small feature maps still
+    # give wide GEMMs
+    batch = tuple(a for a in range(rank) if _depends(ma, a) and _depends(mb, a))
+    rows = tuple(a for a in range(rank) if _depends(ma, a) and not _depends(mb, a))
+    cols = tuple(a for a in range(rank) if not _depends(ma, a))
+    return WindowedGemm(sa, sb, batch, rows, cols)
+
+
+def to_output(desc: KernelDesc, g: WindowedGemm, c: np.ndarray) -> np.ndarray:
+    """The GEMM's result ``(nb, M, N)`` (axes batch, m, n) in the output's C order."""
+    perm = g.batch + g.m + g.n
+    c = c.reshape([desc.out_shape[a] for a in perm])
+    if perm == tuple(range(len(perm))):
+        return c
+    return np.ascontiguousarray(c.transpose(np.argsort(perm)))
 
 
 @dataclass(frozen=True)
@@ -223,7 +232,8 @@ def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, pl
             return reference.run(desc, inputs)
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
     a, b, nb, M, N = gemm_operands(desc, g)
-    r0 = np.ascontiguousarray(gemm(a, flat[g.slot_a], b, flat[g.slot_b], nb, M, N), dtype=np.float32).reshape(-1)
+    c = np.asarray(gemm(a, flat[g.slot_a], b, flat[g.slot_b], nb, M, N), dtype=np.float32)
+    r0 = to_output(desc, g, c).reshape(-1)
     if not desc.epilogue:
         return r0.reshape(desc.out_shape)
     # the epilogue over r0: a map reading r0 from an extra input, then the epilogue as is

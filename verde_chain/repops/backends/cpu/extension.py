@@ -47,6 +47,7 @@ import torch
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
+from verde_chain.repops.backends.native import writable
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 KERNELS = REPO_ROOT / "kernels"
@@ -275,7 +276,7 @@ def windowed_matmul(
     mc, kc, nc = _tile(tile)
     tables = []
     for op, bits in ((a, a_bits), (b, b_bits)):
-        tables += [torch.from_numpy(np.ascontiguousarray(bits).view(np.int32)), torch.from_numpy(op.rows),
+        tables += [torch.from_numpy(writable(np.ascontiguousarray(bits)).view(np.int32)), torch.from_numpy(op.rows),
                    torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]
     K = int(a.ks.shape[0])
     return _ext(isa).windowed_matmul(*tables, nb, M, N, K, _threads(threads), mc, kc, nc)
