@@ -72,6 +72,17 @@ torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& 
     return c;
 }
 
+// Every element (R, K) of one windowed operand, int32 bits.
+torch::Tensor gather_operand(const torch::Tensor& data, const torch::Tensor& rows, const torch::Tensor& ks,
+                             const torch::Tensor& wins, int64_t fill, int64_t threads) {
+    const int64_t K = ks.size(0);
+    const WinOperand o = win_operand(data, rows, ks, wins, fill, K, "operand");
+    torch::Tensor out = torch::empty({o.R, K}, torch::TensorOptions().dtype(torch::kInt32));
+    TORCH_CHECK(windowed_gather(o, K, reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), threads),
+                "windowed_gather: an operand address fell outside its input");
+    return out;
+}
+
 torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
     check_f32_cpu(x, "x");
     TORCH_CHECK(x.dim() == 2, "reduce_last takes a 2-D (rows, K) view");
@@ -175,6 +186,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("b_wins"), pybind11::arg("b_fill"), pybind11::arg("batch"), pybind11::arg("M"),
           pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("threads"), pybind11::arg("mc"), pybind11::arg("kc"),
           pybind11::arg("nc"));
+    m.def("windowed_gather", &gather_operand, "every element of a windowed operand (explicit im2col)",
+          pybind11::arg("data"), pybind11::arg("rows"), pybind11::arg("ks"), pybind11::arg("wins"),
+          pybind11::arg("fill"), pybind11::arg("threads"));
     m.def("windowed_gemm_os_threads", &windowed_gemm_os_threads);
     m.def("reduce_last", &reduce_last, "sequential reduction over the last axis", pybind11::arg("x"),
           pybind11::arg("op"), pybind11::arg("threads"));

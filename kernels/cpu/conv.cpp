@@ -235,4 +235,18 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
 
 int64_t windowed_gemm_os_threads() { return g_last_os_threads; }
 
+bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads) {
+    std::atomic<bool> all_ok{true};
+    const int64_t per_item = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, K));  // rows per item
+    if ((double)o.R * (double)K < (double)(1 << 18)) threads = 1;
+    parallel_items(ceil_div(o.R, per_item), threads, [&](int64_t item, int64_t) {
+        bool ok = true;
+        const int64_t cols = 1 + o.nchk;
+        for (int64_t r = item * per_item; r < std::min(o.R, (item + 1) * per_item); r++)
+            for (int64_t k = 0; k < K; k++) out[r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
+        if (!ok) all_ok = false;
+    });
+    return all_ok;
+}
+
 }  // namespace repops_cpu

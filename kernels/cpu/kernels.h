@@ -66,6 +66,9 @@ struct WinOperand {
 // fell outside an operand (C is then unspecified).
 bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
                    int64_t threads, int64_t mc, int64_t kc, int64_t nc);
+// Every element of one operand, out (R, K) raw bits (im2col made explicit: the dewindowed
+// descriptors of pooling and per-channel statistics read it). False if an address fell outside.
+bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads);
 // Distinct OS threads that ran the last windowed_gemm's items.
 int64_t windowed_gemm_os_threads();
 

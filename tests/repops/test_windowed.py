@@ -140,6 +140,24 @@ def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
         assert (got == want).all(), (isa, desc.label)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_native_gather_equals_the_operand_tables(threads: int, conv_descs: list[KernelDesc]) -> None:
+    """windowed_gather (C++) reads every (row, k) of an operand as Operand.gather does: windows
+    with div > 1 (strided grad input, pool backward), fills, always-in-range windows dropped."""
+    n = 0
+    for i, desc in enumerate(conv_descs + _dewindowed_descs()):
+        for t, m in enumerate(desc.inputs):
+            if not m.windows:
+                continue
+            axes = tuple(d for d in range(len(desc.out_shape)) if windowed._depends(m, d))
+            op = windowed.operand(desc, t, axes)
+            bits = edges.edge_array((m.numel,), 40 + i + t, 0.2, 3.0).view(np.uint32)
+            got = ck.windowed_gather(op, bits, threads=threads).numpy().view(np.uint32)
+            assert (got == op.gather(bits)).all(), desc.label
+            n += int((op.wins[:, 0] > 1).any())
+    assert n >= 2  # div > 1 windows were among them
+
+
 def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     from verde_chain.repops.program import InputMap, Window
 

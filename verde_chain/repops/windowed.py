@@ -182,9 +182,15 @@ def explicit(gemm: Gemm) -> WindowedGemmFn:
     return run
 
 
-def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+Gather = Callable[[Operand, np.ndarray], np.ndarray]
+"""``(operand, bits) -> (R, K)`` raw bits: every element (``Operand.gather``, or a native one)."""
+
+
+def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int], gather: Gather | None) -> np.ndarray:
     """Input ``slot`` read at every (coordinates of ``axes``, k): shape ``(*dims, K)``."""
-    return operand(desc, slot, axes).gather(flat).reshape(*[desc.out_shape[a] for a in axes], desc.K)
+    op = operand(desc, slot, axes)
+    dense = op.gather(flat) if gather is None else gather(op, flat)
+    return dense.reshape(*[desc.out_shape[a] for a in axes], desc.K)
 
 
 def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, int, int, int]:
@@ -195,9 +201,10 @@ def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, 
     return operand(desc, g.slot_a, g.batch + g.m), operand(desc, g.slot_b, g.batch + g.n), nb, M, N
 
 
-def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, list[np.ndarray]] | None:
+def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None
+             ) -> tuple[KernelDesc, list[np.ndarray]] | None:
     """The same program over plain maps: each windowed input gathered densely at (the output axes
-    it reads, k); None if a LOADIDX reads a windowed input."""
+    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input."""
     programs = desc.prologue + desc.body + desc.epilogue
     if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
         return None
@@ -210,7 +217,7 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, 
             data.append(flat[t])
             continue
         axes = tuple(d for d in range(rank) if _depends(m, d))
-        dense = _gather(desc, t, flat[t], axes)  # (*dims of axes, K)
+        dense = _gather(desc, t, flat[t], axes, gather)  # (*dims of axes, K)
         st = c_strides(dense.shape)
         strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
         maps.append(InputMap(dense.size, strides, kstride=1 if desc.K > 1 else 0))
@@ -220,14 +227,15 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, 
     return plain, data
 
 
-def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None) -> np.ndarray:
-    """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed on ``plain``
-    (a runner of plain descriptors), else on the reference; float32 of ``out_shape``, the
-    reference's bits either way."""
+def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
+        gather: Gather | None = None) -> np.ndarray:
+    """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed (by
+    ``gather``) on ``plain`` (a runner of plain descriptors), else on the reference; float32 of
+    ``out_shape``, the reference's bits either way."""
     g = plan(desc)
     flat = check_inputs(desc, inputs)
     if g is None:
-        dense = dewindow(desc, flat) if plain is not None else None
+        dense = dewindow(desc, flat, gather) if plain is not None else None
         if dense is None or plain is None:
             return reference.run(desc, inputs)
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)

@@ -141,7 +141,7 @@ class CpuBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
-            return windowed.run(desc, inputs, self._windowed_gemm, self)
+            return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather)
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -167,6 +167,10 @@ class CpuBackend:
                        nb: int, M: int, N: int) -> np.ndarray:
         """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp)."""
         return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads).numpy()
+
+    def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray) -> np.ndarray:
+        """Every element of a windowed operand (kernels/cpu/conv.cpp), for dewindowed nodes."""
+        return ext.windowed_gather(op, bits, self.isa, self.threads).numpy().view(np.uint32)
 
     def _views(self, plan: Plan, flat: list[np.ndarray]) -> list[torch.Tensor]:
         # reshape keeps stride-0 (broadcast) batches as views where it can; a copy changes no value

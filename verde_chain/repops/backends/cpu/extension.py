@@ -274,12 +274,19 @@ def windowed_matmul(
     """C (nb, M, N) of two ``repops.windowed.Operand``s over their raw input bits (uint32 arrays):
     the fixed fma chain per element, panels packed straight through the windows."""
     mc, kc, nc = _tile(tile)
-    tables = []
-    for op, bits in ((a, a_bits), (b, b_bits)):
-        tables += [torch.from_numpy(writable(np.ascontiguousarray(bits)).view(np.int32)), torch.from_numpy(op.rows),
-                   torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]
     K = int(a.ks.shape[0])
-    return _ext(isa).windowed_matmul(*tables, nb, M, N, K, _threads(threads), mc, kc, nc)
+    return _ext(isa).windowed_matmul(*_operand_args(a, a_bits), *_operand_args(b, b_bits), nb, M, N, K,
+                                     _threads(threads), mc, kc, nc)
+
+
+def windowed_gather(op: Any, bits: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
+    """Every element ``(R, K)`` (int32 bits) of a ``repops.windowed.Operand`` over its input's bits."""
+    return _ext(isa).windowed_gather(*_operand_args(op, bits), _threads(threads))
+
+
+def _operand_args(op: Any, bits: Any) -> list[Any]:
+    return [torch.from_numpy(writable(np.ascontiguousarray(bits)).view(np.int32)), torch.from_numpy(op.rows),
+            torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]
 
 
 def gemm(
