@@ -201,6 +201,20 @@ def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, 
     return operand(desc, g.slot_a, g.batch + g.m), operand(desc, g.slot_b, g.batch + g.n), nb, M, N
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
+    a windowed dot chain); they depend on the descriptor alone."""
+
+    gemm: WindowedGemm | None
+    operands: tuple[Operand, Operand, int, int, int] | None
+
+
+def prepare(desc: KernelDesc) -> Prepared:
+    g = plan(desc)
+    return Prepared(g, None if g is None else gemm_operands(desc, g))
+
+
 def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None
              ) -> tuple[KernelDesc, list[np.ndarray]] | None:
     """The same program over plain maps: each windowed input gathered densely at (the output axes
@@ -228,18 +242,20 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None
 
 
 def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
-        gather: Gather | None = None) -> np.ndarray:
+        gather: Gather | None = None, prepared: Prepared | None = None) -> np.ndarray:
     """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed (by
     ``gather``) on ``plain`` (a runner of plain descriptors), else on the reference; float32 of
-    ``out_shape``, the reference's bits either way."""
-    g = plan(desc)
+    ``out_shape``, the reference's bits either way. ``prepared``: ``prepare(desc)``, if the
+    caller keeps it."""
+    prep = prepare(desc) if prepared is None else prepared
+    g = prep.gemm
     flat = check_inputs(desc, inputs)
     if g is None:
         dense = dewindow(desc, flat, gather) if plain is not None else None
         if dense is None or plain is None:
             return reference.run(desc, inputs)
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
-    a, b, nb, M, N = gemm_operands(desc, g)
+    a, b, nb, M, N = prep.operands or gemm_operands(desc, g)
     c = np.asarray(gemm(a, flat[g.slot_a], b, flat[g.slot_b], nb, M, N), dtype=np.float32)
     r0 = to_output(desc, g, c).reshape(-1)
     if not desc.epilogue:

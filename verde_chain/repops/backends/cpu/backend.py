@@ -77,6 +77,7 @@ class CpuBackend:
         self.jit_min_instrs = jit_min_instrs
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (workers, pool) for compiled maps
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
+        self._windowed_prepared: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)  # operand tables
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
@@ -141,7 +142,8 @@ class CpuBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
-            return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather)
+            return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather,
+                                self._windowed_prepared(desc))
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
