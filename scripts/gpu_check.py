@@ -440,6 +440,38 @@ def family_cases(seed: int = 0, big: bool = False) -> list[Case]:
     return cases
 
 
+CONV_CASES = [  # x shape, w shape, strides, dilations, pads, groups
+    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 3), (1, 2), (2, 0, 1, 3), 2),
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ((1, 4, 5, 5), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 4),
+    ((2, 3, 11), (2, 3, 4), (3,), (2,), (2, 1), 1),
+]
+
+
+def conv_descs(convs: list[tuple[Any, ...]]) -> list[program.KernelDesc]:
+    """Forward (with bias), grad-input and grad-weight of each conv case."""
+    out = []
+    for xs, ws, st, dil, pads, groups in convs:
+        geo = library.ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        out += [library.convolution(geo, ws, groups, True), library.conv_grad_input(geo, ws, groups),
+                library.conv_grad_weight(geo, ws, groups)]
+    return out
+
+
+def conv_cases(seed: int = 0, big: bool = False) -> list[Case]:
+    """Convolution forward and both gradients (the windowed GEMM: padding, strides, dilations,
+    groups, depthwise, 1-D; ``big``: a resnet-sized 64 -> 64 3x3 layer)."""
+    s = seed * 1000
+    cases: list[Case] = []
+    convs: list[tuple[Any, ...]] = list(CONV_CASES)
+    if big:
+        convs.append(((8, 64, 32, 32), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1))
+    for i, desc in enumerate(conv_descs(convs)):
+        ins = [edge_array((m.numel,), s + 300 + 10 * i + t, 0.05) for t, m in enumerate(desc.inputs)]
+        cases.append(_one(desc, *ins))
+    return cases
+
+
 class NodeChecker:
     """A runner that runs every node on both backends, records nodes whose bits differ and hands
     the EXPECTED result on (so one bad node does not cascade into the next ones)."""
@@ -499,7 +531,8 @@ def families(cuda: Runner, quick: bool) -> dict[str, Any]:
         against = "cpu"
     except BackendUnavailable:
         expected, against = reference.run, "reference"
-    rows = check_families(cuda, expected, family_cases(0, big=not quick) + family_cases(1))
+    cases = family_cases(0, big=not quick) + family_cases(1) + conv_cases(0, big=not quick) + conv_cases(1)
+    rows = check_families(cuda, expected, cases)
     bad = [r for r in rows if r.get("error") or r["mismatches"]]
     return {
         "against": against, "cases": len(rows), "nodes": sum(r["nodes"] for r in rows),

@@ -2,7 +2,7 @@
 //
 // bindings.cpp — the torch extension of the RepOps CPU kernels (one per ISA, see simd.h): the
 // per-node entry points (tensor checks, output allocation) and the module definition. The
-// kernels are gemm.cpp, reduce.cpp, binary.cpp, interpreter.cpp; the whole-step plan is
+// kernels are gemm.cpp, conv.cpp, reduce.cpp, binary.cpp, interpreter.cpp; the whole-step plan is
 // step_plan.cpp. Python side: verde_chain/repops/backends/cpu/extension.py.
 
 #include <atomic>
@@ -34,6 +34,55 @@ torch::Tensor matmul3(const torch::Tensor& a, const torch::Tensor& b, int64_t th
     nc = round_up(nc, GEMM_NR);
     gemm(g, threads, mc, kc, nc);
     return c;
+}
+
+// One windowed-GEMM operand from its tables (repops/windowed.py, Operand): data int32 bits,
+// rows (1 + c, R) int64, ks (K, 1 + c) int64, wins (c, 3) int64.
+WinOperand win_operand(const torch::Tensor& data, const torch::Tensor& rows, const torch::Tensor& ks,
+                       const torch::Tensor& wins, int64_t fill, int64_t K, const char* what) {
+    TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == torch::kInt32 && data.is_contiguous(), what,
+                ": data must be a contiguous CPU int32 bit tensor");
+    for (const torch::Tensor* t : {&rows, &ks, &wins})
+        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->dim() == 2,
+                    what, ": tables must be contiguous 2-D CPU int64 tensors");
+    const int64_t c = wins.size(0);
+    TORCH_CHECK(wins.size(1) == 3 && rows.size(0) == 1 + c && ks.size(0) == K && ks.size(1) == 1 + c, what,
+                ": tables of mismatched shapes");
+    const int64_t* w = wins.data_ptr<int64_t>();
+    for (int64_t i = 0; i < c; i++) TORCH_CHECK(w[3 * i] >= 1 && w[3 * i + 1] >= 0, what, ": window div/size");
+    TORCH_CHECK(fill >= 0 && fill <= 0xFFFFFFFFLL, what, ": fill must be 32 raw bits");
+    return WinOperand{reinterpret_cast<const uint32_t*>(data.data_ptr<int32_t>()), data.numel(), rows.data_ptr<int64_t>(),
+                      ks.data_ptr<int64_t>(), rows.size(1), c, w, (uint32_t)fill};
+}
+
+// C (batch, M, N): operand a has batch*M rows, b batch*N rows, both K columns.
+torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& a_rows, const torch::Tensor& a_ks,
+                              const torch::Tensor& a_wins, int64_t a_fill, const torch::Tensor& b_data,
+                              const torch::Tensor& b_rows, const torch::Tensor& b_ks, const torch::Tensor& b_wins,
+                              int64_t b_fill, int64_t batch, int64_t M, int64_t N, int64_t K, int64_t threads,
+                              int64_t mc, int64_t kc, int64_t nc) {
+    TORCH_CHECK(batch >= 1 && M >= 1 && N >= 1 && K >= 1, "windowed_matmul: empty shape");
+    TORCH_CHECK(mc > 0 && kc > 0 && nc > 0, "tile sizes must be positive");
+    const WinOperand a = win_operand(a_data, a_rows, a_ks, a_wins, a_fill, K, "operand a");
+    const WinOperand b = win_operand(b_data, b_rows, b_ks, b_wins, b_fill, K, "operand b");
+    TORCH_CHECK(a.R == batch * M && b.R == batch * N, "windowed_matmul: tables have ", a.R, " / ", b.R,
+                " rows, expected ", batch * M, " / ", batch * N);
+    torch::Tensor c = torch::empty({batch, M, N}, torch::TensorOptions().dtype(torch::kFloat32));
+    TORCH_CHECK(windowed_gemm(a, b, c.data_ptr<float>(), batch, M, N, K, threads, round_up(mc, GEMM_MR), kc,
+                              round_up(nc, GEMM_NR)),
+                "windowed_matmul: an operand address fell outside its input");
+    return c;
+}
+
+// Every element (R, K) of one windowed operand, int32 bits.
+torch::Tensor gather_operand(const torch::Tensor& data, const torch::Tensor& rows, const torch::Tensor& ks,
+                             const torch::Tensor& wins, int64_t fill, int64_t threads) {
+    const int64_t K = ks.size(0);
+    const WinOperand o = win_operand(data, rows, ks, wins, fill, K, "operand");
+    torch::Tensor out = torch::empty({o.R, K}, torch::TensorOptions().dtype(torch::kInt32));
+    TORCH_CHECK(windowed_gather(o, K, reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), threads),
+                "windowed_gather: an operand address fell outside its input");
+    return out;
 }
 
 torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
@@ -160,6 +209,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using namespace repops_cpu;
     m.def("matmul3", &matmul3, "batched GEMM, fixed fma chain", pybind11::arg("a"), pybind11::arg("b"),
           pybind11::arg("threads"), pybind11::arg("mc"), pybind11::arg("kc"), pybind11::arg("nc"));
+    m.def("windowed_matmul", &windowed_matmul, "windowed GEMM (implicit im2col), fixed fma chain",
+          pybind11::arg("a_data"), pybind11::arg("a_rows"), pybind11::arg("a_ks"), pybind11::arg("a_wins"),
+          pybind11::arg("a_fill"), pybind11::arg("b_data"), pybind11::arg("b_rows"), pybind11::arg("b_ks"),
+          pybind11::arg("b_wins"), pybind11::arg("b_fill"), pybind11::arg("batch"), pybind11::arg("M"),
+          pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("threads"), pybind11::arg("mc"), pybind11::arg("kc"),
+          pybind11::arg("nc"));
+    m.def("windowed_gather", &gather_operand, "every element of a windowed operand (explicit im2col)",
+          pybind11::arg("data"), pybind11::arg("rows"), pybind11::arg("ks"), pybind11::arg("wins"),
+          pybind11::arg("fill"), pybind11::arg("threads"));
     m.def("reduce_last", &reduce_last, "sequential reduction over the last axis", pybind11::arg("x"),
           pybind11::arg("op"), pybind11::arg("threads"));
     m.def("binary", &binary, "elementwise IEEE op with canonical NaN", pybind11::arg("a"), pybind11::arg("b"),

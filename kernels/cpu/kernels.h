@@ -56,6 +56,35 @@ struct GemmArgs {
 // the caller (GEMM_MR, GEMM_NR); any values give the same bits.
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc);
 
+// ---------------------------------------------------------------------------- windowed GEMM (conv.cpp)
+
+// One operand of a windowed dot chain (convolution and its gradients, repops/windowed.py) read
+// in place: element (row r, k) is data[RA[r] + KA[k]] unless a checked window is out of range,
+// where it is `fill`. Tables: rows[c * R + r] (column-major), ks[k * (1 + nchk) + c], for component
+// c = 0 (the address part RA / KA) and c = 1 + w (window w's row / k part of v). Window w
+// (wins[3w..3w+2] = div, size, stride): v = row part + k part; in range iff v >= 0, v % div == 0
+// and v / div < size; a div > 1 window adds (v / div) * stride to the address (div == 1 windows
+// have their stride folded into RA / KA already).
+struct WinOperand {
+    const uint32_t* data;
+    int64_t numel;
+    const int64_t* rows;  // (1 + nchk) x R
+    const int64_t* ks;    // K x (1 + nchk)
+    int64_t R, nchk;
+    const int64_t* wins;  // nchk x 3
+    uint32_t fill;
+};
+
+// C (batch, M, N) = A (rows batch*M) . B (rows batch*N) over K in the dot-product order, packing
+// panels straight from the windows (implicit im2col: no unfolded copy). False if an address
+// fell outside an operand (C is then unspecified).
+bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
+                   int64_t threads, int64_t mc, int64_t kc, int64_t nc);
+// Every element of one operand, out (R, K) raw bits (im2col made explicit: the dewindowed
+// descriptors of pooling and per-channel statistics read it). False if an address fell outside.
+bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads);
+// Distinct OS threads that ran the last windowed_gemm's items.
+
 // ---------------------------------------------------------------------------- folds (reduce.cpp)
 
 // out[r] = fold_k X[r*sr + k*sk], r < R, K >= 1; op: RpReduceOp (generated/repops_isa.h).

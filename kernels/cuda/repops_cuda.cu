@@ -55,7 +55,20 @@ struct GemmParams {
     int64_t M, N, K;
 };
 
-__global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
+// Operand loaders of the tile body: element (i, k) of A and (k, j) of B for batch entry bz.
+struct StridedOperands {
+    GemmParams p;
+    __device__ __forceinline__ float a(int64_t bz, int64_t i, int64_t k) const {
+        return p.A[bz * p.sab + i * p.sai + k * p.sak];
+    }
+    __device__ __forceinline__ float b(int64_t bz, int64_t k, int64_t j) const {
+        return p.B[bz * p.sbb + k * p.sbk + j * p.sbj];
+    }
+};
+
+// One BM x BN output tile of batch entry blockIdx.z, operands read through `ld`.
+template <class Loader>
+__device__ __forceinline__ void gemm_tile(const Loader& ld, float* Cout, int64_t M, int64_t N, int64_t K) {
     __shared__ float As[BK][BM];
     __shared__ float Bs[BK][BN];
 
@@ -63,8 +76,6 @@ __global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
     const int tx = tid % TX, ty = tid / TX;
     const int64_t bz = blockIdx.z;
     const int64_t row0 = (int64_t)blockIdx.y * BM, col0 = (int64_t)blockIdx.x * BN;
-    const float* A = p.A + bz * p.sab;
-    const float* B = p.B + bz * p.sbb;
 
     float acc[TM][TN];
 #pragma unroll
@@ -72,14 +83,14 @@ __global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
 #pragma unroll
         for (int n = 0; n < TN; n++) acc[m][n] = 0.0f;  // overwritten by the k = 0 product
 
-    for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
+    for (int64_t k0 = 0; k0 < K; k0 += BK) {
         // Stage the A slice: consecutive threads take consecutive k of one row (row-major A).
 #pragma unroll
         for (int l = 0; l < (BK * BM) / THREADS; l++) {
             const int idx = tid + l * THREADS;
             const int i = idx / BK, kk = idx % BK;
             const int64_t gi = row0 + i, gk = k0 + kk;
-            As[kk][i] = (gi < p.M && gk < p.K) ? A[gi * p.sai + gk * p.sak] : 0.0f;
+            As[kk][i] = (gi < M && gk < K) ? ld.a(bz, gi, gk) : 0.0f;
         }
         // Stage the B slice: consecutive threads take consecutive columns (row-major B).
 #pragma unroll
@@ -87,12 +98,12 @@ __global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
             const int idx = tid + l * THREADS;
             const int j = idx % BN, kk = idx / BN;
             const int64_t gj = col0 + j, gk = k0 + kk;
-            Bs[kk][j] = (gj < p.N && gk < p.K) ? B[gk * p.sbk + gj * p.sbj] : 0.0f;
+            Bs[kk][j] = (gj < N && gk < K) ? ld.b(bz, gk, gj) : 0.0f;
         }
         __syncthreads();
 
         // SAFETY: only k < K is consumed; the zero padding of the last slice never enters a chain.
-        const int kmax = (p.K - k0) < BK ? (int)(p.K - k0) : BK;
+        const int kmax = (K - k0) < BK ? (int)(K - k0) : BK;
         int kk = 0;
         if (k0 == 0) {
             // INVARIANT: the chain opens with one rounded multiply, not fma(a0, b0, +0) (which
@@ -122,17 +133,49 @@ __global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
         __syncthreads();
     }
 
-    float* C = p.C + bz * p.M * p.N;
+    float* C = Cout + bz * M * N;
 #pragma unroll
     for (int m = 0; m < TM; m++) {
         const int64_t gi = row0 + ty + TY * m;
-        if (gi >= p.M) continue;
+        if (gi >= M) continue;
 #pragma unroll
         for (int n = 0; n < TN; n++) {
             const int64_t gj = col0 + tx + TX * n;
-            if (gj < p.N) C[gi * p.N + gj] = rp_f(rp_canon(rp_u(acc[m][n])));
+            if (gj < N) C[gi * N + gj] = rp_f(rp_canon(rp_u(acc[m][n])));
         }
     }
+}
+
+__global__ void __launch_bounds__(THREADS) repops_gemm_kernel(GemmParams p) {
+    gemm_tile(StridedOperands{p}, p.C, p.M, p.N, p.K);
+}
+
+// The windowed GEMM (convolutions, repops/windowed.py; kernels/cpu/conv.cpp on the CPU): the
+// same tiles, each operand element read through its tables as it is staged (implicit im2col).
+__device__ __forceinline__ float win_element(const RpWinOperand& o, int64_t r, int64_t k) {
+    const int64_t cols = 1 + o.nchk;
+    int64_t addr = o.rows[r] + o.ks[k * cols];
+    for (int64_t w = 0; w < o.nchk; w++) {
+        const int64_t v = o.rows[(1 + w) * o.R + r] + o.ks[k * cols + 1 + w];
+        const int64_t div = o.wins[3 * w], size = o.wins[3 * w + 1];
+        if (v < 0) return rp_f(o.fill);
+        const int64_t q = v / div;
+        if (q * div != v || q >= size) return rp_f(o.fill);
+        addr += q * o.wins[3 * w + 2];
+    }
+    // SAFETY: the host checked every in-range address against numel (repops_cuda_windowed_gemm)
+    return rp_f(o.data[addr]);
+}
+
+struct WindowedOperands {
+    RpWinOperand A, B;
+    int64_t M, N;
+    __device__ __forceinline__ float a(int64_t bz, int64_t i, int64_t k) const { return win_element(A, bz * M + i, k); }
+    __device__ __forceinline__ float b(int64_t bz, int64_t k, int64_t j) const { return win_element(B, bz * N + j, k); }
+};
+
+__global__ void __launch_bounds__(THREADS) repops_wgemm_kernel(WindowedOperands ops, float* C, int64_t K) {
+    gemm_tile(ops, C, ops.M, ops.N, K);
 }
 
 }  // namespace
@@ -147,6 +190,17 @@ extern "C" int repops_cuda_gemm(const float* A, int64_t sab, int64_t sai, int64_
     GemmParams p{A, sab, sai, sak, B, sbb, sbk, sbj, C, M, N, K};
     dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((M + BM - 1) / BM), (unsigned)batch);
     repops_gemm_kernel<<<grid, THREADS, 0, s>>>(p);
+    return cudaGetLastError();
+}
+
+extern "C" int repops_cuda_windowed_gemm(const RpWinOperand* a, const RpWinOperand* b, float* C, int64_t batch,
+                                         int64_t M, int64_t N, int64_t K, void* stream) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (batch <= 0 || M <= 0 || N <= 0 || K <= 0) return cudaErrorInvalidValue;
+    if (batch > 65535) return cudaErrorInvalidValue;  // gridDim.z limit
+    WindowedOperands ops{*a, *b, M, N};
+    dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((M + BM - 1) / BM), (unsigned)batch);
+    repops_wgemm_kernel<<<grid, THREADS, 0, s>>>(ops, C, K);
     return cudaGetLastError();
 }
 

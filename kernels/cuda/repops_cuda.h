@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 //
-// repops_cuda.h — host interface of the RepOps CUDA kernels (kernels/repops_cuda.cu): the GEMM
-// and the generic program interpreter.
+// repops_cuda.h — host interface of the RepOps CUDA kernels (kernels/repops_cuda.cu): the GEMM,
+// the windowed GEMM of convolutions and the generic program interpreter.
 // Plain C types only, so the .cu file compiles with nvcc alone (no torch headers) and the
 // torch binding (kernels/repops_cuda_binding.cpp) is built by the host compiler.
 #pragma once
@@ -19,6 +19,25 @@ extern "C" {
 int repops_cuda_gemm(const float* A, int64_t sab, int64_t sai, int64_t sak, const float* B, int64_t sbb,
                      int64_t sbk, int64_t sbj, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
                      void* stream);
+
+// One operand of the windowed GEMM, DEVICE pointers (the CPU's WinOperand, kernels/cpu/kernels.h):
+// element (r, k) is data[rows[r] + ks[k*(1+nchk)]] plus (v/div)*stride per div > 1 window, or
+// fill where a window w (v = rows[(1+w)*R + r] + ks[k*(1+nchk) + 1+w]; wins[3w..] = div, size,
+// stride) has v < 0, v % div != 0 or v/div >= size. The caller guarantees every in-range
+// address lies in data (repops/windowed.py: the descriptor's static check).
+typedef struct {
+    const uint32_t* data;
+    const int64_t* rows;
+    const int64_t* ks;
+    const int64_t* wins;
+    int64_t R, nchk;
+    uint32_t fill;
+} RpWinOperand;
+
+// C (batch, M, N) = the dot chain over k of A(b*M + i, k) * B(b*N + j, k) (repops_cuda_gemm's
+// order and tiles, operands staged through their windows). `a`, `b`: HOST structs.
+int repops_cuda_windowed_gemm(const RpWinOperand* a, const RpWinOperand* b, float* C, int64_t batch, int64_t M,
+                              int64_t N, int64_t K, void* stream);
 
 // Scratch device memory (bytes) repops_cuda_run_program needs for n_in maps and n_instr
 // instructions (the decoded descriptor is staged there; stream-ordered, reusable afterwards).

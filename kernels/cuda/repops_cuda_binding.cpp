@@ -5,6 +5,9 @@
 // Host compiler side only: shape checks, output allocation, the current CUDA stream.
 //
 //   matmul3(a, b, out=None)            batched GEMM, the canonical fma chain
+//   windowed_matmul(a tables, b tables, batch, M, N, K)
+//                                      the windowed GEMM of convolutions (implicit im2col):
+//                                      each operand's bits and windowed.Operand tables on the GPU
 //   run_program(inputs, maps, out_shape, K, prologue, body, epilogue, r0_init, threads, out=None)
 //                                      any KernelDesc; the argument layout of the CPU binding
 //                                      (kernels/cpu/bindings.cpp): inputs are contiguous int32 bit
@@ -89,6 +92,44 @@ torch::Tensor matmul3(const torch::Tensor& a, const torch::Tensor& b, const c10:
                                    c.data_ptr<float>() + b0 * M * N, nb, M, N, K, stream);
         TORCH_CHECK(err == 0, "repops_cuda_gemm failed with CUDA error ", err);
     }
+    return c;
+}
+
+// One windowed-GEMM operand (repops/windowed.py Operand): data a contiguous int32 bit tensor
+// and the tables int64, all on `device`; shapes checked here, addresses by the descriptor's
+// static check before (the kernel reads only in-range taps).
+RpWinOperand win_operand(const torch::Tensor& data, const torch::Tensor& rows, const torch::Tensor& ks,
+                         const torch::Tensor& wins, int64_t fill, int64_t K, const torch::Device& device,
+                         const char* what) {
+    TORCH_CHECK(data.is_cuda() && data.device() == device && data.scalar_type() == torch::kInt32 &&
+                    data.is_contiguous(), what, ": data must be a contiguous int32 tensor on the GPU");
+    for (const torch::Tensor* t : {&rows, &ks, &wins})
+        TORCH_CHECK(t->is_cuda() && t->device() == device && t->scalar_type() == torch::kInt64 &&
+                        t->is_contiguous() && t->dim() == 2, what, ": tables must be contiguous 2-D int64 GPU tensors");
+    const int64_t c = wins.size(0);
+    TORCH_CHECK(wins.size(1) == 3 && rows.size(0) == 1 + c && ks.size(0) == K && ks.size(1) == 1 + c, what,
+                ": tables of mismatched shapes");
+    TORCH_CHECK(fill >= 0 && fill <= 0xFFFFFFFFLL, what, ": fill must be 32 raw bits");
+    return RpWinOperand{reinterpret_cast<const uint32_t*>(data.data_ptr<int32_t>()), rows.data_ptr<int64_t>(),
+                        ks.data_ptr<int64_t>(), wins.data_ptr<int64_t>(), rows.size(1), c, (uint32_t)fill};
+}
+
+// C (batch, M, N) of two windowed operands (a: batch*M rows, b: batch*N rows, K columns).
+torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& a_rows, const torch::Tensor& a_ks,
+                              const torch::Tensor& a_wins, int64_t a_fill, const torch::Tensor& b_data,
+                              const torch::Tensor& b_rows, const torch::Tensor& b_ks, const torch::Tensor& b_wins,
+                              int64_t b_fill, int64_t batch, int64_t M, int64_t N, int64_t K) {
+    TORCH_CHECK(batch >= 1 && batch <= 65535 && M >= 1 && N >= 1 && K >= 1, "windowed_matmul: shape out of range");
+    const torch::Device device = a_data.device();
+    const RpWinOperand a = win_operand(a_data, a_rows, a_ks, a_wins, a_fill, K, device, "operand a");
+    const RpWinOperand b = win_operand(b_data, b_rows, b_ks, b_wins, b_fill, K, device, "operand b");
+    TORCH_CHECK(a.R == batch * M && b.R == batch * N, "windowed_matmul: tables have ", a.R, " / ", b.R,
+                " rows, expected ", batch * M, " / ", batch * N);
+    const c10::cuda::CUDAGuard guard(device);
+    torch::Tensor c = torch::empty({batch, M, N}, a_data.options().dtype(torch::kFloat32));
+    void* stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    const int err = repops_cuda_windowed_gemm(&a, &b, c.data_ptr<float>(), batch, M, N, K, stream);
+    TORCH_CHECK(err == 0, "repops_cuda_windowed_gemm failed with CUDA error ", err);
     return c;
 }
 
@@ -228,6 +269,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "RepOps CUDA kernels: GEMM with the canonical fma chain, program interpreter (kernels/repops_cuda.cu)";
     m.def("matmul3", &matmul3, "batched GEMM, fixed fma chain", pybind11::arg("a"), pybind11::arg("b"),
           pybind11::arg("out") = pybind11::none());
+    m.def("windowed_matmul", &windowed_matmul, "windowed GEMM (implicit im2col), fixed fma chain",
+          pybind11::arg("a_data"), pybind11::arg("a_rows"), pybind11::arg("a_ks"), pybind11::arg("a_wins"),
+          pybind11::arg("a_fill"), pybind11::arg("b_data"), pybind11::arg("b_rows"), pybind11::arg("b_ks"),
+          pybind11::arg("b_wins"), pybind11::arg("b_fill"), pybind11::arg("batch"), pybind11::arg("M"),
+          pybind11::arg("N"), pybind11::arg("K"));
     m.def("run_program", &run_program, "run any KernelDesc program (one thread per output element)",
           pybind11::arg("inputs"), pybind11::arg("maps"), pybind11::arg("out_shape"), pybind11::arg("K"),
           pybind11::arg("prologue"), pybind11::arg("body"), pybind11::arg("epilogue"), pybind11::arg("r0_init"),

@@ -1,5 +1,6 @@
 """Real vision models (random weights, no downloads): torchvision's resnet18 and mobilenet_v2 at
-3x32x32 and a small CNN on the 8x8 digits, exported in training mode and trained on RepOps."""
+3x32x32 and a small CNN on the 8x8 digits, made jobs with the user path (job_from_torch: exported in
+training mode, or eval mode for inference) and run on RepOps."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ import torch
 
 from verde_chain.examples import vision
 from verde_chain.graph.executor import StepExecutor
-from verde_chain.graph.onnx_import import export_torch, import_onnx
-from verde_chain.graph.training import LossSpec, OptimizerSpec, build_inference_program, build_training_graph
+from verde_chain.job import inference_outputs, job_from_torch
 from verde_chain.repops import rng
 from verde_chain.repops.backends.cpu import extension as ck
 from verde_chain.repops.backends.cpu.backend import CpuBackend
 
 
 def _training_program(name: str, batch: int):  # type: ignore[no-untyped-def]
-    module = vision.vision_module(name)
-    onnx_bytes = export_torch(module, torch.zeros(batch, *vision.input_shape(name)), ["x"], training=True)
-    prog = build_training_graph(import_onnx(onnx_bytes), LossSpec("cross_entropy"), OptimizerSpec("sgd", lr=0.05))
-    return module, prog
+    """The torch module and the program of its job, made with the user path (job_from_torch)."""
+    job = vision.vision_job(name, steps=1, batch_size=batch, samples=batch)
+    return vision.vision_module(name), job.program
 
 
 def _batch(name: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +65,11 @@ def test_inference_logits_match_onnxruntime(name: str) -> None:
         for _ in range(2):
             module(torch.rand(4, *vision.input_shape(name)))
     X = _batch(name, 2)[0]
-    onnx_bytes = export_torch(module, torch.zeros(X.shape), ["x"])
-    prog = build_inference_program(import_onnx(onnx_bytes))
-    ex = StepExecutor(prog.graph)
-    got = ex.run_step(ex.initial_state(prog.initial_state()), prog.batch(1, {"x": X})).output(prog.graph, "output")
-    want = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    job = job_from_torch(module, torch.zeros(X.shape), (X, np.zeros(len(X))), steps=1, name=name, kind="inference")
+    run = job.make_run()
+    run.run()
+    got = inference_outputs(job, {sl.name: run.state.tensors[sl.producer] for sl in job.program.graph.states})["output"]
+    want = ort.InferenceSession(job.onnx_bytes, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
 
 

@@ -1,5 +1,5 @@
-"""Compile checks of the RepOps CUDA kernels: the GEMM and the program interpreter (no GPU
-needed; skipped without nvcc).
+"""Compile checks of the RepOps CUDA kernels: the GEMM, the windowed GEMM of convolutions and the
+program interpreter (no GPU needed; skipped without nvcc).
 
 The PTX is read per kernel: the GEMM may contain only the rounded multiply and fma of its chain;
 the interpreter only the six correctly rounded _rn operations its source spells out (plus the
@@ -73,6 +73,8 @@ def test_cu_compiles_for_sm90_without_spills(tmp_path: Path) -> None:
     spills = re.findall(r"(\d+) bytes spill stores", gemm[0])
     assert spills and all(int(s) == 0 for s in spills), r.stderr
     assert any("repops_program_kernel" in chunk.split("\n", 1)[0] for chunk in info), r.stderr
+    wgemm = [chunk for chunk in info if "repops_wgemm_kernel" in chunk.split("\n", 1)[0]]
+    assert len(wgemm) == 1 and re.findall(r"(\d+) bytes spill stores", wgemm[0]) == ["0"], r.stderr
 
 
 def arithmetic(ptx_text: str) -> set[str]:
@@ -81,8 +83,11 @@ def arithmetic(ptx_text: str) -> set[str]:
 
 
 @needs_nvcc
-def test_ptx_has_only_rounded_mul_and_fma(ptx: str) -> None:
-    ops = arithmetic(entries(ptx)["gemm"])
+@pytest.mark.parametrize("kernel", ["gemm", "wgemm"])
+def test_ptx_has_only_rounded_mul_and_fma(ptx: str, kernel: str) -> None:
+    """The GEMM and the windowed GEMM of convolutions (its operands staged through their
+    windows: integer address arithmetic only)."""
+    ops = arithmetic(entries(ptx)[kernel])
     # The dot-product chain: one rounded multiply to open, single-rounding fma after; nothing
     # flushes subnormals (.ftz) and nothing is approximate.
     assert "mul.rn.f32" in ops and "fma.rn.f32" in ops, ops

@@ -4,11 +4,15 @@ path gives the reference's bits on every ISA and thread count, edge values inclu
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
 
+from tests.support.threads import THREAD_COUNTS, engaged
 from verde_chain.repops import edges, library, reference, windowed
 from verde_chain.repops.backends.cpu import extension as ck
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -16,21 +20,12 @@ from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library import ConvGeometry
 from verde_chain.repops.program import KernelDesc
 
-CASES = [  # x shape, w shape, strides, dilations, pads, groups
-    ((2, 4, 9, 8), (6, 2, 3, 2), (2, 3), (1, 2), (2, 0, 1, 3), 2),
-    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
-    ((1, 4, 5, 5), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 4),
-    ((2, 3, 11), (2, 3, 4), (3,), (2,), (2, 1), 1),
-]
 
-
-def _descs() -> list[KernelDesc]:
-    out = []
-    for xs, ws, st, dil, pads, groups in CASES:
-        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
-        out += [library.convolution(g, ws, groups, True), library.conv_grad_input(g, ws, groups),
-                library.conv_grad_weight(g, ws, groups)]
-    return out
+@pytest.fixture(scope="module")
+def conv_descs(script: Callable[[str], ModuleType]) -> list[KernelDesc]:
+    """scripts/gpu_check.py's convolution cases (a GPU runs the same)."""
+    gpu_check = script("gpu_check")
+    return list(gpu_check.conv_descs(gpu_check.CONV_CASES))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,21 +35,73 @@ def _fp_env() -> None:
 
 @pytest.mark.parametrize("isa", ck.available_isas())
 @pytest.mark.parametrize("threads", [1, 2])
-def test_windowed_gemm_equals_the_reference(isa: str, threads: int) -> None:
+def test_windowed_gemm_equals_the_reference(isa: str, threads: int, conv_descs: list[KernelDesc]) -> None:
     be = CpuBackend(isa=isa, threads=threads)
-    for i, desc in enumerate(_descs()):
+    for i, desc in enumerate(conv_descs):
         assert windowed.plan(desc) is not None, desc.label
         ins = [edges.edge_array((m.numel,), 100 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
         got, want = be(desc, ins).view(np.uint32), reference.run(desc, ins).view(np.uint32)
         assert got.shape == want.shape and (got == want).all(), (isa, threads, desc.label)
 
 
+BIG = [  # big enough for threads (>= 2^20 FMAs per GEMM); strides, dilation, groups, padding
+    ((4, 16, 20, 18), (24, 16, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ((3, 12, 17, 19), (12, 4, 3, 2), (2, 3), (2, 1), (2, 0, 1, 3), 3),
+]
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> None:
+    """The native windowed GEMM (kernels/cpu/conv.cpp) against the reference for 1/2/3/4/7
+    threads and two blockings (K cut into several blocks, narrow column blocks)."""
+    for desc, a, a_bits, b, b_bits, shape, want in _big_cases():
+        plan = windowed.plan(desc)
+        assert plan is not None
+        for threads in (1, 2, 3, 4, 7):
+            for tile in (None, (12, 37, 64)):
+                got = ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads, tile).numpy()
+                got = windowed.to_output(desc, plan, got).view(np.uint32).reshape(-1)
+                assert (got == want).all(), (desc.label, threads, tile)
+
+
+@pytest.mark.parametrize("threads", THREAD_COUNTS)
+def test_implicit_im2col_gemm_runs_on_several_os_threads(threads: int) -> None:
+    """The windowed GEMM's items run on the pool: more than one OS thread at threads > 1 (one at
+    1), and the bits are the reference's whatever ran them."""
+    isa = ck.best_isa()
+    _, a, a_bits, b, b_bits, shape, want = _big_cases()[0]
+    desc = _big_cases()[0][0]
+    plan = windowed.plan(desc)
+    assert plan is not None
+    got = engaged(isa, threads, lambda: ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads).numpy())
+    got = windowed.to_output(desc, plan, got).view(np.uint32).reshape(-1)
+    assert (got == want).all(), threads
+
+
+@functools.cache
+def _big_cases() -> list[tuple]:  # type: ignore[type-arg]
+    out = []
+    for i, (xs, ws, st, dil, pads, groups) in enumerate(BIG):
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        for desc in (library.convolution(g, ws, groups), library.conv_grad_input(g, ws, groups),
+                     library.conv_grad_weight(g, ws, groups)):
+            plan = windowed.plan(desc)
+            assert plan is not None
+            ins = [edges.edge_array((m.numel,), 7 + i + t, 0.05, 2.0) for t, m in enumerate(desc.inputs)]
+            want = reference.run(desc, ins).view(np.uint32).reshape(-1)
+            a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+            flat = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+            out.append((desc, a, flat[plan.slot_a], b, flat[plan.slot_b], (nb, M, N), want))
+    return out
+
+
 def test_plan_splits_batch_m_and_n_axes() -> None:
     g = ConvGeometry.make((2, 4, 9, 8), (3, 2), (2, 3), (1, 2), (2, 0, 1, 3))
     fwd, dx, dw = library.convolution(g, (6, 2, 3, 2), 2), library.conv_grad_input(g, (6, 2, 3, 2), 2), \
         library.conv_grad_weight(g, (6, 2, 3, 2), 2)
-    assert windowed.plan(fwd) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))  # w is A, x im2col is B
-    assert windowed.plan(dx) == windowed.WindowedGemm(1, 0, (0, 1), (2,), (3, 4))
+    # w is A, x im2col is B; the image axis joins the columns (w does not read it)
+    assert windowed.plan(fwd) == windowed.WindowedGemm(1, 0, (1,), (2,), (0, 3, 4))
+    assert windowed.plan(dx) == windowed.WindowedGemm(1, 0, (1,), (2,), (0, 3, 4))
     assert windowed.plan(dw) == windowed.WindowedGemm(0, 1, (0,), (1,), (2, 3, 4))
 
 
@@ -97,6 +144,24 @@ def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
         assert (got == want).all(), (isa, desc.label)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_native_gather_equals_the_operand_tables(threads: int, conv_descs: list[KernelDesc]) -> None:
+    """windowed_gather (C++) reads every (row, k) of an operand as Operand.gather does: windows
+    with div > 1 (strided grad input, pool backward), fills, always-in-range windows dropped."""
+    n = 0
+    for i, desc in enumerate(conv_descs + _dewindowed_descs()):
+        for t, m in enumerate(desc.inputs):
+            if not m.windows:
+                continue
+            axes = tuple(d for d in range(len(desc.out_shape)) if windowed._depends(m, d))
+            op = windowed.operand(desc, t, axes)
+            bits = edges.edge_array((m.numel,), 40 + i + t, 0.2, 3.0).view(np.uint32)
+            got = ck.windowed_gather(op, bits, threads=threads).numpy().view(np.uint32)
+            assert (got == op.gather(bits)).all(), desc.label
+            n += int((op.wins[:, 0] > 1).any())
+    assert n >= 2  # div > 1 windows were among them
+
+
 def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     from verde_chain.repops.program import InputMap, Window
 
@@ -107,21 +172,25 @@ def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     assert (CpuBackend()(d, ins).view(np.uint32) == reference.run(d, ins).view(np.uint32)).all()
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["explicit", "windowed_matmul"])
 def test_cuda_backend_runs_window_descriptors_through_its_gemm_and_interpreter(  # type: ignore[no-untyped-def]
-    host, monkeypatch: pytest.MonkeyPatch
+    host, monkeypatch: pytest.MonkeyPatch, conv_descs: list[KernelDesc], native: bool
 ) -> None:
-    """The CUDA backend (here its CPU stand-in: the C++ GEMM and the host build of the device
-    interpreter) gathers windowed operands on the host and runs the GEMM and the plain programs
-    as its own; same bits as the reference, and no whole-step kernel for a graph with windows."""
-    from tests.support.cuda_host import StandInExtension
+    """The CUDA backend (here its CPU stand-in: the C++ GEMMs and the host build of the device
+    interpreter) runs convolutions on the binding's windowed GEMM (tables moved to the device),
+    or, with an extension without one, gathers the operands on the host for its plain GEMM;
+    the plain programs run as its own; same bits as the reference, and no whole-step kernel
+    for a graph with windows."""
+    from tests.support.cuda_host import StandInExtension, WindowedStandInExtension
     from verde_chain.repops.backends.cuda import backend as cuda_backend
     from verde_chain.repops.backends.cuda.backend import CudaBackend
 
     monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
-    ext = StandInExtension(host)
+    ext = WindowedStandInExtension(host) if native else StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
-    for i, desc in enumerate(_descs()[:3] + _dewindowed_descs()):
+    for i, desc in enumerate(conv_descs[:3] + _dewindowed_descs()):
         ins = [edges.edge_array((m.numel,), 500 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
         assert (be(desc, ins).view(np.uint32) == reference.run(desc, ins).view(np.uint32)).all(), desc.label
-    assert ext.calls["matmul3"] >= 3 and ext.calls["run_program"] >= len(_dewindowed_descs())
-    assert be.compile_step(_descs()[:1], [[(0, 0), (0, 0)]], [0], 1) is None
+    assert ext.calls.get("windowed_matmul", 0) == (3 if native else 0)
+    assert ext.calls["matmul3"] >= (0 if native else 3) and ext.calls["run_program"] >= len(_dewindowed_descs())
+    assert be.compile_step(conv_descs[:1], [[(0, 0), (0, 0)]], [0], 1) is None

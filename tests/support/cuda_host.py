@@ -208,3 +208,15 @@ class StandInExtension:
         rc, res, err = self.host.raw([x.numpy() for x in inputs], maps, out_shape, K, progs, r0)
         assert rc == 0, err
         out.copy_(torch.from_numpy(res.view(np.int32)))
+
+
+class WindowedStandInExtension(StandInExtension):
+    """The stand-in with the binding's windowed GEMM too (same arguments: each operand's bits and
+    tables, then batch, M, N, K), run by the C++ CPU kernel of the same chain."""
+
+    def windowed_matmul(self, *args: Any) -> torch.Tensor:
+        self.calls["windowed_matmul"] = self.calls.get("windowed_matmul", 0) + 1
+        *tables, batch, M, N, K = args
+        assert len(tables) == 10 and all(isinstance(t, torch.Tensor) for i, t in enumerate(tables) if i % 5 != 4)
+        ext = cpu_ext.extension(cpu_ext.best_isa())
+        return ext.windowed_matmul(*tables, batch, M, N, K, 1, *cpu_ext.DEFAULT_TILE)

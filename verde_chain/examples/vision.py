@@ -16,9 +16,8 @@ import numpy as np
 
 from verde_chain.examples.digits import digits_data
 from verde_chain.graph.data import Dataset
-from verde_chain.graph.onnx_import import export_torch
 from verde_chain.graph.training import LossSpec, OptimizerSpec
-from verde_chain.job import Job, make_job
+from verde_chain.job import Job, job_from_torch
 
 VISION_MODELS = ("resnet18", "mobilenet_v2", "digits_cnn")
 
@@ -94,15 +93,16 @@ def digits_images() -> tuple[Dataset, tuple[np.ndarray, np.ndarray]]:
 
 def vision_job(name: str, steps: int = 10, batch_size: int = 8, lr: float = 0.05, momentum: float = 0.9,
                seed: int = 7, checkpoint_interval: int = 0, samples: int = 256) -> Job:
-    """A training job for one of ``VISION_MODELS``: cross-entropy, SGD with momentum."""
+    """A training job for one of ``VISION_MODELS``: cross-entropy, SGD with momentum, made the way
+    a user makes one (``job_from_torch``: training-mode export, the module's buffers frozen)."""
     import torch
 
     module = vision_module(name)
     data = digits_images()[0] if name == "digits_cnn" else cifar_like(samples)
-    onnx_bytes = export_torch(module, torch.zeros(batch_size, *input_shape(name)), ["x"], training=True)
-    return make_job(
-        name, onnx_bytes, data, LossSpec("cross_entropy"), OptimizerSpec("sgd", lr=lr, momentum=momentum),
-        steps, batch_size, seed, checkpoint_interval,
+    return job_from_torch(
+        module, torch.zeros(batch_size, *input_shape(name)), data, steps=steps, name=name,
+        loss=LossSpec("cross_entropy"), optimizer=OptimizerSpec("sgd", lr=lr, momentum=momentum), seed=seed,
+        checkpoint_interval=checkpoint_interval,
     )
 
 

@@ -2,17 +2,18 @@
 
 A descriptor whose program is the spec's dot chain (``r0 = MUL(a_0, b_0)``, then
 ``r0 = FMA(a_k, b_k, r0)``) over two windowed inputs is a batched matrix product once each
-operand is laid out as a matrix: output axes split, in C order, into batch axes, then M axes
-(that only input A reads), then N axes (that only input B reads). :func:`gemm_operands` gathers
-``A (batch, M, K)`` and ``B (batch, K, N)`` — every window applied, the fill where one is out of
-range: im2col made explicit — and any GEMM that keeps the one chain per output element (k
-ascending, first product rounded, then FMA) gives the descriptor's bits. MUL and FMA are
-commutative in their two factors, so which input plays A does not matter.
+operand is read as a matrix: output axes split into batch axes (that both inputs read), M axes
+(that only input A reads) and N axes (the rest). :func:`operand` describes how
+each operand's element (row, k) is read — its address split into a row part and a k part, the
+windows to check, the fill where one is out of range — and any GEMM that keeps the one chain per
+output element (k ascending, first product rounded, then FMA) gives the descriptor's bits. MUL
+and FMA are commutative in their two factors, so which input plays A does not matter.
 
-This is how a backend without window support in its native code runs convolutions today (the C++
-backend's GEMM, ``backends/cpu``); a native implicit-im2col kernel computes the same chain without
-the copy. An epilogue (conv's bias) runs on the reference afterwards with ``r0`` preset, when it
-reads no register but r0 and its loads do not depend on k.
+The C++ backend packs its GEMM panels straight from those tables (``kernels/cpu/conv.cpp``:
+implicit im2col, no unfolded copy); :func:`explicit` gathers both operands first (im2col made
+explicit) for a backend with a plain GEMM only (CUDA). An epilogue (conv's bias) runs on the
+reference afterwards with ``r0`` preset, when it reads no register but r0 and its loads do not
+depend on k.
 
 Every other window descriptor (pooling, per-channel statistics, pad) is *dewindowed*
 (:func:`dewindow`): each windowed input is gathered at every (output coordinate it reads, k),
@@ -41,7 +42,8 @@ Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (nb, M, K) @ (nb, K, N)
 @dataclass(frozen=True)
 class WindowedGemm:
     """The GEMM shape of a windowed dot descriptor: which slot is A (M side) and B (N side),
-    and the output axes of each role (batch axes first, then M, then N, in C order)."""
+    and the output axes of each role (each in ascending order); the GEMM's result has the axes
+    batch, then m, then n (:func:`to_output` puts them back in the output's order)."""
 
     slot_a: int
     slot_b: int
@@ -85,66 +87,138 @@ def plan(desc: KernelDesc) -> WindowedGemm | None:
         (sa, ma), (sb, mb) = (s1, m1), (s0, m0)
     else:
         (sa, ma), (sb, mb) = (s0, m0), (s1, m1)
-    d = rank
-    while d > 0 and not _depends(ma, d - 1):
-        d -= 1
-    n_axes = tuple(range(d, rank))
-    e = d
-    while e > 0 and not _depends(mb, e - 1):
-        e -= 1
-    return WindowedGemm(sa, sb, tuple(range(e)), tuple(range(e, d)), n_axes)
+    # axes both read are batch axes, axes only A reads are rows, the rest columns: the image axis
+    # of a convolution (not read by the weights) joins the columns, so small feature maps still
+    # give wide GEMMs
+    batch = tuple(a for a in range(rank) if _depends(ma, a) and _depends(mb, a))
+    rows = tuple(a for a in range(rank) if _depends(ma, a) and not _depends(mb, a))
+    cols = tuple(a for a in range(rank) if not _depends(ma, a))
+    return WindowedGemm(sa, sb, batch, rows, cols)
 
 
-def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int]) -> np.ndarray:
-    """Input ``slot`` read at every (coordinates of ``axes``, k): shape ``(*dims, K)``, the other
-    output axes at coordinate 0 (the input does not read them), fill where a window is out.
-    Addresses are sums of broadcast terms (one small array per axis and digit)."""
+def to_output(desc: KernelDesc, g: WindowedGemm, c: np.ndarray) -> np.ndarray:
+    """The GEMM's result ``(nb, M, N)`` (axes batch, m, n) in the output's C order."""
+    perm = g.batch + g.m + g.n
+    c = c.reshape([desc.out_shape[a] for a in perm])
+    if perm == tuple(range(len(perm))):
+        return c
+    return np.ascontiguousarray(c.transpose(np.argsort(perm)))
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One windowed input read as a matrix: rows are the output coordinates of the axes it reads
+    (C order), columns are k. Element (r, k) is ``data[rows[0, r] + ks[k, 0]]`` unless a checked
+    window is out of range (then ``fill``): window w has ``v = rows[1+w, r] + ks[k, 1+w]`` and
+    ``wins[w] = (div, size, stride)``, in range iff ``v >= 0``, ``v % div == 0``, ``v/div < size``;
+    a ``div > 1`` window adds ``(v/div)*stride`` to the address. A ``div == 1`` window's term
+    ``v*stride`` splits into a row part and a k part, folded into ``rows[0]`` / ``ks[:, 0]`` (its
+    stride entry is then 0), and it is dropped if it is in range for every (r, k)."""
+
+    rows: np.ndarray  # int64 (1 + c, R)
+    ks: np.ndarray  # int64 (K, 1 + c)
+    wins: np.ndarray  # int64 (c, 3)
+    fill: int
+
+    def gather(self, flat: np.ndarray) -> np.ndarray:
+        """Every element, ``(R, K)`` raw bits (im2col made explicit)."""
+        addr = self.rows[0][:, None] + self.ks[None, :, 0]
+        inside: np.ndarray | bool = True
+        for w, (div, size, stride) in enumerate(self.wins.tolist()):
+            v = self.rows[1 + w][:, None] + self.ks[None, :, 1 + w]
+            q = v // div
+            inside = inside & (v >= 0) & (v - q * div == 0) & (q < size)
+            if div != 1:
+                addr = addr + q * stride
+        if inside is True:
+            return flat[addr]
+        return np.where(inside, flat[np.where(inside, addr, 0)], np.uint32(self.fill))
+
+
+def operand(desc: KernelDesc, slot: int, axes: Sequence[int]) -> Operand:
+    """Input ``slot`` of ``desc`` as an :class:`Operand` over the output axes ``axes`` (the
+    others at coordinate 0: the input does not read them)."""
     m = desc.inputs[slot]
     dims = [desc.out_shape[a] for a in axes]
-    rank = len(dims) + 1
-
-    def along(i: int, values: np.ndarray) -> np.ndarray:
-        shape = [1] * rank
-        shape[i] = values.size
-        return values.reshape(shape)
-
-    coord = {a: along(i, np.arange(n, dtype=np.int64)) for i, (a, n) in enumerate(zip(axes, dims))}
-    k = np.arange(desc.K, dtype=np.int64)
-    kd = np.unravel_index(k, desc.digit_dims)
-    addr: np.ndarray = along(rank - 1, k * m.kstride) + m.offset
+    coord = dict(zip(axes, np.unravel_index(np.arange(math.prod(dims), dtype=np.int64), dims)))
+    R, K = math.prod(dims), desc.K
+    kd = np.unravel_index(np.arange(K, dtype=np.int64), desc.digit_dims)
+    row_addr = np.full(R, m.offset, dtype=np.int64)
     for a, c in coord.items():
         if m.strides[a]:
-            addr = addr + c * m.strides[a]
-    inside: np.ndarray | bool = True
+            row_addr = row_addr + c * m.strides[a]
+    k_addr = np.arange(K, dtype=np.int64) * m.kstride
+    rows, ks, wins = [row_addr], [k_addr], []
     for w in m.windows:
-        v: np.ndarray = np.full([1] * rank, w.offset, dtype=np.int64)
-        if w.out_mul:
-            v = v + coord[w.axis] * w.out_mul
-        if w.k_mul:
-            v = v + along(rank - 1, kd[w.digit] * w.k_mul)
-        q = v // w.div
-        inside = inside & (v >= 0) & (v - q * w.div == 0) & (q < w.size)
-        addr = addr + q * w.stride
-    addr = np.broadcast_to(addr, [*dims, desc.K])
-    if inside is True:
-        return flat[addr]
-    inside = np.broadcast_to(inside, addr.shape)
-    return np.where(inside, flat[np.where(inside, addr, 0)], np.uint32(m.fill))
+        rv = coord[w.axis] * w.out_mul if w.out_mul else np.zeros(R, dtype=np.int64)
+        kv = (kd[w.digit] * w.k_mul if w.k_mul else np.zeros(K, dtype=np.int64)) + w.offset
+        if w.div == 1:
+            rows[0] = rows[0] + rv * w.stride
+            ks[0] = ks[0] + kv * w.stride
+            if int(rv.min()) + int(kv.min()) >= 0 and int(rv.max()) + int(kv.max()) < w.size:
+                continue
+            wins.append((1, w.size, 0))
+        else:
+            wins.append((w.div, w.size, w.stride))
+        rows.append(rv)
+        ks.append(kv)
+    return Operand(np.ascontiguousarray(np.stack(rows), dtype=np.int64),
+                   np.ascontiguousarray(np.stack(ks, axis=1), dtype=np.int64),
+                   np.asarray(wins, dtype=np.int64).reshape(-1, 3), m.fill)
 
 
-def gemm_operands(desc: KernelDesc, g: WindowedGemm, flat: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """``A (nb, M, K)`` and ``B (nb, K, N)`` as float32 (C-contiguous)."""
-    shape, K = desc.out_shape, desc.K
+WindowedGemmFn = Callable[[Operand, np.ndarray, Operand, np.ndarray, int, int, int], np.ndarray]
+"""``(a, a_bits, b, b_bits, nb, M, N) -> C (nb, M, N)``: A's rows are ``nb*M``, B's ``nb*N``."""
+
+
+def explicit(gemm: Gemm) -> WindowedGemmFn:
+    """A windowed GEMM from a plain one: both operands gathered (explicit im2col), then ``gemm``."""
+
+    def run(a: Operand, a_bits: np.ndarray, b: Operand, b_bits: np.ndarray, nb: int, M: int, N: int) -> np.ndarray:
+        A = a.gather(a_bits).reshape(nb, M, -1)
+        B = b.gather(b_bits).reshape(nb, N, -1).transpose(0, 2, 1)
+        return gemm(np.ascontiguousarray(A).view(np.float32), np.ascontiguousarray(B).view(np.float32))
+
+    return run
+
+
+Gather = Callable[[Operand, np.ndarray], np.ndarray]
+"""``(operand, bits) -> (R, K)`` raw bits: every element (``Operand.gather``, or a native one)."""
+
+
+def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int], gather: Gather | None) -> np.ndarray:
+    """Input ``slot`` read at every (coordinates of ``axes``, k): shape ``(*dims, K)``."""
+    op = operand(desc, slot, axes)
+    dense = op.gather(flat) if gather is None else gather(op, flat)
+    return dense.reshape(*[desc.out_shape[a] for a in axes], desc.K)
+
+
+def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, int, int, int]:
+    """The two operands of ``g`` and its ``(nb, M, N)``."""
+    shape = desc.out_shape
     nb = math.prod(shape[a] for a in g.batch)
     M, N = math.prod(shape[a] for a in g.m), math.prod(shape[a] for a in g.n)
-    a = _gather(desc, g.slot_a, flat[g.slot_a], g.batch + g.m).reshape(nb, M, K)
-    b = _gather(desc, g.slot_b, flat[g.slot_b], g.batch + g.n).reshape(nb, N, K).transpose(0, 2, 1)
-    return np.ascontiguousarray(a).view(np.float32), np.ascontiguousarray(b).view(np.float32)
+    return operand(desc, g.slot_a, g.batch + g.m), operand(desc, g.slot_b, g.batch + g.n), nb, M, N
 
 
-def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, list[np.ndarray]] | None:
+@dataclass(frozen=True)
+class Prepared:
+    """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
+    a windowed dot chain); they depend on the descriptor alone."""
+
+    gemm: WindowedGemm | None
+    operands: tuple[Operand, Operand, int, int, int] | None
+
+
+def prepare(desc: KernelDesc) -> Prepared:
+    g = plan(desc)
+    return Prepared(g, None if g is None else gemm_operands(desc, g))
+
+
+def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None
+             ) -> tuple[KernelDesc, list[np.ndarray]] | None:
     """The same program over plain maps: each windowed input gathered densely at (the output axes
-    it reads, k); None if a LOADIDX reads a windowed input."""
+    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input."""
     programs = desc.prologue + desc.body + desc.epilogue
     if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
         return None
@@ -157,7 +231,7 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, 
             data.append(flat[t])
             continue
         axes = tuple(d for d in range(rank) if _depends(m, d))
-        dense = _gather(desc, t, flat[t], axes)  # (*dims of axes, K)
+        dense = _gather(desc, t, flat[t], axes, gather)  # (*dims of axes, K)
         st = c_strides(dense.shape)
         strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
         maps.append(InputMap(dense.size, strides, kstride=1 if desc.K > 1 else 0))
@@ -167,19 +241,23 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray]) -> tuple[KernelDesc, 
     return plain, data
 
 
-def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: Gemm, plain: Runner | None = None) -> np.ndarray:
-    """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed on ``plain``
-    (a runner of plain descriptors), else on the reference; float32 of ``out_shape``, the
-    reference's bits either way."""
-    g = plan(desc)
+def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
+        gather: Gather | None = None, prepared: Prepared | None = None) -> np.ndarray:
+    """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed (by
+    ``gather``) on ``plain`` (a runner of plain descriptors), else on the reference; float32 of
+    ``out_shape``, the reference's bits either way. ``prepared``: ``prepare(desc)``, if the
+    caller keeps it."""
+    prep = prepare(desc) if prepared is None else prepared
+    g = prep.gemm
     flat = check_inputs(desc, inputs)
     if g is None:
-        dense = dewindow(desc, flat) if plain is not None else None
+        dense = dewindow(desc, flat, gather) if plain is not None else None
         if dense is None or plain is None:
             return reference.run(desc, inputs)
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
-    a, b = gemm_operands(desc, g, flat)
-    r0 = np.ascontiguousarray(gemm(a, b), dtype=np.float32).reshape(-1)
+    a, b, nb, M, N = prep.operands or gemm_operands(desc, g)
+    c = np.asarray(gemm(a, flat[g.slot_a], b, flat[g.slot_b], nb, M, N), dtype=np.float32)
+    r0 = to_output(desc, g, c).reshape(-1)
     if not desc.epilogue:
         return r0.reshape(desc.out_shape)
     # the epilogue over r0: a map reading r0 from an extra input, then the epilogue as is

@@ -85,6 +85,7 @@ class CpuBackend:
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
+        self._windowed_prepared: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)  # operand tables
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
@@ -137,8 +138,9 @@ class CpuBackend:
         return torch.get_num_threads() if self.threads is None else self.threads
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
-        if desc.extended:  # the window extension: explicit GEMM or dewindowed (repops/windowed.py)
-            return windowed.run(desc, inputs, self._gemm, self)
+        if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
+            return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather,
+                                self._windowed_prepared(desc))
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -160,9 +162,14 @@ class CpuBackend:
         return out.numpy().view(np.float32).reshape(desc.out_shape)
 
     # ------------------------------------------------------------------ fast paths
-    def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """(nb, M, K) @ (nb, K, N) float32 arrays on the fixed-chain GEMM."""
-        return ext.matmul3(torch.from_numpy(a), torch.from_numpy(b), self.isa, self.threads).numpy()
+    def _windowed_gemm(self, a: windowed.Operand, a_bits: np.ndarray, b: windowed.Operand, b_bits: np.ndarray,
+                       nb: int, M: int, N: int) -> np.ndarray:
+        """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp)."""
+        return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads).numpy()
+
+    def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray) -> np.ndarray:
+        """Every element of a windowed operand (kernels/cpu/conv.cpp), for dewindowed nodes."""
+        return ext.windowed_gather(op, bits, self.isa, self.threads).numpy().view(np.uint32)
 
     def _views(self, plan: Plan, flat: list[np.ndarray]) -> list[torch.Tensor]:
         # reshape keeps stride-0 (broadcast) batches as views where it can; a copy changes no value

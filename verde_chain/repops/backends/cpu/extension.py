@@ -44,17 +44,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from verde_chain.errors import RepOpsError
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
+from verde_chain.repops.backends.native import writable
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 KERNELS = REPO_ROOT / "kernels"
 # Translation units of the extension (one module), and every header they include: the build
 # cache key covers all of them.
-SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "pool.cpp", "gemm.cpp", "reduce.cpp", "binary.cpp",
-                                              "interpreter.cpp", "step_plan.cpp"))  # fmt: skip
+SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "pool.cpp", "gemm.cpp", "conv.cpp", "reduce.cpp",
+                                              "binary.cpp", "interpreter.cpp", "step_plan.cpp"))  # fmt: skip
 HEADERS = (*sorted((KERNELS / "cpu").glob("*.h")), KERNELS / "repops_fp32.h", KERNELS / "generated" / "repops_isa.h")
 BUILD_ROOT = REPO_ROOT / "build" / "native"
 
@@ -265,6 +267,28 @@ def matmul3(
     (batch, M, N); the fixed fma chain. The backend's entry point; :func:`matmul` wraps it."""
     mc, kc, nc = _tile(tile)
     return _ext(isa).matmul3(_f32(a3, "matmul a"), _f32(b3, "matmul b"), _threads(threads), mc, kc, nc)
+
+
+def windowed_matmul(
+    a: Any, a_bits: Any, b: Any, b_bits: Any, nb: int, M: int, N: int, isa: str | None = None,
+    threads: int | None = None, tile: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """C (nb, M, N) of two ``repops.windowed.Operand``s over their raw input bits (uint32 arrays):
+    the fixed fma chain per element, panels packed straight through the windows."""
+    mc, kc, nc = _tile(tile)
+    K = int(a.ks.shape[0])
+    return _ext(isa).windowed_matmul(*_operand_args(a, a_bits), *_operand_args(b, b_bits), nb, M, N, K,
+                                     _threads(threads), mc, kc, nc)
+
+
+def windowed_gather(op: Any, bits: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
+    """Every element ``(R, K)`` (int32 bits) of a ``repops.windowed.Operand`` over its input's bits."""
+    return _ext(isa).windowed_gather(*_operand_args(op, bits), _threads(threads))
+
+
+def _operand_args(op: Any, bits: Any) -> list[Any]:
+    return [torch.from_numpy(writable(np.ascontiguousarray(bits)).view(np.int32)), torch.from_numpy(op.rows),
+            torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]
 
 
 def gemm(

@@ -107,9 +107,11 @@ class CudaBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:
-            # the device interpreter reads no windows yet: operands gathered on the host
-            # (repops/windowed.py), then the GEMM and the plain programs run on the device
-            return windowed.run(desc, inputs, self._gemm, self)
+            # convolutions on the device's windowed GEMM (operands read through their windows);
+            # an extension without it gathers them on the host (windowed.explicit); the rest is
+            # dewindowed onto the device interpreter (repops/windowed.py)
+            gemm = self._windowed_gemm if hasattr(self.extension, "windowed_matmul") else windowed.explicit(self._gemm)
+            return windowed.run(desc, inputs, gemm, self)
         prep = self.prepare(desc)
         flat = check_inputs(desc, inputs)
         dev = [self._to_device(x) for x in flat]
@@ -130,6 +132,15 @@ class CudaBackend:
         """(nb, M, K) @ (nb, K, N) float32 host arrays on the device GEMM."""
         da, db = (self._to_device(x).view(torch.float32) for x in (a, b))
         return self.extension.matmul3(da, db).cpu().numpy()
+
+    def _windowed_gemm(self, a: windowed.Operand, a_bits: np.ndarray, b: windowed.Operand, b_bits: np.ndarray,
+                       nb: int, M: int, N: int) -> np.ndarray:
+        """The device's windowed GEMM (kernels/cuda/repops_cuda.cu repops_wgemm_kernel)."""
+        args: list[Any] = []
+        for op, bits in ((a, a_bits), (b, b_bits)):
+            tables = [torch.from_numpy(t).to(self.device) for t in (op.rows, op.ks, op.wins)]
+            args += [self._to_device(bits), *tables, int(op.fill)]
+        return self.extension.windowed_matmul(*args, nb, M, N, int(a.ks.shape[0])).cpu().numpy()
 
     def _to_device(self, x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(writable(np.ascontiguousarray(x).view(np.int32))).to(self.device)

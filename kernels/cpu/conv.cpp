@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: MIT
+//
+// conv.cpp — the windowed GEMM: convolution forward, grad-input and grad-weight (any window
+// descriptor whose program is the dot chain, repops/windowed.py) as one fixed-chain GEMM with
+// implicit im2col.
+//
+//   C[b, i, j] = dot over k ascending of A(b*M + i, k) * B(b*N + j, k)
+//
+// Operands are never unfolded: each MR / NR panel of a K block is packed straight from the
+// input through its windows (WinOperand, kernels.h), padding taps reading the fill (+0), as the
+// plain GEMM packs its panels from strided memory. The micro-kernel is the plain GEMM's
+// (gemm_tile.h), so one output element's chain is acc = a0*b0, then fma(a_k, b_k, acc) for k
+// ascending, carried through C in fp32 between K blocks: the descriptor's bits whatever the
+// blocking or the thread count.
+//
+// Work items are (batch entry, column block, row block) triples, independent of each other
+// (each packs what it reads into its own buffers and writes its own output tile), handed out by
+// parallel_items.
+
+#include <algorithm>
+#include <cstring>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gemm_tile.h"
+#include "kernels.h"
+
+namespace repops_cpu {
+namespace {
+
+constexpr int MAX_CHECKED = 8;
+
+// One element, any windows (div > 1 included): the fill where a window is out of range.
+inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, bool& ok) {
+    int64_t addr = o.rows[r] + kk[0];
+    for (int64_t w = 0; w < o.nchk; w++) {
+        const int64_t v = o.rows[(1 + w) * o.R + r] + kk[1 + w];
+        const int64_t div = o.wins[3 * w], size = o.wins[3 * w + 1];
+        if (v < 0) return o.fill;
+        const int64_t q = v / div;
+        if (q * div != v || q >= size) return o.fill;
+        addr += q * o.wins[3 * w + 2];
+    }
+    if ((uint64_t)addr >= (uint64_t)o.numel) {
+        ok = false;
+        return 0;
+    }
+    return o.data[addr];
+}
+
+// A run of rows r .. r+len-1 that step evenly: address RA[r+c] = RA[r] + c*step and each
+// checked window's row part rv[r+c] = rv[r] + c*delta[w] (delta >= 0). Convolutions' im2col
+// panels are such runs along an output row (step = the conv stride), or along the images when
+// the feature map is 1x1: then each k reads one interval of c [lo, hi) from memory, step
+// apart, and the fill outside it. Returns the longest such run from r (at least 1, at most
+// max_len) and its step and deltas.
+int64_t run_length(const WinOperand& o, int64_t r, int64_t max_len, int64_t& step, int64_t* delta) {
+    step = 0;
+    for (int64_t w = 0; w < o.nchk; w++) delta[w] = 0;
+    if (max_len < 2) return max_len;
+    step = o.rows[r + 1] - o.rows[r];
+    for (int64_t w = 0; w < o.nchk; w++) {
+        const int64_t* rv = o.rows + (1 + w) * o.R + r;
+        delta[w] = rv[1] - rv[0];
+        if (delta[w] < 0) {
+            step = 0;
+            for (int64_t v = 0; v <= w; v++) delta[v] = 0;
+            return 1;
+        }
+    }
+    int64_t len = 2;
+    for (; len < max_len; len++) {
+        if (o.rows[r + len] - o.rows[r] != len * step) break;
+        bool same = true;
+        for (int64_t w = 0; w < o.nchk && same; w++) {
+            const int64_t* rv = o.rows + (1 + w) * o.R + r;
+            same = rv[len] - rv[0] == len * delta[w];
+        }
+        if (!same) break;
+    }
+    return len;
+}
+
+// One k row of a run (see run_length): element c in range iff every window has
+// 0 <= v0_w + c*delta_w < size_w, i.e. c in [lo, hi).
+template <int NCHK>
+void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
+                    const int64_t* delta, const uint64_t* size, float* d, bool& ok) {
+    int64_t lo = 0, hi = valid;
+    for (int w = 0; w < NCHK; w++) {
+        const int64_t v0 = o.rows[(1 + w) * o.R + r] + kk[1 + w], sz = (int64_t)size[w], dl = delta[w];
+        if (dl == 0) {
+            if (v0 < 0 || v0 >= sz) hi = 0;
+            continue;
+        }
+        if (v0 < 0) lo = std::max(lo, (-v0 + dl - 1) / dl);
+        hi = sz - v0 <= 0 ? 0 : std::min(hi, (sz - v0 + dl - 1) / dl);
+    }
+    const float fill = from_bits(o.fill);
+    if (hi <= lo) {
+        lo = hi = 0;
+    } else {
+        const int64_t base = o.rows[r] + kk[0];
+        const int64_t first = base + lo * step, last = base + (hi - 1) * step;
+        if (std::min(first, last) < 0 || std::max(first, last) >= o.numel) {
+            ok = false;
+            return;
+        }
+        if (step == 1) {
+            std::memcpy(d + lo, o.data + first, sizeof(float) * (hi - lo));
+        } else {
+            for (int64_t c = lo; c < hi; c++) d[c] = from_bits(o.data[base + c * step]);
+        }
+    }
+    for (int64_t c = 0; c < lo; c++) d[c] = fill;
+    for (int64_t c = hi; c < valid; c++) d[c] = fill;
+}
+
+// Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
+// `count` (those outputs are discarded). NCHK >= 0: that many checked windows, all div == 1
+// (a range check each); NCHK < 0: any windows (fetch_any).
+template <int P, int NCHK>
+void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
+    const int64_t cols = 1 + o.nchk;
+    uint64_t size[MAX_CHECKED > NCHK ? MAX_CHECKED : 1] = {};
+    for (int w = 0; w < NCHK; w++) size[w] = (uint64_t)o.wins[3 * w + 1];
+    struct Run {
+        int64_t c0, len, step, delta[MAX_CHECKED];
+    };
+    for (int64_t pp = 0; pp < count; pp += P) {
+        const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
+        float* panel = out + pp * kc;
+        // the panel as runs (div == 1 windows only); runs of one or two rows do not pay
+        Run runs[P];
+        int64_t n_runs = 0;
+        bool use_runs = NCHK >= 0;
+        for (int64_t c = 0; use_runs && c < valid; n_runs++) {
+            Run& u = runs[n_runs];
+            u.c0 = c;
+            u.len = run_length(o, r + c, valid - c, u.step, u.delta);
+            c += u.len;
+        }
+        use_runs = use_runs && n_runs * 4 <= valid;
+        for (int64_t k = 0; k < kc; k++) {
+            const int64_t* kk = o.ks + (p0 + k) * cols;
+            float* d = panel + k * P;
+            int64_t c = 0;
+            if (NCHK < 0) {
+                for (; c < valid; c++) d[c] = from_bits(fetch_any(o, r + c, kk, ok));
+            } else if (use_runs) {
+                for (int64_t i = 0; i < n_runs; i++)
+                    pack_steps_row<NCHK>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta, size,
+                                         d + runs[i].c0, ok);
+                c = valid;
+            } else {
+                const int64_t* ra = o.rows + r;
+                for (; c < valid; c++) {
+                    bool in = true;
+                    for (int w = 0; w < NCHK; w++) in &= (uint64_t)(o.rows[(1 + w) * o.R + r + c] + kk[1 + w]) < size[w];
+                    uint32_t bits = o.fill;
+                    if (in) {
+                        const int64_t addr = ra[c] + kk[0];
+                        if ((uint64_t)addr < (uint64_t)o.numel)
+                            bits = o.data[addr];
+                        else
+                            ok = false;
+                    }
+                    d[c] = from_bits(bits);
+                }
+            }
+            for (; c < P; c++) d[c] = 0.0f;
+        }
+    }
+}
+
+template <int P>
+void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
+    bool all_div1 = o.nchk <= 3;
+    for (int64_t w = 0; w < o.nchk && all_div1; w++) all_div1 = o.wins[3 * w] == 1;
+    if (!all_div1) return pack_panels<P, -1>(o, r0, count, p0, kc, out, ok);
+    switch (o.nchk) {
+        case 0: return pack_panels<P, 0>(o, r0, count, p0, kc, out, ok);
+        case 1: return pack_panels<P, 1>(o, r0, count, p0, kc, out, ok);
+        case 2: return pack_panels<P, 2>(o, r0, count, p0, kc, out, ok);
+        default: return pack_panels<P, 3>(o, r0, count, p0, kc, out, ok);
+    }
+}
+
+}  // namespace
+
+bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
+                   int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+    if ((double)batch * (double)M * (double)N * (double)K < (double)(1 << 20)) threads = 1;
+    int64_t mblocks = ceil_div(M, mc), nblocks = ceil_div(N, nc);
+    // Too few items for the threads (the weight gradient: one batch entry): narrower column
+    // blocks, whole NR panels, about two items per thread.
+    if (threads > 1 && batch * mblocks * nblocks < 2 * threads) {
+        const int64_t want = ceil_div(2 * threads, batch * mblocks);
+        nc = std::max<int64_t>(GEMM_NR, round_up(ceil_div(N, want), GEMM_NR));
+        nblocks = ceil_div(N, nc);
+    }
+    std::atomic<bool> all_ok{true};
+    const int64_t n_items = batch * nblocks * mblocks;
+    parallel_items(n_items, threads, [&](int64_t item, int64_t) {
+        thread_local std::vector<float> abuf, bbuf;
+        const int64_t bi = item / (nblocks * mblocks), rest = item % (nblocks * mblocks);
+        const int64_t j0 = (rest / mblocks) * nc, i0 = (rest % mblocks) * mc;
+        const int64_t cols = std::min(nc, N - j0), rows = std::min(mc, M - i0);
+        float* Cb = C + bi * M * N;
+        bool ok = true;
+        for (int64_t p0 = 0; p0 < K; p0 += kc) {
+            const int64_t kcur = std::min(kc, K - p0);
+            bbuf.resize(round_up(cols, GEMM_NR) * kcur);
+            abuf.resize(round_up(rows, GEMM_MR) * kcur);
+            pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bbuf.data(), ok);
+            pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, abuf.data(), ok);
+            for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
+                for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
+                    micro_kernel(kcur, abuf.data() + ir * kcur, bbuf.data() + jr * kcur, Cb + (i0 + ir) * N + j0 + jr,
+                                 N, p0 == 0, p0 + kcur == K, std::min<int64_t>(GEMM_MR, rows - ir),
+                                 std::min<int64_t>(GEMM_NR, cols - jr));
+        }
+        if (!ok) all_ok = false;
+    });
+    return all_ok;
+}
+
+bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads) {
+    std::atomic<bool> all_ok{true};
+    const int64_t per_item = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, K));  // rows per item
+    if ((double)o.R * (double)K < (double)(1 << 18)) threads = 1;
+    parallel_items(ceil_div(o.R, per_item), threads, [&](int64_t item, int64_t) {
+        bool ok = true;
+        const int64_t cols = 1 + o.nchk;
+        for (int64_t r = item * per_item; r < std::min(o.R, (item + 1) * per_item); r++)
+            for (int64_t k = 0; k < K; k++) out[r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
+        if (!ok) all_ok = false;
+    });
+    return all_ok;
+}
+
+}  // namespace repops_cpu

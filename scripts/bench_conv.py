@@ -1,0 +1,126 @@
+"""Benchmark the RepOps convolution (windowed GEMM, implicit im2col: kernels/cpu/conv.cpp)
+against torch at the same thread count.
+
+Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
+       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32]
+
+Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
+``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
+the backend's whole call (``CpuBackend(desc, inputs)``: operand tables, kernel, reshape) and the
+kernel alone (tables built once); torch: ``conv2d`` and ``aten.convolution_backward`` for each
+gradient alone. Best-of-N, round-robin (scripts/bench_gemm.best_of). Prints a table and one JSON
+line. ``--step MODEL``: instead, one committed training step of a vision job
+(``examples/vision.py``, SGD with momentum) against torch eager's forward, backward and SGD step
+on the same module and batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gemm import best_of
+
+from verde_chain.repops import library, windowed
+from verde_chain.repops.backends.cpu import extension as cpu_ext
+from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.library import ConvGeometry
+
+
+def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
+    from verde_chain.examples import vision
+    from verde_chain.graph.executor import StepExecutor
+
+    torch.set_num_threads(threads)
+    job = vision.vision_job(name, steps=1, batch_size=batch, samples=batch)
+    prog = job.program
+    ex = StepExecutor(prog.graph, CpuBackend(isa=isa, threads=threads))
+    r = np.random.default_rng(0)
+    X = r.random((batch, *vision.input_shape(name)), dtype=np.float32)
+    Y = r.integers(0, 10, batch).astype(np.float32)
+    data = prog.batch(1, {"x": X}, Y)
+    state = ex.initial_state(prog.initial_state())
+    module = vision.vision_module(name).train()
+    opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    tx, ty = torch.from_numpy(X), torch.from_numpy(Y).long()
+
+    def torch_step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(module(tx), ty).backward()
+        opt.step()
+
+    t_torch, t_rep = best_of([torch_step, functools.partial(ex.run_step, state, data)], repeat, budget_s=120.0)
+    return {"model": name, "batch": batch, "threads": threads, "isa": isa, "torch_s": round(t_torch, 3),
+            "repops_committed_step_s": round(t_rep, 3), "ratio": round(t_rep / t_torch, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--isa", default=None, help=f"one of {cpu_ext.ISAS}; default: best available")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--shape", type=int, nargs=9, default=[32, 64, 32, 32, 64, 3, 3, 1, 1],
+                    metavar=("N", "C", "H", "W", "M", "KH", "KW", "PAD", "STRIDE"))
+    ap.add_argument("--step", default=None, help="a vision model (resnet18, mobilenet_v2): time a training step")
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args()
+    n, c, h, w, m, kh, kw, pad, stride = args.shape
+    isa = args.isa or cpu_ext.best_isa()
+    cpu_ext.extension(isa)  # build outside the timings
+    if args.step:
+        for t in args.threads:
+            row = bench_step(args.step, args.batch, t, isa, args.repeat)
+            print(json.dumps(row))
+        return
+    g = ConvGeometry.make((n, c, h, w), (kh, kw), (stride, stride), None, (pad,) * 4)
+    oh, ow = g.out_spatial
+    r = np.random.default_rng(0)
+    x = r.standard_normal((n, c, h, w), dtype=np.float32)
+    wt = r.standard_normal((m, c, kh, kw), dtype=np.float32)
+    dy = r.standard_normal((n, m, oh, ow), dtype=np.float32)
+    tx, tw, tdy = (torch.from_numpy(a) for a in (x, wt, dy))
+    kinds = {
+        "forward": (library.convolution(g, wt.shape), [x, wt],
+                    lambda: torch.nn.functional.conv2d(tx, tw, padding=pad, stride=stride)),
+        "grad_input": (library.conv_grad_input(g, wt.shape), [dy, wt],
+                       lambda: torch.ops.aten.convolution_backward(
+                           tdy, tx, tw, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1, [True, False, False])),
+        "grad_weight": (library.conv_grad_weight(g, wt.shape), [dy, x],
+                        lambda: torch.ops.aten.convolution_backward(
+                            tdy, tx, tw, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1, [False, True, False])),
+    }
+    rows = []
+    for t in args.threads:
+        torch.set_num_threads(t)
+        be = CpuBackend(isa=isa, threads=t)
+        for kind, (desc, ins, torch_fn) in kinds.items():
+            plan = windowed.plan(desc)
+            assert plan is not None, kind
+            a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+            flat = [np.ascontiguousarray(v).reshape(-1).view(np.uint32) for v in ins]
+            t_torch, t_call, t_kernel = best_of([
+                torch_fn,
+                functools.partial(be, desc, ins),
+                functools.partial(cpu_ext.windowed_matmul, a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, t),
+            ], args.repeat)
+            flops = 2.0 * desc.numel * desc.K
+            rows.append({"kind": kind, "threads": t, "isa": isa, "torch_ms": round(t_torch * 1e3, 2),
+                         "repops_ms": round(t_call * 1e3, 2), "kernel_ms": round(t_kernel * 1e3, 2),
+                         "repops_gflops": round(flops / t_call / 1e9, 1), "ratio": round(t_call / t_torch, 3),
+                         "kernel_ratio": round(t_kernel / t_torch, 3)})
+            row = rows[-1]
+            print(f"{kind:12s} threads={t} torch {row['torch_ms']:8.2f} ms  repops {row['repops_ms']:8.2f} ms "
+                  f"(kernel {row['kernel_ms']:8.2f} ms, {row['repops_gflops']} GF/s)  ratio {row['ratio']:.2f} "
+                  f"(kernel {row['kernel_ratio']:.2f})")
+    print(json.dumps({"shape": args.shape, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
