@@ -84,7 +84,7 @@ class ChallengerBot(Bot):
             plan = self.plan(job_id)
         except AgentError as exc:
             self._mark(key, "skipped", reason=str(exc))
-            self.log(f"job {job_id}: cannot re-execute ({exc})")
+            self.log(f"refused job {job_id}: cannot re-execute it ({exc})")
             return False
         # remembered (for this strategy and seed) so a check that must wait, for an unaffordable
         # bond, does not re-execute the job on every poll

@@ -59,7 +59,7 @@ class ClientBot(Bot):
         self.store.put("posting", spec_hash.hex())
         now = self.now()
         terms = JobTerms(
-            token=offer.token, spec_hash=spec_hash, bundle_uri="", graph_root=job.spec.graph_root,
+            token=offer.token, spec_hash=spec_hash, bundle_uri=self.bundles.uri(spec_hash), graph_root=job.spec.graph_root,
             initial_commitment=job.spec.initial_commitment, batch_root=job.spec.batch_root,
             num_steps=job.spec.steps, checkpoint_interval=max(1, job.spec.checkpoint_interval),
             reward=offer.reward, trainer_stake=offer.trainer_stake, min_challenge_bond=offer.min_challenge_bond,

@@ -67,12 +67,12 @@ class TrainerBot(Bot):
             bundle = self.bundles.fetch(job.terms.spec_hash)
         except AgentError as exc:
             self.store.update_job(job_id, state="skipped", reason=str(exc))
-            self.log(f"job {job_id}: skipped ({exc})")
+            self.log(f"refused job {job_id}: {exc}")
             return
         bad = check_against_chain(bundle, job.terms)
         if bad:
             self.store.update_job(job_id, state="skipped", reason=f"bundle disagrees with chain on {bad}")
-            self.log(f"job {job_id}: skipped, bundle disagrees with the posted {bad}")
+            self.log(f"refused job {job_id}: its bundle disagrees with the posted {bad}")
             return
         self.store.update_job(job_id, state="joining")
 
@@ -130,6 +130,9 @@ class TrainerBot(Bot):
             self.sender.send(self.market.contract.functions.reveal(job_id, result, ZERO32, salt), "reveal")
             self.store.update_job(job_id, state="submitted", slot=slot)
             self.log(f"job {job_id}: revealed C_T = 0x{result.hex()[:16]}...")
+            # the opening of what C_T commits (verde_chain/results.py), published only now: before
+            # the reveal it would hand the result to anyone who wants to copy it
+            self.bundles.publish_result(self.bundles.fetch(job.terms.spec_hash), self.plan(job_id).world)
             return True
         if rec.get("state") != "submitted":
             self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + s.result.hex())
