@@ -25,7 +25,7 @@ from verde_chain.graph.data import Dataset
 from verde_chain.graph.errors import DataError, JobSpecError
 from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL
 from verde_chain.graph.training import LOSSES, OPTIMIZERS, LossSpec, OptimizerSpec
-from verde_chain.job import Job, make_job, save_job
+from verde_chain.job import Job, default_checkpoint_interval, make_job, save_job
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -125,9 +125,7 @@ def create(args: argparse.Namespace) -> Job:
     batch_size = args.batch_size or _model_batch_size(onnx_bytes)
     if batch_size is None:
         raise JobSpecError(f"{args.model} has no fixed batch dimension; pass --batch-size (and export with fixed shapes)")
-    interval = args.checkpoint_interval
-    if interval is None:
-        interval = min(DEFAULT_CHECKPOINT_INTERVAL, args.steps)
+    interval = default_checkpoint_interval(args.steps) if args.checkpoint_interval is None else args.checkpoint_interval
     frozen = tuple(n for item in args.frozen for n in item.split(",") if n)
     loss = LossSpec(args.loss, args.loss_output, args.ignore_index)
     opt = OptimizerSpec(args.optimizer, args.lr, args.momentum, args.nesterov, args.weight_decay, args.beta1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ from verde_chain.job import Job, load_job
 from verde_chain.market.types import ETH
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
+RPC_ENV = "VERDE_RPC_URL"  # the --rpc-url of every command that talks to a market, when it is not given
 DEFAULT_STATE = Path("build") / "agents"
 
 
 def chain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rpc-url", default=DEFAULT_RPC, help=f"JSON-RPC endpoint (default {DEFAULT_RPC})")
+    p.add_argument("--rpc-url", default=os.environ.get(RPC_ENV, DEFAULT_RPC),
+                   help=f"JSON-RPC endpoint (default ${RPC_ENV}, else {DEFAULT_RPC})")
     p.add_argument("--market", default=None,
                    help="JobMarket address (default: from build/deployments/<chain id>.json, see `deploy`)")
 
