@@ -104,3 +104,23 @@ def test_job_results_gives_every_output_of_an_inference_job_checked(world: World
     assert not out.exists()
     shutil.rmtree(Bundles(world.bundles).root / job.spec.hash().hex())
     assert_refused(run_cli(*_results(world, job_id), cwd=tmp_path), "no bundle for spec")
+
+
+def test_a_bundle_gone_bad_after_the_join_is_refused_not_fatal(world: World, tmp_path: Path) -> None:
+    """A trainer restarted after joining finds the bundle no longer matches: it refuses the job on
+    one line instead of failing on every start."""
+    world = _fresh(world, tmp_path)
+    client = world.client()
+    trainer = TrainerBot(world.w3, world.artifacts, world.cfg("trainer-2", 2), log=lambda m: None)
+    job_id = client.post(TERMS, world.job)
+    trainer.tick()
+    assert trainer.store.job(job_id)["state"] == "joined"  # type: ignore[index]
+    trainer.close()
+    (Bundles(world.bundles).root / world.job.spec.hash().hex() / "init.npz").unlink()
+    said: list[str] = []
+    reborn = TrainerBot(world.w3, world.artifacts, world.cfg("trainer-2", 2), log=said.append)
+    assert f"[trainer-2] resuming job {job_id} (joined)" in said
+    reborn.tick()
+    assert reborn.store.job(job_id)["state"] == "skipped"  # type: ignore[index]
+    assert any(m.startswith(f"[trainer-2] refused job {job_id}: bundle") for m in said), said
+    reborn.close()

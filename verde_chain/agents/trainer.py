@@ -111,7 +111,12 @@ class TrainerBot(Bot):
         if s.status == SlotStatus.JOINED:
             if self.now() > job.terms.submission_deadline:
                 return False
-            plan = self.plan(job_id)
+            try:
+                plan = self.plan(job_id)
+            except AgentError as exc:  # the bundle went bad since the join (or the strategy cannot play this job)
+                self.store.update_job(job_id, state="skipped", reason=str(exc))
+                self.log(f"refused job {job_id}: {exc}; my stake on it is lost")
+                return False
             every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
             result = train(plan, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
                            if i % every == 0 or i == n else None)
