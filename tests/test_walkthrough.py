@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 def test_the_script_is_every_block_in_order() -> None:
     script = walkthrough_script(DOC.read_text(), 1234)
-    order = ["job_from_torch(", "verde-chain job create", "verde-chain node --port 1234", "verde-chain deploy",
+    order = ["job_from_torch(", "verde-chain job create", "verde-chain train my-job", "verde-chain node --port 1234", "verde-chain deploy",
              "verde-chain trainer run", "verde-chain client --account 1 --bundle my-job", "verde-chain job results 1",
              "np.load(\"trained.npz\")", "kill $(jobs -p)"]
     at = [script.index(s) for s in order]
@@ -81,6 +81,7 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     # paid: both trainers settled on the accepted result, which the client read back checked
     accepted = re.search(r"accepted C_T (0x[0-9a-f]{64})", out)
     assert accepted, out[-4000:]
+    assert f"final_commitment: {accepted[1]}" in out  # the local run said what the market would accept
     assert "finalized; my slot ended SETTLED" in (tmp_path / "trainer-2.log").read_text()
     assert "finalized; my slot ended SETTLED" in (tmp_path / "trainer-3.log").read_text()
     with np.load(tmp_path / "trained.npz") as z:
