@@ -41,6 +41,16 @@ def test_demo_default_honest_side_wins(tmp_path: Path) -> None:
     png = Path(rep["picture"])
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[game 1] L4 micro-steps" in r.stdout and "=== report ===" in r.stdout
+    # the picture says what the cheat was and who won, in words
+    cap = rep["picture_caption"]
+    assert f"flipped bit {_bit} of element {e} of node {d} (" in cap and f"at training step {s} " in cap, cap
+    assert "The honest challenger won; the cheating trainer forfeited its stake." in cap, cap
+    # the wall time is cut into measured parts that add up to it
+    times = rep["times_s"]
+    assert set(times) == {"imports", "compile", "chain", "job", "training", "dispute", "report"}, times
+    assert min(times.values()) >= 0 and times["training"] > 0 and times["dispute"] > 0
+    assert round(sum(times.values()), 2) == rep["wall_s"]
+    assert f"wall time {rep['wall_s']} s = imports " in r.stdout
 
 
 @pytest.mark.chain

@@ -31,6 +31,7 @@ from verde_chain.job import (
     SPEC_TYPES,
     Job,
     JobSpec,
+    default_checkpoint_interval,
     inference_outputs,
     job_from_torch,
     load_job,
@@ -197,7 +198,7 @@ def test_job_from_torch_exports_in_training_mode_and_takes_integer_labels(monkey
     assert job.onnx_bytes == export_torch(m, torch.zeros(4, 4), ["x"], training=True)
     # int64 labels were converted exactly: the same job as from float32 labels
     same = make_job("mine", job.onnx_bytes, Dataset(X, y.astype(np.float32)), LossSpec(),
-                    OptimizerSpec("sgd", lr=0.1, momentum=0.9), 3, 4, 2)
+                    OptimizerSpec("sgd", lr=0.1, momentum=0.9), 3, 4, 2, default_checkpoint_interval(3))
     assert job.spec == same.spec and job.make_run().run() == same.make_run().run()
 
 

@@ -108,3 +108,16 @@ def test_job_create_shards_reads_s_micro_batches_of_the_models_batch(files: Path
     assert_refused(run_cli("job", "create", "--model", str(files / "m.onnx"), "--data", str(files / "d.npz"),
                            "--steps", "3", "--shards", "3", "--batch-size", "16", "--out", str(tmp_path / "c")),
                    "does not split into 3 equal shards")
+
+
+def test_client_bundle_mistakes_are_refused_on_one_line(files: Path, tmp_path: Path) -> None:
+    """Checked before the client connects anywhere (no chain needed to hear about them)."""
+    assert_refused(run_cli("client", "--bundle", str(tmp_path / "nothing")), "no job.json there", "job create")
+    assert run_cli("job", "create", "--model", str(files / "m.onnx"), "--data", str(files / "d.npz"), "--steps", "2",
+                   "--out", str(tmp_path / "b")).returncode == 0
+    assert_refused(run_cli("client", "--bundle", str(tmp_path / "b"), "--steps", "5"),
+                   "--steps 5", "2-step job")
+    np.savez(tmp_path / "b" / "data.npz", X=np.zeros((40, 4), np.float32), Y=np.zeros(40))  # not the committed data
+    assert_refused(run_cli("client", "--bundle", str(tmp_path / "b")), "dataset_root is 0x")
+    (tmp_path / "b" / "job.json").write_text("{ not json")
+    assert_refused(run_cli("client", "--bundle", str(tmp_path / "b")), "not valid JSON")

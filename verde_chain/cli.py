@@ -67,7 +67,8 @@ def _deploy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rpc-url", default=None, help="JSON-RPC endpoint (default: start an embedded Anvil)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="mainnet",
                    help="the JobMarket's immutable parameters: bounds on clocks, windows, deadlines and bonds "
-                        "(mainnet: 12 s blocks, bond floor at 20 gwei; fast: 1 s blocks, 1 gwei)")
+                        "(mainnet: 12 s blocks, bond floor at 20 gwei; fast: 1 s blocks, 1 gwei; dev: fast with "
+                        "windows and clocks of seconds, for a local chain only you use)")
     p.add_argument("--token-floor", action="append", default=[], metavar="TOKEN:MIN_BOND",
                    help="also allow jobs paid in ERC-20 TOKEN, with bonds of at least MIN_BOND (smallest units); "
                         "repeatable")

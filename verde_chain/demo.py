@@ -25,6 +25,7 @@ from typing import Any
 
 from eth_typing import HexStr
 
+from verde_chain import IMPORTED_AT
 from verde_chain.agents.bot import Bot, BotConfig
 from verde_chain.agents.challenger import ChallengerBot
 from verde_chain.agents.client import ClientBot, JobOffer
@@ -52,6 +53,39 @@ CHEAT_NODES = {k: ("conv", "batch_norm") for k in ("resnet18", "mobilenet_v2", "
 CHEAT_LEVELS = {1: "silent:0", 2: "lazy", 4: "bitflip"}
 
 
+# The demo's wall time, measured part by part (``times_s`` in the report, in this order).
+TIME_PARTS = {"imports": "imports", "compile": "compile", "chain": "Anvil + deploy", "job": "build + post the job",
+              "training": "training (trainers' and challenger's runs)", "dispute": "bots on chain + dispute",
+              "report": "report + picture"}
+
+
+class Stopwatch:
+    """Wall time cut into consecutive laps that add up to the total (rounded to 10 ms)."""
+
+    def __init__(self, started: float) -> None:
+        self.last = started
+        self._laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self._laps[name] = now - self.last
+        self.last = now
+
+    def split(self, name: str, part: str, part_s: float, rest: str) -> None:
+        """Close a lap of which ``part_s`` seconds (measured inside it) were ``part``, the rest ``rest``."""
+        self.lap(name)
+        whole = self._laps.pop(name)
+        self._laps[part] = min(part_s, whole)
+        self._laps[rest] = whole - self._laps[part]
+
+    def laps(self) -> dict[str, float]:
+        return {k: round(v, 2) for k, v in self._laps.items()}
+
+    def total(self) -> float:
+        """The wall time up to the last lap: the laps' sum (so the printed parts add up exactly)."""
+        return round(sum(self.laps().values()), 2)
+
+
 def job_instructions(job: Job) -> int:
     """Scalar binary32 instructions the whole job executes (every element's program, every step)."""
     per_step = sum(n.desc.numel * n.desc.num_steps for n in job.program.graph.nodes)
@@ -76,6 +110,29 @@ def cheater_strategy(job: Job, seed: int, cheat: str | None, cheat_level: int | 
     else:
         f = draw_fault(job, seed, labels=CHEAT_NODES.get(job.spec.name, ()))
     return f"bitflip:{f.step}:{f.node}:{f.element}:{f.bit}"
+
+
+def cheat_in_words(strategy: str, job: Job) -> str:
+    """What the cheating trainer does, in a sentence (the log's announcement and the picture's caption)."""
+    name, *args = strategy.split(":")
+    unit = "inference batch" if job.spec.kind == "inference" else "training step"
+
+    def node(d: str) -> str:
+        return f"node {d} ('{job.program.graph.nodes[int(d)].label}')"
+
+    if name == "bitflip" and len(args) >= 4:
+        s, d, e, b = args[:4]
+        return (f"the cheating trainer flipped bit {b} of element {e} of {node(d)} at {unit} {s} and carried on from "
+                "the wrong value, so the C_T it submitted is not the job's")
+    if name == "micro" and len(args) >= 4:
+        s, d, e, j = args[:4]
+        return f"the cheating trainer got instruction {j} of element {e} of {node(d)} wrong at {unit} {s}"
+    if name == "lazy":
+        return ("the cheating trainer ran only part of the job and claimed its last state for every later step, "
+                "which it cannot justify when asked for a node")
+    if name == "silent":
+        return "the cheating trainer submitted a wrong result, then never answered the dispute"
+    return f"the cheating trainer plays {strategy!r} (docs/agents.md)"
 
 
 class LiveView:
@@ -127,12 +184,14 @@ def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, ch
              explorer_port: int | None = None, explorer_hold: bool = False) -> int:
     """``explorer_port``: serve the live explorer of this run there (0: any free port) while it
     plays, and with ``explorer_hold`` after it ends too, until Ctrl-C."""
-    t0 = time.monotonic()
+    clock = Stopwatch(IMPORTED_AT)
+    clock.lap("imports")
     out = Path(out or Path("build") / "demo")
     state = out / "state"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     artifacts = compile_contracts()
+    clock.lap("compile")
     with Anvil() as node, ExitStack() as serving:
         w3 = node.web3()
         record, _ = deploy_full_system(w3, artifacts, node.rpc_url)
@@ -146,6 +205,7 @@ def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, ch
             site = serving.enter_context(start_explorer(node.rpc_url, market_addr, artifacts, state / "bundles",
                                                         port=explorer_port))
             print(f"[explorer] watch this run live at {site.url}", flush=True)
+        clock.lap("chain")
 
         def cfg(name: str, index: int, strategy: str = "honest") -> BotConfig:
             return BotConfig(node.rpc_url, market_addr, index, str(state / f"{name}.sqlite"), str(state / "bundles"),
@@ -157,25 +217,23 @@ def run_demo(json_out: bool = False, seed: int = 0, cheat: str | None = None, ch
         market = Market.at(w3, artifacts, market_addr)
         job = client.bundles.fetch(market.job(job_id).terms.spec_hash)
         strategy = cheater_strategy(job, seed, cheat, cheat_level)
-        if strategy.startswith("bitflip"):
-            _, s, d, e, b = strategy.split(":")
-            label = job.program.graph.nodes[int(d)].label
-            print(f"[demo] the cheater will flip bit {b} of element {e} of node {d} ({label}) at step {s}", flush=True)
-        else:
-            print(f"[demo] the cheater's strategy: {strategy}", flush=True)
+        print(f"[demo] {cheat_in_words(strategy, job)} (strategy {strategy})", flush=True)
         honest = TrainerBot(w3, artifacts, cfg("trainer-honest", 2))
         cheater = TrainerBot(w3, artifacts, cfg("trainer-cheat", 3, strategy))
         challenger = ChallengerBot(w3, artifacts, cfg("challenger", 4))
         bots: list[Bot] = [client, honest, cheater, challenger]
         view = LiveView(challenger.games, job, w3.eth.block_number + 1)
         conductor = Conductor(w3, artifacts, market_addr, bots, on_round=view)
-        t_chain = time.monotonic()
+        clock.lap("job")
         conductor.run(lambda: (client.store.job(job_id) or {}).get("state") == "done"
                       and all(g.get("done") for b in bots for g in b.store.games().values()))
-        dispute_s = time.monotonic() - t_chain
+        # the bots' runs of the whole job (both trainers, the challenger's re-execution) happen
+        # inside the conductor's rounds; the rest of them is the market and the game
+        clock.split("bots", "training", sum(p.train_s for b in bots for p in b.plans.values()), "dispute")
         report = _report(w3, market, job, job_id, bots, deploy_gas, challenger, out, strategy)
-        report["wall_s"] = round(time.monotonic() - t0, 2)
-        report["bots_s"] = round(dispute_s, 2)
+        clock.lap("report")
+        report["times_s"] = clock.laps()
+        report["wall_s"] = clock.total()
         report["time_jumps"] = conductor.time_jumps
         _print_report(report)
         if json_out:
@@ -225,12 +283,11 @@ def _report(w3: Any, market: Market, job: Job, job_id: int, bots: list[Bot], dep
                            "step_calldata_bytes": len(tx["input"]), "stepped_by": b.name}
     png = out / "bisection.png"
     first = game_ids[0] if game_ids else None
+    caption = None
     if first is not None:
         rec = challenger.store.game(first) or cheater.store.game(first) or {}
         trace = game_trace(challenger.games, first, int(rec.get("block", 0)))
         final = trace[-1][1]
-        plot_bisection(trace, str(png), f"Dispute {first}: {strategy} caught by {final.resolution.name} "
-                       f"(winner {'challenger' if final.winner == challenger.address else 'defender'})")
         last_step = [v for _, v in trace if v.phase == Phase.L4_STEP]
         if last_step:
             v = last_step[-1]
@@ -238,6 +295,12 @@ def _report(w3: Any, market: Market, job: Job, job_id: int, bots: list[Bot], dep
             referee.update(step=v.step, node=v.node_index, node_label=node.label, element=v.element,
                            micro_step=v.lo, micro_steps=v.micro_steps)
         referee["resolution"] = final.resolution.name
+        names = {side: _party(addr, bots) for side, addr in (("defender", final.defender),
+                                                              ("challenger", final.challenger))}
+        winner = names["defender" if final.winner == final.defender else "challenger"]
+        caption = _caption(strategy, job, referee, names, winner)
+        plot_bisection(trace, str(png), f"Dispute {first}: the {names['challenger']} against the "
+                       f"{names['defender']}; the {winner} won ({final.resolution.name})", names, caption)
     total_instr = job_instructions(job)
     return {
         "honest_won": honest_won,
@@ -252,7 +315,31 @@ def _report(w3: Any, market: Market, job: Job, job_id: int, bots: list[Bot], dep
         "referee": {**referee, "instructions_executed_on_chain": 1 if "step_gas" in referee else 0},
         "job_instructions": total_instr,
         "picture": str(png) if png.exists() else None,
+        "picture_caption": caption,
     }
+
+
+def _party(address: str, bots: list[Bot]) -> str:
+    """Who an address is in the demo, in words."""
+    names = {"trainer-honest": "honest trainer", "trainer-cheat": "cheating trainer", "challenger": "honest challenger",
+             "client": "client"}
+    return next((names.get(b.name, b.name) for b in bots if b.address == address), address)
+
+
+def _caption(strategy: str, job: Job, referee: dict[str, Any], names: dict[str, str], winner: str) -> str:
+    """The picture's caption: the cheat, how the game ended, what that cost the loser."""
+    cheat = cheat_in_words(strategy, job)
+    how = {
+        "STEP": (f"the four levels narrowed {job.spec.steps} steps down to step {referee.get('step')}, node "
+                 f"{referee.get('node')} ('{referee.get('node_label')}'), element {referee.get('element')} and "
+                 f"micro-step {referee.get('micro_step')} of {referee.get('micro_steps')}; the ScalarVM executed "
+                 "that one binary32 instruction on chain"),
+        "TIMEOUT": "a party's chess clock ran out before it moved",
+    }.get(referee.get("resolution", ""), f"the game was resolved by {referee.get('resolution')}")
+    lost = (f"the {names['defender']} forfeited its stake" if winner == names["challenger"]
+            else f"the {names['challenger']} forfeited its bond")
+    return (f"{cheat[0].upper()}{cheat[1:]}. The {names['challenger']} re-executed the job, disagreed and opened "
+            f"this dispute against the {names['defender']}: {how}. The {winner} won; {lost}.")
 
 
 def _print_report(r: dict[str, Any]) -> None:
@@ -274,4 +361,6 @@ def _print_report(r: dict[str, Any]) -> None:
     else:
         print(f"referee: resolved by {ref.get('resolution')} without executing an instruction; the job has "
               f"{r['job_instructions']:,} instructions")
-    print(f"wall time {r['wall_s']} s (bots {r['bots_s']} s)   picture: {r['picture']}")
+    parts = " + ".join(f"{TIME_PARTS[k]} {v}" for k, v in r["times_s"].items())
+    print(f"wall time {r['wall_s']} s = {parts}")
+    print(f"picture: {r['picture']}")

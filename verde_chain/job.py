@@ -39,7 +39,7 @@ from verde_chain.commit.merkle import keccak256
 from verde_chain.graph.backend import Runner
 from verde_chain.graph.data import Dataset, batch_indices, batch_root_list, check_finite
 from verde_chain.graph.errors import JobSpecError
-from verde_chain.graph.executor import StepExecutor, TrainingRun
+from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL, StepExecutor, TrainingRun
 from verde_chain.graph.ir import Model
 from verde_chain.graph.onnx_import import export_torch, import_onnx
 from verde_chain.graph.training import (
@@ -253,7 +253,8 @@ def make_job(
 
 def job_from_torch(
     module: Any, example_input: Any, dataset: Dataset | tuple[Any, Any], *, steps: int, name: str = "model",
-    loss: LossSpec | None = None, optimizer: OptimizerSpec | None = None, seed: int = 0, checkpoint_interval: int = 0,
+    loss: LossSpec | None = None, optimizer: OptimizerSpec | None = None, seed: int = 0,
+    checkpoint_interval: int | None = None,
     frozen: tuple[str, ...] | None = None, kind: str = "train", input_name: str = "x", opset: int = 17,
     shards: int = 1,
 ) -> Job:
@@ -265,13 +266,21 @@ def job_from_torch(
     Dropout and BatchNormalization keep their training semantics, or are refused by name if the
     importer cannot give them those); an inference job exports it in eval mode. With ``shards``
     S > 1 the example input is one micro-batch and a step reads S of them. ``frozen``
-    (default: the module's buffers) names initializers that are not trained."""
+    (default: the module's buffers) names initializers that are not trained; the checkpoint
+    interval defaults to ``default_checkpoint_interval(steps)``, as in ``verde-chain job create``."""
     data = dataset if isinstance(dataset, Dataset) else Dataset.from_arrays(*dataset, input_name=input_name)
     batch_size = int(example_input.shape[0]) * shards
     onnx_bytes = export_torch(module, example_input, [input_name], opset, training=kind == "train")
     names = tuple(n for n, _ in module.named_buffers()) if frozen is None else tuple(frozen)
     return make_job(name, onnx_bytes, data, loss or LossSpec(), optimizer or OptimizerSpec(), steps, batch_size, seed,
-                    checkpoint_interval, names, kind=kind, shards=shards)
+                    default_checkpoint_interval(steps) if checkpoint_interval is None else checkpoint_interval,
+                    names, kind=kind, shards=shards)
+
+
+def default_checkpoint_interval(steps: int) -> int:
+    """Trainers keep the state every min(DEFAULT_CHECKPOINT_INTERVAL, T) steps unless a job says
+    otherwise (the executor's docstring says why that interval)."""
+    return min(DEFAULT_CHECKPOINT_INTERVAL, steps)
 
 
 def inference_outputs(job: Job, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

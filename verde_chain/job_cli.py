@@ -25,7 +25,7 @@ from verde_chain.graph.data import Dataset
 from verde_chain.graph.errors import DataError, JobSpecError
 from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL
 from verde_chain.graph.training import LOSSES, OPTIMIZERS, LossSpec, OptimizerSpec
-from verde_chain.job import Job, make_job, save_job
+from verde_chain.job import Job, default_checkpoint_interval, make_job, save_job
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -36,11 +36,17 @@ def configure(p: argparse.ArgumentParser) -> None:
                                description="Check an ONNX model and .npz data (every problem named), build the job's "
                                "program and commitments, and write the bundle `verde-chain client --bundle` posts."))
     job_status_args(sub.add_parser("status", help="a job's spec, slots and disputes"))
+    results_args(sub.add_parser("results", help="a finalized job's accepted result and what it delivers, checked "
+                                "against C_T", description="The accepted result of a finalized job and its "
+                                "deliverable (an inference job's outputs, a training job's parameters), opened "
+                                "against the accepted C_T; refused on any mismatch."))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "create":
         return run_create(args)
+    if args.action == "results":
+        return run_results(args)
     from verde_chain.agents.commands import run_job_status
 
     return run_job_status(args)
@@ -124,9 +130,7 @@ def create(args: argparse.Namespace) -> Job:
     batch_size = args.batch_size or (model_batch * args.shards if model_batch else None)
     if batch_size is None:
         raise JobSpecError(f"{args.model} has no fixed batch dimension; pass --batch-size (and export with fixed shapes)")
-    interval = args.checkpoint_interval
-    if interval is None:
-        interval = min(DEFAULT_CHECKPOINT_INTERVAL, args.steps)
+    interval = default_checkpoint_interval(args.steps) if args.checkpoint_interval is None else args.checkpoint_interval
     frozen = tuple(n for item in args.frozen for n in item.split(",") if n)
     loss = LossSpec(args.loss, args.loss_output, args.ignore_index)
     opt = OptimizerSpec(args.optimizer, args.lr, args.momentum, args.nesterov, args.weight_decay, args.beta1,
@@ -157,4 +161,67 @@ def run_create(args: argparse.Namespace) -> int:
         for k in ("spec_hash", "graph_root", "c0", "batch_root"):
             print(f"  {k:<10} {info[k]}")
         print(f"post it with: verde-chain client --bundle {args.out}")
+    return 0
+
+
+def results_args(p: argparse.ArgumentParser) -> None:
+    from verde_chain.agents.commands import DEFAULT_STATE, chain_args
+
+    chain_args(p)
+    p.add_argument("job_id", type=int)
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the deliverable here (.npz: an inference job's outputs per model output, every "
+                        "sample in X's order; a training job's parameters)")
+    p.add_argument("--bundles", type=Path, default=None,
+                   help=f"the job-bundle directory (default {DEFAULT_STATE}/bundles, the bots' default)")
+    p.add_argument("--recompute", action="store_true",
+                   help="re-execute the job here instead of reading the opening a trainer published")
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+
+
+def run_results(args: argparse.Namespace) -> int:
+    from verde_chain.agents.catalog import Bundles, check_against_chain
+    from verde_chain.agents.commands import DEFAULT_STATE, connect_market
+    from verde_chain.agents.errors import AgentError
+    from verde_chain.chain.market_client import Market
+    from verde_chain.market.types import ZERO32, JobStatus
+    from verde_chain.results import ResultError, accepted_deliverable
+
+    w3, artifacts, address = connect_market(args)
+    market = Market.at(w3, artifacts, address)
+    if not 1 <= args.job_id <= market.job_count():
+        raise AgentError(f"no job {args.job_id} on market {address} (jobs: 1..{market.job_count()})")
+    chain_job = market.job(args.job_id)
+    if chain_job.status != JobStatus.FINALIZED:
+        raise ResultError(f"job {args.job_id} is not finalized yet: no result is accepted before its challenge "
+                          f"window ends (see `verde-chain job status {args.job_id}`)")
+    accepted = chain_job.accepted_result
+    if accepted == ZERO32:
+        raise ResultError(f"job {args.job_id} was finalized with no accepted result (its reward went back to the "
+                          "client)")
+    bundles = Bundles(args.bundles or DEFAULT_STATE / "bundles")
+    job = bundles.fetch(chain_job.terms.spec_hash)
+    bad = check_against_chain(job, chain_job.terms)
+    if bad:
+        raise ResultError(f"the bundle {bundles.root / chain_job.terms.spec_hash.hex()} disagrees with job "
+                          f"{args.job_id}'s {bad} on chain")
+    published = None if args.recompute else bundles.result(job.spec.hash(), accepted)
+    tensors = accepted_deliverable(job, accepted, published)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(args.out, **tensors)
+    how = "re-executed here" if published is None else "the published opening"
+    info = {"job_id": args.job_id, "kind": job.spec.kind, "name": job.spec.name, "accepted_result": "0x" + accepted.hex(),
+            "checked_by": "recompute" if published is None else "opening",
+            "tensors": {k: list(v.shape) for k, v in tensors.items()}, "out": None if args.out is None else str(args.out)}
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    what = "outputs" if job.spec.kind == "inference" else "trained parameters"
+    print(f"job {args.job_id} ({job.spec.kind} job {job.spec.name!r}): accepted C_T 0x{accepted.hex()}")
+    print(f"{what}, checked against it ({how}):")
+    for k, v in tensors.items():
+        print(f"  {k:<24} {tuple(v.shape)}")
+    if args.out is not None:
+        print(f"written to {args.out}")
     return 0

@@ -26,6 +26,7 @@ from verde_chain.commit.merkle import proof_from_levels
 from verde_chain.dispute.world import World
 from verde_chain.errors import CommitmentError, VerdeError
 from verde_chain.graph.structure import StateSlot
+from verde_chain.graph.world import TrainingWorld
 from verde_chain.job import Job, inference_outputs
 
 DELIVERABLE_ROLE = {"inference": "outputs", "train": "param"}
@@ -122,3 +123,17 @@ def load_result(directory: str | Path, result: bytes) -> ResultOpening | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ResultError(f"the published result {stem}.* cannot be read ({type(exc).__name__}: {exc})") from exc
     return ResultOpening(bytes.fromhex(meta["result"][2:]), tensors, openings)
+
+
+def accepted_deliverable(job: Job, accepted: bytes, published: ResultOpening | None = None) -> dict[str, np.ndarray]:
+    """The deliverable of the ``accepted`` result: from ``published`` (a trainer's opening) when
+    there is one, else re-executed here; either way checked against ``accepted`` (``ResultError``
+    when a published opening does not open it, or when our own re-execution ends elsewhere)."""
+    if published is not None:
+        return verify_result(job, published, accepted)
+    world = TrainingWorld.from_job(job)
+    own = world.step_commitment(job.spec.steps)
+    if own != accepted:
+        raise ResultError(f"re-executing the job ends at C_T 0x{own.hex()[:16]}..., not at the accepted "
+                          f"0x{accepted.hex()[:16]}...: the accepted result is not this bundle's (refused)")
+    return verify_result(job, open_result(job, world), accepted)

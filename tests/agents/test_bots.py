@@ -9,6 +9,7 @@ the market's books checked: what it holds equals what it owes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -344,6 +345,9 @@ def test_challenger_process_sigkilled_mid_dispute_still_wins(world: World) -> No
     v = cheat.games.game(gid)
     assert v.winner == account(4).address and v.resolution == Resolution.STEP, v.resolution
     assert len(game()) == 1  # the restarted bot did not open a second dispute
+    said = re.search(rf"resuming game {gid} at L([234]) as the challenger \((my|their) move\), (\d+) s on my clock",
+                     db.with_suffix(".log").read_text())
+    assert said and int(said[1]) >= mid.level and 0 < int(said[3]) <= TERMS.clock_seconds, said
     assert world.market.slot(job_id, world.market.slot_of(job_id, cheat.address)).status == SlotStatus.REJECTED
     world.solvent()
 

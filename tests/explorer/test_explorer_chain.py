@@ -192,7 +192,7 @@ def test_demo_serves_its_own_run(tmp_path: Path) -> None:
         text = "".join(out)
         url = re.search(r"\[explorer\] watch this run live at (http://127\.0\.0\.1:\d+/)", text)
         assert url is not None and f"[explorer] still serving {url.group(1)}" in text, text[-3000:]
-        site = re.search(r"flip bit \d+ of element (\d+) of node (\d+) \(([^)]+)\) at step (\d+)", text)
+        site = re.search(r"flipped bit \d+ of element (\d+) of node (\d+) \('([^']+)'\) at training step (\d+)", text)
         assert site is not None, text[-3000:]
         d = requests.get(url.group(1) + "api/disputes/1", timeout=30).json()["dispute"]
         assert d["phase"] == Phase.RESOLVED.name and d["end"]["resolution"] == "STEP"

@@ -23,6 +23,7 @@ from web3.types import TxReceipt
 from verde_chain.agents.catalog import Bundles
 from verde_chain.agents.errors import AgentError, InsufficientFunds
 from verde_chain.agents.policy import Conditions, Policy, block_interval, bond_refusal, refusal
+from verde_chain.agents.resume import resume_lines
 from verde_chain.agents.store import OPEN_TX, Store, TxRow
 from verde_chain.agents.strategies import Plan, ProgressFn
 from verde_chain.agents.tokens import TokenInfo, erc20, is_eth, token_info
@@ -94,6 +95,8 @@ class Bot:
         dropped = self.sender.recover()
         if dropped:
             self.log(f"restart: {len(dropped)} signed-but-unsent transaction(s) dropped; re-deriving from chain state")
+        for line in resume_lines(self):
+            self.log(line)
 
     def log(self, msg: str) -> None:
         self.log_fn(f"[{self.name}] {msg}")

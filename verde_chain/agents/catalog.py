@@ -65,6 +65,10 @@ class Bundles:
         self._cache[h] = job
         return h
 
+    def uri(self, spec_hash: bytes) -> str:
+        """Where the bundle of ``spec_hash`` is published (the job's on-chain ``bundleUri``)."""
+        return (self.root / spec_hash.hex()).resolve().as_uri()
+
     def fetch(self, spec_hash: bytes, uri: str = "") -> Job:
         """The verified bundle of ``spec_hash``: from this directory, else downloaded from the
         job's ``uri`` into it (``bundles/fetch.py``; a refusal names its reason)."""
@@ -87,7 +91,6 @@ class Bundles:
                 raise AgentError(f"bundle {d} hashes to 0x{job.spec.hash().hex()}", spec_hash=spec_hash)
             self._cache[spec_hash] = job
         return self._cache[spec_hash]
-
 
     def results_dir(self, spec_hash: bytes) -> Path:
         """Where trainers publish the openings of their results (``verde_chain/results.py``)."""

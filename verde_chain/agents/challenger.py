@@ -84,7 +84,7 @@ class ChallengerBot(Bot):
             plan = self.plan(job_id)
         except AgentError as exc:
             self._mark(key, "skipped", reason=str(exc))
-            self.log(f"job {job_id}: cannot re-execute ({exc})")
+            self.log(f"refused job {job_id}: cannot re-execute it ({exc})")
             return False
         why = self.refuses(job_id, job.terms, self.bundles.fetch(job.terms.spec_hash), "re-executing or disputing")
         if why is not None:

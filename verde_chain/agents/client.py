@@ -60,7 +60,8 @@ class ClientBot(Bot):
         self.store.put("posting", spec_hash.hex())
         now = self.now()
         terms = JobTerms(
-            token=offer.token, spec_hash=spec_hash, bundle_uri=bundle_uri(self.cfg.bundle_url, spec_hash),
+            token=offer.token, spec_hash=spec_hash,
+            bundle_uri=bundle_uri(self.cfg.bundle_url, spec_hash) or self.bundles.uri(spec_hash),
             graph_root=job.spec.graph_root,
             initial_commitment=job.spec.initial_commitment, batch_root=job.spec.batch_root,
             num_steps=job.spec.steps, checkpoint_interval=max(1, job.spec.checkpoint_interval),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,17 @@ from verde_chain.chain.deploy import DeploymentRecord
 from verde_chain.chain.dispute_client import DisputeGameClient
 from verde_chain.chain.market_client import Market
 from verde_chain.graph.backend import THREADS_HELP, set_threads, thread_count
+from verde_chain.job import Job, load_job
 from verde_chain.market.types import ETH
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
+RPC_ENV = "VERDE_RPC_URL"  # the --rpc-url of every command that talks to a market, when it is not given
 DEFAULT_STATE = Path("build") / "agents"
 
 
 def chain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rpc-url", default=DEFAULT_RPC, help=f"JSON-RPC endpoint (default {DEFAULT_RPC})")
+    p.add_argument("--rpc-url", default=os.environ.get(RPC_ENV, DEFAULT_RPC),
+                   help=f"JSON-RPC endpoint (default ${RPC_ENV}, else {DEFAULT_RPC})")
     p.add_argument("--market", default=None,
                    help="JobMarket address (default: from build/deployments/<chain id>.json, see `deploy`)")
 
@@ -147,8 +151,13 @@ def configure_client(p: argparse.ArgumentParser) -> None:
 
     d = JobOffer()
     bot_args(p, 1)
-    p.add_argument("--job", choices=JOB_KINDS, default=d.kind)
-    p.add_argument("--steps", type=int, default=d.steps)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--job", choices=JOB_KINDS, default=d.kind, help="one of the example jobs")
+    what.add_argument("--bundle", type=Path, default=None,
+                      help="post this job bundle instead (a directory written by `verde-chain job create` or "
+                           "save_job; checked, then published under the bundle directory trainers read)")
+    p.add_argument("--steps", type=int, default=None, help=f"the example job's steps (default {d.steps}; a bundle "
+                   "states its own)")
     p.add_argument("--token", type=_token_address, default=d.token,
                    help="ERC-20 token address the job pays reward, stakes and bonds in (default ETH); "
                         "the client approves the market for the reward before posting")
@@ -180,13 +189,15 @@ def _token_address(text: str) -> str:
 def run_client(args: argparse.Namespace) -> int:
     from verde_chain.agents.client import ClientBot, JobOffer
 
+    job = _bundle(args.bundle, args.steps) if args.bundle is not None else None
     set_threads(args.threads)  # building the job's commitments
     w3, artifacts, market = connect_market(args)
     bot = ClientBot(w3, artifacts, _config(args, "client", market, "honest"))
-    offer = JobOffer(args.job, args.steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
+    kind, steps = (job.spec.name, job.spec.steps) if job else (args.job, args.steps or JobOffer().steps)
+    offer = JobOffer(kind, steps, args.reward, args.stake, args.bond, args.slots, args.submission_window,
                      args.challenge_window, args.arity, args.clock, args.seed or JobOffer().job_seed, args.token,
                      reveal_window=args.reveal_window)
-    job_id = bot.post(offer)
+    job_id = bot.post(offer, job)
     done = lambda: (bot.store.job(job_id) or {}).get("state") == "done"
     try:
         bot.run(args.poll, stop=done, max_ticks=args.max_ticks)
@@ -199,6 +210,18 @@ def run_client(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"job_id": job_id, **rec}, sort_keys=True))
     return 0 if rec.get("state") == "done" else 1
+
+
+def _bundle(path: Path, steps: int | None) -> Job:
+    """The bundle at ``path``, every commitment re-derived (``load_job``: a named error on one line)."""
+    if not (path / "job.json").is_file() and not (path.is_file() and path.name == "job.json"):
+        raise AgentError(f"--bundle {path}: no job.json there; write a bundle with `verde-chain job create ... --out "
+                         f"{path}` (or save_job)")
+    job = load_job(path)
+    if steps is not None and steps != job.spec.steps:
+        raise AgentError(f"--steps {steps}: the bundle {path} is a {job.spec.steps}-step job (its steps are part of "
+                         "its spec; build another bundle to change them)")
+    return job
 
 
 # -- status --------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,6 +67,7 @@ class Plan:
     silent_after: int | None = None
     fault: OutputFault | None = None
     tamper_result: bool = False
+    train_s: float = 0.0  # seconds spent in ``train`` (the demo's time breakdown)
 
     def result(self) -> bytes:
         c_t = self.world.step_commitment(self.world.num_steps)
@@ -233,8 +235,11 @@ ProgressFn = Callable[[int, int], None]
 def train(plan: Plan, progress: ProgressFn | None = None) -> bytes:
     """Run every step of the plan's World (reporting progress) and return what it will submit."""
     T = plan.world.num_steps
+    t0 = time.perf_counter()
     for s in range(1, T + 1):
         plan.world.step_commitment(s)
         if progress:
             progress(s, T)
-    return plan.result()
+    result = plan.result()
+    plan.train_s += time.perf_counter() - t0
+    return result

@@ -20,6 +20,8 @@ from verde_chain.agents.wallet import retry
 from verde_chain.errors import ContractRevert
 from verde_chain.market.types import ZERO32, JobStatus, SlotStatus, commitment
 
+REVEAL_GAS = 200_000  # a reveal measures 65k (docs/benchmarks.md)
+
 
 class TrainerBot(Bot):
     role = "trainer"
@@ -67,12 +69,12 @@ class TrainerBot(Bot):
             bundle = self.bundles.fetch(job.terms.spec_hash, job.terms.bundle_uri)
         except AgentError as exc:
             self.store.update_job(job_id, state="skipped", reason=str(exc))
-            self.log(f"job {job_id}: skipped ({exc})")
+            self.log(f"refused job {job_id}: {exc}")
             return
         bad = check_against_chain(bundle, job.terms)
         if bad:
             self.store.update_job(job_id, state="skipped", reason=f"bundle disagrees with chain on {bad}")
-            self.log(f"job {job_id}: skipped, bundle disagrees with the posted {bad}")
+            self.log(f"refused job {job_id}: its bundle disagrees with the posted {bad}")
             return
         why = self.refuses(job_id, job.terms, bundle, "staking")
         if why is not None:
@@ -113,7 +115,12 @@ class TrainerBot(Bot):
         if s.status == SlotStatus.JOINED:
             if self.now() > job.terms.submission_deadline:
                 return False
-            plan = self.plan(job_id)
+            try:
+                plan = self.plan(job_id)
+            except AgentError as exc:  # the bundle went bad since the join (or the strategy cannot play this job)
+                self.store.update_job(job_id, state="skipped", reason=str(exc))
+                self.log(f"refused job {job_id}: {exc}; my stake on it is lost")
+                return False
             every = max(1, job.terms.num_steps // 10)  # ~10 progress lines per job, however long
             result = self.train(plan, job.terms.spec_hash, lambda i, n: self.log(f"job {job_id}: trained step {i}/{n}")
                                 if i % every == 0 or i == n else None)
@@ -131,9 +138,15 @@ class TrainerBot(Bot):
                 return False
             rec = self.store.job(job_id) or rec
             result, salt = bytes.fromhex(rec["result"][2:]), bytes.fromhex(rec["salt"][2:])
-            self.sender.send(self.market.contract.functions.reveal(job_id, result, ZERO32, salt), "reveal")
+            # a fixed gas, no estimate: the reveal is valid only after a deadline, and a node
+            # estimates against its latest block, whose time on a quiet dev chain is long past
+            self.sender.send(self.market.contract.functions.reveal(job_id, result, ZERO32, salt), "reveal",
+                             gas=REVEAL_GAS)
             self.store.update_job(job_id, state="submitted", slot=slot)
             self.log(f"job {job_id}: revealed C_T = 0x{result.hex()[:16]}...")
+            # the opening of what C_T commits (verde_chain/results.py), published only now: before
+            # the reveal it would hand the result to anyone who wants to copy it
+            self.bundles.publish_result(self.bundles.fetch(job.terms.spec_hash), self.plan(job_id).world)
             return True
         if rec.get("state") != "submitted":
             self.store.update_job(job_id, state="submitted", slot=slot, result="0x" + s.result.hex())

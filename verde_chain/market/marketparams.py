@@ -14,7 +14,10 @@ what a client may post, so no job can be a trap for the trainers and challengers
 
 Two profiles: ``mainnet`` (12 s blocks, floors priced at 20 gwei) is what ``verde-chain deploy``
 and the demo use; ``fast`` (1 s blocks, 1 gwei) is what the test fixtures use. Both derive
-every bound from the block time, so they are the same rules at two speeds.
+every bound from the block time, so they are the same rules at two speeds. A third, ``dev``, is
+``fast`` with windows and clocks of seconds, for a local chain one person plays on (a job from
+post to payment in about a minute, docs/own-model.md); never for a chain others use, where
+seconds are not enough for a stranger to notice a cheat and answer it.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ def profile(block_seconds: int, gas_price: int) -> MarketParams:
 
 MAINNET = profile(block_seconds=12, gas_price=20 * 10**9)
 FAST = profile(block_seconds=1, gas_price=10**9)
-PROFILES = {"mainnet": MAINNET, "fast": FAST}
+DEV = replace(FAST, min_clock_seconds=10, min_reveal_window=5, min_challenge_window=5)
+PROFILES = {"mainnet": MAINNET, "fast": FAST, "dev": DEV}
 
 
 # -- twins of the pure rules in contracts/market/MarketParams.sol (MarketRules) -------------------
