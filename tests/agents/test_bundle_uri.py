@@ -74,6 +74,6 @@ def test_trainer_process_fetches_over_http_and_refuses_a_tampered_server(world: 
             p.kill()
             p.wait(10)
     text = log.read_text()
-    assert f"job {jobs[0]}: skipped (bundle {bad_url}/{h} refused (tampered: dataset_root)" in text, text[-3000:]
+    assert f"refused job {jobs[0]}: bundle {bad_url}/{h} refused (tampered: dataset_root)" in text, text[-3000:]
     assert not any(s.trainer == trainer for s in world.market.slots(jobs[0]))
     assert (own / h / "job.json").exists()  # downloaded, verified, kept
