@@ -172,3 +172,20 @@ def test_shipped_challenger_will_not_dispute_on_a_trap_clock(loose: World) -> No
     assert len([m for m in lines if f"job {trap}: refused by my policy" in m]) == 1
     assert loose.market.slot(trap, 0).status == SlotStatus.REVEALED  # undisputed
     assert [int(e.args["jobId"]) for e in loose.market.logs("DisputeOpened", 0)] == [sound]
+
+
+def test_a_bad_policy_file_is_refused_before_the_bot_connects(tmp_path: Path) -> None:
+    """No node at the URL: the policy file is read while the arguments are parsed, so its own
+    mistake is what the user hears (argparse's usage, then one error line naming --policy), not
+    the connection error."""
+    from tests.support.cli import run_cli
+
+    bad = tmp_path / "policy.json"
+    bad.write_text(json.dumps({"min_window_block": 5}))
+    for role, account, path, needle in (("trainer", "2", bad, "unknown fields ['min_window_block']"),
+                                        ("challenger", "4", tmp_path / "none.json", "none.json")):
+        r = run_cli(role, "run", "--account", account, "--policy", str(path), "--rpc-url", "http://127.0.0.1:1")
+        errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert len(errors) == 1 and "argument --policy" in errors[0] and needle in errors[0], r.stderr
+        assert "JSON-RPC" not in r.stderr

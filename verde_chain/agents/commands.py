@@ -46,7 +46,7 @@ def bot_args(p: argparse.ArgumentParser, default_account: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of any random choice (cheat sites, garbage claims)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between polls when idle")
     p.add_argument("--start-block", type=int, default=0, help="first block to read events from on a fresh database")
-    p.add_argument("--policy", type=Path, default=None,
+    p.add_argument("--policy", type=policy_file, default=None,
                    help="JSON file of the jobs this bot accepts (agents/policy.py: tokens, clock_margin, "
                         "max_stake_to_share, min_window_blocks, horizon, max_bond, ...; default: built-in)")
     p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
@@ -77,11 +77,20 @@ def connect_market(args: argparse.Namespace) -> tuple[Web3, dict[str, Artifact],
     return w3, artifacts, Web3.to_checksum_address(market)
 
 
+def policy_file(path: str) -> Policy:
+    """``--policy FILE``, read while the arguments are parsed: a bad file is refused as an
+    argument error (argparse's usage and one error line) before the bot connects anywhere."""
+    try:
+        return Policy.from_json(path)
+    except AgentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _config(args: argparse.Namespace, role: str, market: str, strategy: str) -> BotConfig:
     name = f"{role}-{args.account}"
     db = args.db or args.state_dir / f"{name}.sqlite"
     bundles = args.bundles or args.state_dir / "bundles"
-    policy = Policy.from_json(args.policy) if getattr(args, "policy", None) else Policy()
+    policy = getattr(args, "policy", None) or Policy()
     return BotConfig(args.rpc_url, market, args.account, str(db), str(bundles), strategy, args.seed, name,
                      args.start_block, policy, bundle_url=getattr(args, "bundle_url", ""),
                      workers=getattr(args, "workers", 1))
