@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from verde_chain.errors import RepOpsError
+from verde_chain.repops.backends.build_lock import exclusive_build
 from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 from verde_chain.repops.backends.native import writable
 
@@ -139,6 +140,12 @@ def source_key(paths: Sequence[Path], flags: Sequence[str]) -> str:
     return h.hexdigest()[:12]
 
 
+def build_dir(isa: str) -> Path:
+    """Where one variant is built: its name carries the hash of its sources, flags and torch."""
+    flags = [*build_flags(isa), *_EXTENSION_FLAGS]
+    return BUILD_ROOT / f"verde_repops_cpu_{isa}_{source_key([*SOURCES, *HEADERS], [*flags, torch.__version__])}"
+
+
 @functools.cache
 def extension(isa: str) -> ModuleType:
     """Compile (first use; cached on disk by source hash) and import one variant."""
@@ -147,17 +154,16 @@ def extension(isa: str) -> ModuleType:
     from torch.utils import cpp_extension
 
     flags = [*build_flags(isa), *_EXTENSION_FLAGS]
-    name = f"verde_repops_cpu_{isa}_{source_key([*SOURCES, *HEADERS], [*flags, torch.__version__])}"
-    build_dir = BUILD_ROOT / name
-    build_dir.mkdir(parents=True, exist_ok=True)
+    where = build_dir(isa)
     try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(p) for p in SOURCES],
-            extra_cflags=flags,
-            build_directory=str(build_dir),
-            verbose=False,
-        )
+        with exclusive_build(where):
+            return cpp_extension.load(
+                name=where.name,
+                sources=[str(p) for p in SOURCES],
+                extra_cflags=flags,
+                build_directory=str(where),
+                verbose=False,
+            )
     except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
         raise KernelBuildError(f"building the {isa} RepOps kernels failed: {exc}") from exc
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verde_chain.repops.backends.build_lock import exclusive_build
 from verde_chain.repops.backends.cpu.extension import BUILD_ROOT, KERNELS, source_key
 from verde_chain.repops.backends.registry import BackendUnavailable
 
@@ -67,17 +68,16 @@ def build_extension() -> Any:
     # Compile for exactly this device (sm_90 on H100/H200).
     os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
     name = f"verde_repops_cuda_{_source_key([*CUDA_FLAGS, torch.__version__, f'{major}.{minor}'])}"
-    build_dir = BUILD_ROOT / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name,
-        sources=[str(BINDING_SOURCE), str(CU_SOURCE)],
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=CUDA_FLAGS,
-        extra_include_paths=[str(KERNELS)],
-        build_directory=str(build_dir),
-        verbose=False,
-    )
+    with exclusive_build(BUILD_ROOT / name):
+        return cpp_extension.load(
+            name=name,
+            sources=[str(BINDING_SOURCE), str(CU_SOURCE)],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=CUDA_FLAGS,
+            extra_include_paths=[str(KERNELS)],
+            build_directory=str(BUILD_ROOT / name),
+            verbose=False,
+        )
 
 
 def byte_extent(t: torch.Tensor) -> tuple[int, int]:
