@@ -28,7 +28,7 @@ from verde_chain.dispute.types import Phase, Resolution
 from verde_chain.market.marketparams import MAINNET, split_forfeit
 from verde_chain.market.types import ETH, JobStatus, SlotStatus
 
-pytestmark = [pytest.mark.chain, pytest.mark.slow]
+pytestmark = [pytest.mark.chain, pytest.mark.slow, pytest.mark.realtime]
 
 MOVE_GAS_CAP = 5_000_000
 OFFER = JobOffer()  # the client's defaults: digits, 6 steps, clock 600 s, reveal 600 s, challenge 3,600 s

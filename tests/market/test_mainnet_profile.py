@@ -27,7 +27,7 @@ from verde_chain.dispute.types import Resolution
 from verde_chain.market.marketparams import MAINNET, split_forfeit
 from verde_chain.market.types import ETH, ZERO32, JobTerms, SlotStatus, commitment
 
-pytestmark = [pytest.mark.chain, pytest.mark.slow]
+pytestmark = [pytest.mark.chain, pytest.mark.slow, pytest.mark.realtime]
 
 BLOCK_SECONDS = 12
 MOVE_GAS_CAP = 5_000_000

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,7 @@ def compile_contracts(root: Path = CONTRACTS) -> dict[str, Artifact]:
                     "deployed_bytecode": "0x" + c["evm"]["deployedBytecode"]["object"],
                 }
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # two test processes may compile at once
         tmp.write_text(json.dumps(raw))
         tmp.replace(cache)
     return {name: Artifact(**a) for name, a in raw.items()}
