@@ -116,6 +116,7 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 // acc = fma(a[i,k], b[k,j], acc) for k = 1 .. K-1 ascending: the same chain per element.
 constexpr int64_t SMALL_GEMM_MAX_N = 128;
 constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
+constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big matrix (choose_tiling)
 
 template <int ROWS>
 inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, int64_t Np, float* C, int64_t i0) {
@@ -184,24 +185,52 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     });
 }
 
-// Few (batch, column block) pairs (one big matrix): ONE parallel call whose items are 2-D
-// output tiles (mc_eff rows x nc_eff columns of one batch entry), each running every K block
-// itself (p0 ascending, the accumulator carried through C). Tiles are sized so that every
-// thread gets about GEMM_ITEMS_PER_THREAD of them (a thread the OS wakes late still finds
-// work). B is packed once per call, one NR panel over all of K at a time, by the first item
-// that needs the panel; items needing it meanwhile pack the other panels of their column
-// block, then wait for it. So packing costs no barrier: an earlier version packed each
-// nc x kc block in a parallel call of its own and then computed it in another, two barriers
-// per block (16 per 1024^2 GEMM), and lost a third of the second thread's time at 1024.
-constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;
+// The 2-D tiles of gemm_tiles: mc x nc output elements (whole micro-tiles), n_i x n_j per entry.
+struct Tiling {
+    int64_t mc, nc, n_i, n_j;
+};
 
-void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+// Tiles for `threads` threads, at least GEMM_ITEMS_PER_THREAD per thread where the shape allows
+// (a thread the OS wakes late still finds work), at most mc x nc. Among the row counts that
+// allow, the one with the shortest estimated makespan (list scheduling: total / T + the largest
+// tile * (T - 1) / T), a tile costing rows x (cols + NR) in padded micro-tiles: each tile packs
+// its A rows once per K block, about as much work as NR columns of FMAs. E.g. 1024^2 at 2 threads
+// is 2 x 9 tiles of 120 x 512 (the last 64 rows), not 2 x 8 of 144 (the last 16 rows), which
+// left one thread ~25% more work.
+Tiling choose_tiling(int64_t batch, int64_t M, int64_t N, int64_t threads, int64_t mc, int64_t nc) {
     const int64_t want = GEMM_ITEMS_PER_THREAD * threads;
-    const int64_t mc_eff =
-        std::clamp<int64_t>(round_up(ceil_div(g.M, ceil_div(want, g.batch * ceil_div(g.N, nc))), GEMM_MR), GEMM_MR, mc);
-    const int64_t n_i = ceil_div(g.M, mc_eff);
-    const int64_t nc_eff = std::clamp<int64_t>(round_up(ceil_div(g.N, ceil_div(want, g.batch * n_i)), GEMM_NR), GEMM_NR, nc);
-    const int64_t n_j = ceil_div(g.N, nc_eff);
+    const int64_t i_lo = ceil_div(M, mc), i_hi = std::min(ceil_div(M, GEMM_MR), i_lo + want);
+    Tiling best{mc, nc, i_lo, ceil_div(N, nc)};
+    double best_cost = -1;
+    for (int64_t n = i_lo; n <= std::max(i_lo, i_hi); n++) {
+        Tiling t;
+        t.mc = round_up(ceil_div(M, n), GEMM_MR);
+        t.n_i = ceil_div(M, t.mc);
+        const int64_t nj = std::min(std::max(ceil_div(N, nc), ceil_div(want, batch * t.n_i)), ceil_div(N, GEMM_NR));
+        t.nc = round_up(ceil_div(N, nj), GEMM_NR);
+        t.n_j = ceil_div(N, t.nc);
+        const auto padded = [](int64_t total, int64_t block, int64_t n_blocks, int64_t unit) {
+            return (double)(block * (n_blocks - 1) + round_up(total - block * (n_blocks - 1), unit));
+        };
+        const double total = (double)batch * padded(M, t.mc, t.n_i, GEMM_MR) *
+                             (padded(N, t.nc, t.n_j, GEMM_NR) + (double)(t.n_j * GEMM_NR));
+        const double largest = (double)t.mc * (double)(t.nc + GEMM_NR);
+        const double cost = total / (double)threads + largest * (double)(threads - 1) / (double)threads;
+        if (best_cost < 0 || cost < best_cost) best = t, best_cost = cost;
+    }
+    return best;
+}
+
+// Few (batch, column block) pairs (one big matrix): ONE parallel call whose items are 2-D
+// output tiles (choose_tiling) of one batch entry, each running every K block itself (p0
+// ascending, the accumulator carried through C). B is packed once per call, one NR panel over
+// all of K at a time, by the first item that needs the panel; items needing it meanwhile pack
+// the other panels of their column block, then wait for it. So packing costs no barrier: an
+// earlier version packed each nc x kc block in a parallel call of its own and then computed it
+// in another, two barriers per block (16 per 1024^2 GEMM).
+void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+    const Tiling tl = choose_tiling(g.batch, g.M, g.N, threads, mc, nc);
+    const int64_t mc_eff = tl.mc, nc_eff = tl.nc, n_i = tl.n_i, n_j = tl.n_j;
     const int64_t panels = ceil_div(g.N, GEMM_NR), pstride = g.K * GEMM_NR;  // per batch entry
     // Reused by the next call of this thread (no page faults per call); K*N floats per entry.
     thread_local std::vector<float> bpack;
