@@ -232,8 +232,12 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     const Tiling tl = choose_tiling(g.batch, g.M, g.N, threads, mc, nc);
     const int64_t mc_eff = tl.mc, nc_eff = tl.nc, n_i = tl.n_i, n_j = tl.n_j;
     const int64_t panels = ceil_div(g.N, GEMM_NR), pstride = g.K * GEMM_NR;  // per batch entry
-    // Reused by the next call of this thread (no page faults per call); K*N floats per entry.
-    thread_local std::vector<float> bpack;
+    // Kept for this thread's next call (no page faults per call) up to GEMM_KEEP_PACKED_B floats;
+    // a bigger B (K*N floats per entry) gets a buffer of its own, freed on return.
+    constexpr int64_t GEMM_KEEP_PACKED_B = int64_t(1) << 24;  // 64 MiB
+    thread_local std::vector<float> kept;
+    std::vector<float> once;
+    std::vector<float>& bpack = g.batch * panels * pstride <= GEMM_KEEP_PACKED_B ? kept : once;
     bpack.resize(g.batch * panels * pstride);
     float* const bw = bpack.data();
     std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[g.batch * panels]);
