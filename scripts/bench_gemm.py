@@ -4,8 +4,9 @@ Usage: python scripts/bench_gemm.py [--sizes 256 512 1024 2048] [--threads 1 2] 
        [--tile MC KC NC] [--repeat 5] [--burst 3]
 
 Square FP32 GEMMs, best-of-N wall time (the machine is shared), measured round-robin in one
-process, in bursts of --burst calls per function whose first call is not timed (see best_of). Per row: the ratio repops / torch at the same thread count, and the CPU utilisation of
-each (process CPU time / wall time over the timed calls: 2.0 = two cores busy throughout); then
+process, in bursts of --burst calls per function whose first call is not timed (see best_of).
+Per row: the ratio repops / torch at the same thread count, and the CPU utilisation of each (process CPU time / wall time over the timed calls: 2.0 = two cores busy throughout) and
+the CPU time its threads burn in a 5 ms sleep right after one call (idle_cpu_ms); then
 the speed-up from the smallest to each larger thread count. Prints the load average before the
 run (figures taken on a busy machine are not comparable), tables and one JSON line. Goals
 (issue #14): ratio <= 1.1 at 1024 and 2048, <= 1.5 at 256; speed-up 1 -> 2 threads >= 1.8 at
@@ -56,6 +57,19 @@ def best_of(
     return [(b, c / w) for b, c, w in zip(best, cpu, wall)]
 
 
+def idle_cpu_ms(fn: Callable[[], object], sleep_s: float = 0.005, calls: int = 5) -> float:
+    """Process CPU time (ms) burnt while the caller sleeps ``sleep_s`` right after one call of
+    ``fn``, averaged over ``calls``: threads left spinning by the call (torch's OpenMP workers,
+    the pool's ~50 us spin). CPU time, not wall time, so other processes' load barely enters it."""
+    total = 0.0
+    for _ in range(calls):
+        fn()
+        c0 = time.process_time()
+        time.sleep(sleep_s)
+        total += time.process_time() - c0
+    return 1e3 * total / calls
+
+
 def speedups(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """Per size, the speed-up of each thread count over the smallest one measured."""
     out = []
@@ -92,14 +106,12 @@ def main() -> None:
         b = torch.randn(n, n, generator=gen)
         for t in args.threads:
             torch.set_num_threads(t)
-            (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(
-                [
-                    functools.partial(torch.matmul, a, b),
-                    functools.partial(cpu_ext.matmul, a, b, isa=isa, threads=t, tile=args.tile),
-                ],
-                args.repeat,
-                burst=args.burst,
-            )
+            fns: list[Callable[[], object]] = [
+                functools.partial(torch.matmul, a, b),
+                functools.partial(cpu_ext.matmul, a, b, isa=isa, threads=t, tile=args.tile),
+            ]
+            (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(fns, args.repeat, burst=args.burst)
+            idle_torch, idle_rep = idle_cpu_ms(fns[0]), idle_cpu_ms(fns[1])
             flops = 2.0 * n**3
             rows.append(
                 {
@@ -114,13 +126,16 @@ def main() -> None:
                     "goal": 1.5 if n <= 256 else 1.1,
                     "torch_cpu": round(cpu_torch, 2),
                     "repops_cpu": round(cpu_rep, 2),
+                    "idle_cpu_ms_torch": round(idle_torch, 2),
+                    "idle_cpu_ms_repops": round(idle_rep, 2),
                 }
             )
             r = rows[-1]
             print(
                 f"n={n:5d} threads={t} {isa:7s} torch {r['torch_ms']:9.2f} ms ({r['torch_gflops']:6.1f} GF/s)"
                 f"  repops {r['repops_ms']:9.2f} ms ({r['repops_gflops']:6.1f} GF/s)  ratio {r['ratio']:.3f}"
-                f"  (goal <= {r['goal']})  CPU {r['torch_cpu']:.2f} / {r['repops_cpu']:.2f}",
+                f"  (goal <= {r['goal']})  CPU {r['torch_cpu']:.2f} / {r['repops_cpu']:.2f}"
+                f"  idle CPU after a call {idle_torch:.2f} / {idle_rep:.2f} ms",
                 flush=True,
             )
     ups = speedups(rows)
