@@ -195,8 +195,8 @@ struct Tiling {
 // allow, the one with the shortest estimated makespan (list scheduling: total / T + the largest
 // tile * (T - 1) / T), a tile costing rows x (cols + NR) in padded micro-tiles: each tile packs
 // its A rows once per K block, about as much work as NR columns of FMAs. E.g. 1024^2 at 2 threads
-// is 2 x 9 tiles of 120 x 512 (the last 64 rows), not 2 x 8 of 144 (the last 16 rows), which
-// left one thread ~25% more work.
+// is 15 x 2 tiles of 72 x 512 (the last row of tiles 16 rows high): 30 tiles, where the earlier
+// row blocks of 144 gave 8 per block (7 x 144 + 16 rows), at best 576 : 448 rows per thread.
 Tiling choose_tiling(int64_t batch, int64_t M, int64_t N, int64_t threads, int64_t mc, int64_t nc) {
     const int64_t want = GEMM_ITEMS_PER_THREAD * threads;
     const int64_t i_lo = ceil_div(M, mc), i_hi = std::min(ceil_div(M, GEMM_MR), i_lo + want);
