@@ -25,9 +25,13 @@ torch::Tensor matmul3(const torch::Tensor& a, const torch::Tensor& b, int64_t th
     GemmArgs g{a.data_ptr<float>(), a.stride(0), a.stride(1), a.stride(2),
                b.data_ptr<float>(), b.stride(0), b.stride(1), b.stride(2),
                nullptr, a.size(0), a.size(1), b.size(2), a.size(2)};
-    // K == 0: the empty dot product is +0 (zeros() below).
-    torch::Tensor c = torch::zeros({g.batch, g.M, g.N}, a.options().memory_format(torch::MemoryFormat::Contiguous));
-    if (g.batch == 0 || g.M == 0 || g.N == 0 || g.K == 0) return c;
+    // K == 0: the empty dot product is +0. Otherwise the GEMM stores every element (its first K
+    // block), so C is not filled first: torch's fill runs on torch's OpenMP threads, which then
+    // spin for milliseconds on the cores this call's pool workers need (issue #14: a 256^3 GEMM
+    // at 2 threads ran on one, and 1024^3 lost a third of its second thread).
+    const auto options = a.options().memory_format(torch::MemoryFormat::Contiguous);
+    if (g.batch == 0 || g.M == 0 || g.N == 0 || g.K == 0) return torch::zeros({g.batch, g.M, g.N}, options);
+    torch::Tensor c = torch::empty({g.batch, g.M, g.N}, options);
     g.C = c.data_ptr<float>();
     // Tiles are rounded to whole micro-panels so panels never straddle blocks.
     mc = round_up(mc, GEMM_MR);

@@ -7,15 +7,22 @@
 //   for each (batch b, column block of nc)           <- threads take these, or (one big matrix)
 //     for p0 in 0, kc, 2kc, ...  (K blocks, ascending; acc carried through C in fp32)
 //       pack B[p0:p0+kc, cols] into NR-wide panels        [k][NR]
-//       for each mc row block:                           <- ... threads take these instead
+//       for each mc row block:
 //         pack A rows into MR-tall panels                 [k][MR]
 //         for each NR panel, for each MR panel: micro-kernel MR x NR, k ascending
+//
+//   one big matrix: B packed once (panels over all of K), threads take 2-D tiles
+//   (mc_eff rows x nc_eff columns) and run the K blocks of their tile as above
 //
 // Carrying the accumulator through memory between K blocks stores it exactly (fp32), so the
 // chain for one output element is the same uninterrupted fma sequence whatever mc/kc/nc and
 // the thread count are. Only output tiles are distributed. Small GEMMs (N <= 128 and
 // M*N*K <= 2^18 per batch entry) skip the tiles: see gemm_small.
 
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "gemm_tile.h"
@@ -79,9 +86,11 @@ void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, 
 }
 
 // Rows [i_begin, i_end) of one output column block [j0, j0+cols) for one K block, given the
-// packed B block: pack each mc x kcur block of A and run the micro-kernels over it.
-void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpack, int64_t i_begin, int64_t i_end,
-                  int64_t j0, int64_t cols, int64_t p0, int64_t kcur, int64_t mc, std::vector<float>& abuf) {
+// packed B block (its NR panels `bstride` floats apart): pack each mc x kcur block of A and run
+// the micro-kernels over it.
+void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpack, int64_t bstride, int64_t i_begin,
+                  int64_t i_end, int64_t j0, int64_t cols, int64_t p0, int64_t kcur, int64_t mc,
+                  std::vector<float>& abuf) {
     const bool first = p0 == 0, last = p0 + kcur == g.K;
     abuf.resize(round_up(mc, GEMM_MR) * kcur);
     for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
@@ -89,17 +98,17 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
         pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, abuf.data());
         for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
             for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
-                micro_kernel(kcur, abuf.data() + ir * kcur, bpack + jr * kcur, C + (i0 + ir) * g.N + j0 + jr, g.N,
-                             first, last, std::min<int64_t>(GEMM_MR, rows - ir), std::min<int64_t>(GEMM_NR, cols - jr));
+                micro_kernel(kcur, abuf.data() + ir * kcur, bpack + jr / GEMM_NR * bstride,
+                             C + (i0 + ir) * g.N + j0 + jr, g.N, first, last, std::min<int64_t>(GEMM_MR, rows - ir),
+                             std::min<int64_t>(GEMM_NR, cols - jr));
     }
 }
 
 // Two ways to hand out output blocks, chosen by shape; both give the same bits.
 //  * Many (batch, column block) pairs: each thread takes whole pairs and packs its own B block.
-//  * Few of them (one big matrix): for each column block and K block, the threads first pack
-//    the B block together (one NR panel per item), then take mc-row blocks of the output
-//    against the shared packed B. Packing B once per block, not once per thread, matters: with
-//    per-thread packing, narrow blocks made packing cost more than the FMAs.
+//  * Few of them (one big matrix): 2-D tiles against one shared packed B (gemm_tiles). Packing
+//    B once, not once per thread, matters: with per-thread packing, narrow blocks made packing
+//    cost more than the FMAs.
 // Small GEMMs (a transformer block's 16-64-wide matrices): the blocked path's 12x32 tiles and
 // packing cost more than the FMAs there. Rows are computed directly instead: B packed once per
 // batch as [K][Np] (Np = N rounded up to W lanes, zero-padded), then for ROWS output rows at a
@@ -107,6 +116,7 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 // acc = fma(a[i,k], b[k,j], acc) for k = 1 .. K-1 ascending: the same chain per element.
 constexpr int64_t SMALL_GEMM_MAX_N = 128;
 constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
+constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big matrix (choose_tiling)
 
 template <int ROWS>
 inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, int64_t Np, float* C, int64_t i0) {
@@ -175,6 +185,93 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     });
 }
 
+// The 2-D tiles of gemm_tiles: mc x nc output elements (whole micro-tiles), n_i x n_j per entry.
+struct Tiling {
+    int64_t mc, nc, n_i, n_j;
+};
+
+// Tiles for `threads` threads, at least GEMM_ITEMS_PER_THREAD per thread where the shape allows
+// (a thread the OS wakes late still finds work), at most mc x nc. Among the row counts that
+// allow, the one with the shortest estimated makespan (list scheduling: total / T + the largest
+// tile * (T - 1) / T), a tile costing rows x (cols + NR) in padded micro-tiles: each tile packs
+// its A rows once per K block, about as much work as NR columns of FMAs. E.g. 1024^2 at 2 threads
+// is 15 x 2 tiles of 72 x 512 (the last row of tiles 16 rows high): 30 tiles, where the earlier
+// row blocks of 144 gave 8 per block (7 x 144 + 16 rows), at best 576 : 448 rows per thread.
+Tiling choose_tiling(int64_t batch, int64_t M, int64_t N, int64_t threads, int64_t mc, int64_t nc) {
+    const int64_t want = GEMM_ITEMS_PER_THREAD * threads;
+    const int64_t i_lo = ceil_div(M, mc), i_hi = std::min(ceil_div(M, GEMM_MR), i_lo + want);
+    Tiling best{mc, nc, i_lo, ceil_div(N, nc)};
+    double best_cost = -1;
+    for (int64_t n = i_lo; n <= std::max(i_lo, i_hi); n++) {
+        Tiling t;
+        t.mc = round_up(ceil_div(M, n), GEMM_MR);
+        t.n_i = ceil_div(M, t.mc);
+        const int64_t nj = std::min(std::max(ceil_div(N, nc), ceil_div(want, batch * t.n_i)), ceil_div(N, GEMM_NR));
+        t.nc = round_up(ceil_div(N, nj), GEMM_NR);
+        t.n_j = ceil_div(N, t.nc);
+        const auto padded = [](int64_t total, int64_t block, int64_t n_blocks, int64_t unit) {
+            return (double)(block * (n_blocks - 1) + round_up(total - block * (n_blocks - 1), unit));
+        };
+        const double total = (double)batch * padded(M, t.mc, t.n_i, GEMM_MR) *
+                             (padded(N, t.nc, t.n_j, GEMM_NR) + (double)(t.n_j * GEMM_NR));
+        const double largest = (double)t.mc * (double)(t.nc + GEMM_NR);
+        const double cost = total / (double)threads + largest * (double)(threads - 1) / (double)threads;
+        if (best_cost < 0 || cost < best_cost) best = t, best_cost = cost;
+    }
+    return best;
+}
+
+// Few (batch, column block) pairs (one big matrix): ONE parallel call whose items are 2-D
+// output tiles (choose_tiling) of one batch entry, each running every K block itself (p0
+// ascending, the accumulator carried through C). B is packed once per call, one NR panel over
+// all of K at a time, by the first item that needs the panel; items needing it meanwhile pack
+// the other panels of their column block, then wait for it. So packing costs no barrier: an
+// earlier version packed each nc x kc block in a parallel call of its own and then computed it
+// in another, two barriers per block (16 per 1024^2 GEMM).
+void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+    const Tiling tl = choose_tiling(g.batch, g.M, g.N, threads, mc, nc);
+    const int64_t mc_eff = tl.mc, nc_eff = tl.nc, n_i = tl.n_i, n_j = tl.n_j;
+    const int64_t panels = ceil_div(g.N, GEMM_NR), pstride = g.K * GEMM_NR;  // per batch entry
+    // Kept for this thread's next call (no page faults per call) up to GEMM_KEEP_PACKED_B floats;
+    // a bigger B (K*N floats per entry) gets a buffer of its own, freed on return.
+    constexpr int64_t GEMM_KEEP_PACKED_B = int64_t(1) << 24;  // 64 MiB
+    thread_local std::vector<float> kept;
+    std::vector<float> once;
+    std::vector<float>& bpack = g.batch * panels * pstride <= GEMM_KEEP_PACKED_B ? kept : once;
+    bpack.resize(g.batch * panels * pstride);
+    float* const bw = bpack.data();
+    std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[g.batch * panels]);
+    for (int64_t p = 0; p < g.batch * panels; p++) state[p].store(0, std::memory_order_relaxed);
+    enum : uint8_t { UNPACKED, PACKING, READY };
+    // Panels [p_begin, p_end) of entry bi packed, whoever packs them.
+    auto ready = [&](int64_t bi, int64_t p_begin, int64_t p_end) {
+        const float* B = g.b_at(bi);
+        for (int64_t p = bi * panels + p_begin; p < bi * panels + p_end; p++) {
+            uint8_t expect = UNPACKED;
+            if (state[p].load(std::memory_order_acquire) == UNPACKED &&
+                state[p].compare_exchange_strong(expect, PACKING, std::memory_order_acq_rel)) {
+                const int64_t jp = (p - bi * panels) * GEMM_NR;
+                pack_b(B, g.sbk, g.sbj, jp, std::min<int64_t>(GEMM_NR, g.N - jp), 0, g.K, bw + p * pstride);
+                state[p].store(READY, std::memory_order_release);
+            }
+        }
+        for (int64_t p = bi * panels + p_begin; p < bi * panels + p_end; p++)
+            for (int spins = 0; state[p].load(std::memory_order_acquire) != READY; spins++)
+                if (spins > 1000) std::this_thread::yield();  // the packer may be descheduled
+    };
+    parallel_items(g.batch * n_j * n_i, threads, [&](int64_t item, int64_t) {
+        // Column block major: threads working at the same time share (and pack) the same panels.
+        const int64_t bi = item / (n_j * n_i), jb = item / n_i % n_j, ib = item % n_i;
+        const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
+        ready(bi, j0 / GEMM_NR, ceil_div(j0 + cols, GEMM_NR));
+        thread_local std::vector<float> abuf;
+        const float* bcols = bw + (bi * panels + j0 / GEMM_NR) * pstride;
+        for (int64_t p0 = 0; p0 < g.K; p0 += kc)
+            compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
+                         std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);
+    });
+}
+
 }  // namespace
 
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
@@ -199,37 +296,12 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
             for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
                 const int64_t kcur = std::min(kc, g.K - p0);
                 pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bbuf[t].data());
-                compute_rows(g, A, C, bbuf[t].data(), 0, g.M, j0, cols, p0, kcur, mc, abuf[t]);
+                compute_rows(g, A, C, bbuf[t].data(), kcur * GEMM_NR, 0, g.M, j0, cols, p0, kcur, mc, abuf[t]);
             }
         });
         return;
     }
-    // Row blocks small enough that every thread gets about two of them.
-    const int64_t mc_eff = std::min(mc, std::max<int64_t>(GEMM_MR, round_up(ceil_div(g.M, 2 * threads), GEMM_MR)));
-    const int64_t n_iblocks = ceil_div(g.M, mc_eff);
-    std::vector<float> bpack(round_up(nc, GEMM_NR) * kc);
-    std::vector<std::vector<float>> abuf(threads);
-    for (int64_t bi = 0; bi < g.batch; bi++) {
-        const float* A = g.a_at(bi);
-        const float* B = g.b_at(bi);
-        float* C = g.C + bi * g.M * g.N;
-        for (int64_t j0 = 0; j0 < g.N; j0 += nc) {
-            const int64_t cols = std::min(nc, g.N - j0);
-            for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
-                const int64_t kcur = std::min(kc, g.K - p0);
-                parallel_items(ceil_div(cols, GEMM_NR), threads, [&](int64_t panel, int64_t) {
-                    const int64_t jp = panel * GEMM_NR;
-                    pack_b(B, g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), p0, kcur,
-                           bpack.data() + jp * kcur);
-                });
-                parallel_items(n_iblocks, threads, [&](int64_t ib, int64_t t) {
-                    const int64_t i0 = ib * mc_eff;
-                    compute_rows(g, A, C, bpack.data(), i0, std::min(g.M, i0 + mc_eff), j0, cols, p0, kcur, mc_eff,
-                                 abuf[t]);
-                });
-            }
-        }
-    }
+    gemm_tiles(g, threads, mc, kc, nc);
 }
 
 }  // namespace repops_cpu
