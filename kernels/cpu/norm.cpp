@@ -18,14 +18,16 @@
 namespace repops_cpu {
 
 namespace {
-// rows [r, r + n) with n <= 8 as independent scalar chains (latency hidden across rows)
-inline void rowdot_scalar(const float* A, const float* B, int64_t r, int64_t n, int64_t K, int64_t sra, int64_t ska,
-                          int64_t srb, int64_t skb, float* O) {
-    float acc[8];
-    for (int64_t u = 0; u < n; u++) acc[u] = A[(r + u) * sra] * B[(r + u) * srb];
+// rows [r, r + N) as N independent scalar chains (latency hidden across rows); N a constant so
+// the accumulators stay in registers
+template <int N>
+inline void rowdot_scalar(const float* A, const float* B, int64_t r, int64_t K, int64_t sra, int64_t ska, int64_t srb,
+                          int64_t skb, float* O) {
+    float acc[N];
+    for (int u = 0; u < N; u++) acc[u] = A[(r + u) * sra] * B[(r + u) * srb];
     for (int64_t k = 1; k < K; k++)
-        for (int64_t u = 0; u < n; u++) acc[u] = std::fma(A[(r + u) * sra + k * ska], B[(r + u) * srb + k * skb], acc[u]);
-    for (int64_t u = 0; u < n; u++) O[r + u] = canon(acc[u]);
+        for (int u = 0; u < N; u++) acc[u] = std::fma(A[(r + u) * sra + k * ska], B[(r + u) * srb + k * skb], acc[u]);
+    for (int u = 0; u < N; u++) O[r + u] = canon(acc[u]);
 }
 }  // namespace
 
@@ -52,7 +54,8 @@ void rowdot_into(const float* A, const float* B, int64_t R, int64_t K, int64_t s
                 for (int u = 0; u < 2; u++) vstore(O + r + u * W, vcanon(acc[u]));
             }
         }
-        for (; r < r1; r += 8) rowdot_scalar(A, B, r, std::min<int64_t>(8, r1 - r), K, sra, ska, srb, skb, O);
+        for (; r + 8 <= r1; r += 8) rowdot_scalar<8>(A, B, r, K, sra, ska, srb, skb, O);
+        for (; r < r1; r++) rowdot_scalar<1>(A, B, r, K, sra, ska, srb, skb, O);
     });
 }
 

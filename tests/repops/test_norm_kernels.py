@@ -138,13 +138,14 @@ def test_compiled_maps_read_broadcast_inputs_in_place(isa: str, shape: tuple[int
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_compiled_maps_read_output_coordinates(isa: str) -> None:
-    """COORD (cross-entropy backward's one-hot) in a compiled map, on every axis of a shape
-    whose rows are off the vector width."""
+    """COORD (cross-entropy backward's one-hot) in a compiled map, on every axis: lanes across
+    coordinates, at one coordinate (one value) and inside one run (c0 + i)."""
     code = [Instr(Op.COORD, 1, imm=d) for d in range(3)]
     code = [code[0], Instr(Op.ADD, 0, 0, 1), code[1], Instr(Op.MUL, 0, 0, 1), code[2], Instr(Op.SUB, 0, 0, 1)]
-    desc = library.elementwise("coords", [(5, 7, 3)], code)
-    for threads in (1, 2):
-        assert_reference(CpuBackend(isa, threads, jit_min_instrs=1), desc, [data((5, 7, 3), 3)], "jit")
+    for shape in ((5, 7, 3), (3, 40, 37)):  # rows shorter and longer than the vector width
+        desc = library.elementwise("coords", [shape], code)
+        for threads in (1, 2):
+            assert_reference(CpuBackend(isa, threads, jit_min_instrs=1), desc, [data(shape, 3)], "jit")
 
 
 def test_a_compiled_map_refuses_rows_outside_its_input() -> None:

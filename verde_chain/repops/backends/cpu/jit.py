@@ -124,8 +124,15 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     def coord(d: int, tail: bool) -> str:
         inner, n = math.prod(desc.out_shape[d + 1:]), desc.out_shape[d]
         lim = "rem" if tail else "W"
-        return (f"vu c{d} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) "
-                f"c{d}[i] = rp_u((float)(((e + i) / {inner}) % {n}));")
+        lanes = f"c{d} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) c{d}[i] = rp_u((float)(((e + i) / {inner}) % {n}));"
+        if tail:
+            return "vu " + lanes
+        if inner > 1:  # W lanes at one coordinate: one value
+            return (f"vu c{d}; if (e / {inner} == (e + W - 1) / {inner}) c{d} = rp_splat<vu>(rp_u((float)((e / {inner}) "
+                    f"% {n}))); else {{ {lanes} }}")
+        # W consecutive coordinates inside one run: c0 + i, no division per lane
+        return (f"vu c{d}; {{ const int64_t c0 = e % {n}; if (c0 + W <= {n}) {{ for (int i = 0; i < W; i++) "
+                f"c{d}[i] = rp_u((float)(c0 + i)); }} else {{ {lanes} }} }}")
 
     main_loads = "\n        ".join([load(t, False) for t in range(n_in)] + [coord(d, False) for d in axes])
     tail_loads = "\n        ".join([load(t, True) for t in range(n_in)] + [coord(d, True) for d in axes])
