@@ -137,6 +137,21 @@ def test_compiled_maps_read_broadcast_inputs_in_place(isa: str, shape: tuple[int
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_broadcast_maps_on_every_thread_count_engage_threads(isa: str) -> None:
+    """Layer norm's affine over 4096 rows of 64: statistic, scale and bias read in place."""
+    shapes = [(4096, 64), (4096, 1), (64,), (64,)]
+    code = [Instr(Op.SUB, 0, 0, 1), Instr(Op.MUL, 0, 0, 2), Instr(Op.ADD, 0, 0, 3)]
+    desc = library.elementwise("affine", shapes, code)
+    ins = [data(s, 20 + t) for t, s in enumerate(shapes)]
+    want = bits(reference.run(desc, ins)).reshape(-1)
+    for threads in THREAD_COUNTS:
+        be = CpuBackend(isa, threads)
+        assert be.path(desc) == "jit"
+        got = run_engaged(isa, threads, lambda b=be: b(desc, ins))
+        assert np.array_equal(got.reshape(-1), want), threads
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_compiled_maps_read_output_coordinates(isa: str) -> None:
     """COORD (cross-entropy backward's one-hot) in a compiled map, on every axis: lanes across
     coordinates, at one coordinate (one value) and inside one run (c0 + i)."""
