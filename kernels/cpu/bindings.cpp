@@ -158,20 +158,20 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
 }
 
 // A compiled map (fn_addr: its C function, kept loaded by the caller) over numel elements;
-// inputs: int32 bit tensors, input t read at lin[t] = (offset, stride) as offset + e*stride.
+// inputs: int32 bit tensors, input t read at lin[t] = (offset, s, q, p) as offset + ((e / q) % p) * s.
 // work: lane-instructions (numel x program length).
 torch::Tensor run_map(int64_t fn_addr, const std::vector<torch::Tensor>& inputs, const torch::Tensor& lin,
                       int64_t numel, int64_t work, int64_t threads) {
     TORCH_CHECK(fn_addr != 0, "null map function");
     TORCH_CHECK(numel >= 1, "a map has at least one output element");
     const int64_t n_in = (int64_t)inputs.size();
-    const std::vector<int64_t> rows = int64_rows(lin, n_in, 2, "lin");
+    const std::vector<int64_t> rows = int64_rows(lin, n_in, 4, "lin");
     std::vector<const void*> data(std::max<int64_t>(1, n_in), nullptr);
     for (int64_t t = 0; t < n_in; t++) {
         const torch::Tensor& x = inputs[t];
         TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kInt32 && x.is_contiguous(),
                     "inputs must be contiguous CPU int32 bit tensors");
-        check_box({rows[2 * t]}, {rows[2 * t + 1]}, {numel}, x.numel(), "map input");
+        check_map_inputs(rows, t, numel, x.numel());
         data[t] = x.data_ptr<int32_t>();
     }
     torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(torch::kInt32));
@@ -235,6 +235,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("fn_addr"), pybind11::arg("inputs"), pybind11::arg("lin"), pybind11::arg("numel"),
           pybind11::arg("work"), pybind11::arg("threads"), pybind11::call_guard<pybind11::gil_scoped_release>());
     repops_cpu::bind_step_plan(m);
+    repops_cpu::bind_norm(m);
     m.def("worker_mxcsr", &worker_mxcsr, pybind11::arg("threads"));
     m.def("probe_reset", &probe_reset, "forget the threads that ran items so far");
     m.def("probe_threads", &probe_threads, "OS thread ids that ran at least one item since probe_reset");

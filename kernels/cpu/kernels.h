@@ -91,6 +91,11 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
 void reduce_into(const float* X, int64_t R, int64_t K, int64_t sr, int64_t sk, int64_t op, float* O,
                  int64_t threads);
 
+// out[r] = the dot chain of A[r*sra + k*ska] and B[r*srb + k*skb] over k (norm.cpp: the
+// normalisations' row statistics), r < R, K >= 1.
+void rowdot_into(const float* A, const float* B, int64_t R, int64_t K, int64_t sra, int64_t ska, int64_t srb,
+                 int64_t skb, float* O, int64_t threads);
+
 // spec.scatter_add (embedding backward): out[v, d] = the spec's chain over p = 0 .. P-1 of
 // (idx[p] == v ? g[p, d] : +0); V <= 2^24 rows of R elements.
 void scatter_rows_into(const float* G, const float* IDX, int64_t P, int64_t R, int64_t V, float* O, int64_t threads);

@@ -28,7 +28,7 @@
 namespace repops_cpu {
 namespace {
 
-enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5 };
+enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5, NK_ROWDOT = 6 };
 
 struct Ref {
     int64_t buf, offset, numel;
@@ -47,6 +47,8 @@ struct PlanNode {
     std::vector<int64_t> aoff, boff;
     // FOLD: out[r] = fold_k X[xoff + r*sr + k*sk]
     int64_t slot = 0, R = 0, Kr = 0, sr = 0, sk = 0, xoff = 0;
+    // ROWDOT (with slot/xoff/sr/sk for A): B[boff2 + r*srb + k*skb] in input slot slot_b
+    int64_t slot_b = 0, boff2 = 0, srb = 0, skb = 0;
     // JIT: a compiled map over n = out_numel elements
     MapFn fn = nullptr;
     int64_t work = 0;
@@ -128,6 +130,31 @@ class StepPlan {
         add_node(std::move(nd));
     }
 
+    // A row dot node (norm.cpp): out[r] = dot chain over k of A[aoff + r*sra + k*ska] and
+    // B[boff + r*srb + k*skb], then the epilogue if not empty.
+    void add_rowdot(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                    const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
+                    int64_t sa, int64_t aoff, int64_t sra, int64_t ska, int64_t sb, int64_t boff, int64_t srb,
+                    int64_t skb) {
+        PlanNode nd = base_node(NK_ROWDOT, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = epi.size(0) > 0;
+        const int64_t n_in = (int64_t)nd.ins.size();
+        TORCH_CHECK(sa >= 0 && sa < n_in && sb >= 0 && sb < n_in, "rowdot input slot out of range");
+        check_box({aoff}, {sra, ska}, {nd.out_numel, K}, nd.ins[sa].numel, "rowdot A");
+        check_box({boff}, {srb, skb}, {nd.out_numel, K}, nd.ins[sb].numel, "rowdot B");
+        nd.slot = sa;
+        nd.xoff = aoff;
+        nd.sr = sra;
+        nd.sk = ska;
+        nd.slot_b = sb;
+        nd.boff2 = boff;
+        nd.srb = srb;
+        nd.skb = skb;
+        nd.R = nd.out_numel;
+        nd.Kr = K;
+        add_node(std::move(nd));
+    }
+
     // out[e] = a[e] (op) b[e], both inputs exactly out_numel long.
     void add_binary(const torch::Tensor& refs, int64_t out_offset, int64_t numel, int64_t op) {
         PlanNode nd;
@@ -155,8 +182,8 @@ class StepPlan {
         add_node(std::move(nd));
     }
 
-    // A compiled map (backends/cpu/jit.py jit_source): input t is read at lin[t] = (offset, stride) as
-    // offset + e*stride for e < numel. fn_addr is the map's address (the library stays loaded
+    // A compiled map (backends/cpu/jit.py jit_source): input t is read at lin[t] = (offset, s, q, p)
+    // as offset + ((e / q) % p) * s for e < numel. fn_addr is the map's address (the library stays loaded
     // by functools.cache in Python; the plan's owner keeps a reference too).
     void add_jit(const torch::Tensor& refs, const torch::Tensor& lin, int64_t out_offset, int64_t numel,
                  int64_t fn_addr, int64_t work) {
@@ -165,9 +192,8 @@ class StepPlan {
         nd.ins = read_refs(refs);
         set_out(nd, out_offset, numel);
         TORCH_CHECK(fn_addr != 0, "null map function");
-        const std::vector<int64_t> rows = int64_rows(lin, (int64_t)nd.ins.size(), 2, "lin");
-        for (size_t t = 0; t < nd.ins.size(); t++)
-            check_box({rows[2 * t]}, {rows[2 * t + 1]}, {numel}, nd.ins[t].numel, "map input");
+        const std::vector<int64_t> rows = int64_rows(lin, (int64_t)nd.ins.size(), 4, "lin");
+        for (size_t t = 0; t < nd.ins.size(); t++) check_map_inputs(rows, t, numel, nd.ins[t].numel);
         nd.fn = reinterpret_cast<MapFn>(fn_addr);
         nd.work = work;
         add_node(std::move(nd));
@@ -241,6 +267,11 @@ class StepPlan {
                 reduce_into(reinterpret_cast<const float*>(data[nd.slot]) + nd.xoff, nd.R, nd.Kr, nd.sr, nd.sk, nd.op,
                             out, threads);
                 break;
+            case NK_ROWDOT:
+                rowdot_into(reinterpret_cast<const float*>(data[nd.slot]) + nd.xoff,
+                            reinterpret_cast<const float*>(data[nd.slot_b]) + nd.boff2, nd.R, nd.Kr, nd.sr, nd.sk,
+                            nd.srb, nd.skb, out, threads);
+                break;
             case NK_BINARY:
                 binary_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]), out,
                             nd.out_numel, nd.op, threads);
@@ -266,6 +297,7 @@ class StepPlan {
                 nd.threads_worth = (double)nd.g.batch * (double)nd.g.M * (double)nd.g.N * (double)nd.g.K / GEMM_MIN_FMAS;
                 break;
             case NK_FOLD: nd.threads_worth = (double)nd.R * (double)nd.Kr / FOLD_MIN_ELEMS; break;
+            case NK_ROWDOT: nd.threads_worth = 2.0 * (double)nd.R * (double)nd.Kr / FOLD_MIN_ELEMS; break;
             case NK_BINARY: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
             case NK_SCATTER:
                 nd.threads_worth = (double)(nd.Kr * nd.R + nd.out_numel) / SCATTER_MIN_ELEMS;
@@ -368,6 +400,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_binary", &StepPlan::add_binary)
         .def("add_jit", &StepPlan::add_jit)
         .def("add_scatter", &StepPlan::add_scatter)
+        .def("add_rowdot", &StepPlan::add_rowdot)
         .def("__len__", &StepPlan::size)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());

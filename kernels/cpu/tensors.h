@@ -45,7 +45,17 @@ inline void check_box(const std::vector<int64_t>& bases, const std::vector<int64
         TORCH_CHECK(b >= 0 && b + span < numel, what, " addresses [", b, ", ", b + span, "] leave [0, ", numel, ")");
 }
 
+// A compiled map's input rows (backends/cpu/jit.py map_lin): input t is read at
+// offset + ((e / q) % p) * s for output elements e < n; every such address lies in [0, numel).
+inline void check_map_inputs(const std::vector<int64_t>& rows, size_t t, int64_t n, int64_t numel) {
+    const int64_t offset = rows[4 * t], s = rows[4 * t + 1], q = rows[4 * t + 2], p = rows[4 * t + 3];
+    TORCH_CHECK(q >= 1 && p >= 1, "map input ", t, ": q and p must be >= 1");
+    check_box({offset}, {s}, {std::min(p, (n + q - 1) / q)}, numel, "map input");
+}
+
 // Registers the StepPlan class (step_plan.cpp) in the extension module.
 void bind_step_plan(pybind11::module& m);
+// Registers the row dot products (norm.cpp).
+void bind_norm(pybind11::module& m);
 
 }  // namespace repops_cpu

@@ -22,7 +22,7 @@ from verde_chain.repops import edges, library, program, reference, torch_api
 from verde_chain.repops.backends import BACKENDS, BackendUnavailable
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
-from verde_chain.repops.backends.cpu.jit import JIT_MIN_NUMEL, jit_source
+from verde_chain.repops.backends.cpu.jit import jit_source, min_instrs_for
 from verde_chain.repops.backends.plan import live_in
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op, f32_bits
 
@@ -73,7 +73,7 @@ def assert_same(desc: program.KernelDesc, ins: list[np.ndarray], be: CpuBackend,
     bad = np.flatnonzero(g != w)
     assert bad.size == 0, f"{desc.label}: {bad.size} elements differ, first {bad[0]}: {g[bad[0]]:#x} != {w[bad[0]]:#x}"
     if want_kind is not None:
-        jit = be.jit and jit_source(desc, min_instrs=1 if desc.numel >= JIT_MIN_NUMEL else be.jit_min_instrs)
+        jit = be.jit and jit_source(desc, min_instrs=min_instrs_for(desc, be.jit_min_instrs))
         assert be.path(desc) == ("jit" if want_kind == "program" and jit else want_kind)
 
 
@@ -225,11 +225,11 @@ MATMUL_CASES = [  # (a, b, trans_a, trans_b, the backend's path)
     ((6, 9), (9, 5), False, False, "dot"),
     ((9, 6), (5, 9), True, True, "dot"),
     ((2, 4, 7), (7, 3), False, False, "dot"),
-    ((7,), (7, 4), False, False, "program"),  # GEMV shapes: the interpreter is faster
-    ((2, 4, 7), (7,), False, False, "program"),
-    ((4, 7), (1, 4), True, True, "program"),
-    ((7,), (4, 7), False, True, "program"),
-    ((1, 300), (300, 90), False, False, "program"),
+    ((7,), (7, 4), False, False, "rowdot"),  # GEMV shapes: per-row chains, the vector broadcast
+    ((2, 4, 7), (7,), False, False, "rowdot"),
+    ((4, 7), (1, 4), True, True, "rowdot"),
+    ((7,), (4, 7), False, True, "rowdot"),
+    ((1, 300), (300, 90), False, False, "rowdot"),
     ((3, 1, 4, 7), (2, 7, 5), False, False, "dot"),  # broadcast batches
     ((5, 1), (1, 6), False, False, "dot"),  # K = 1
     ((70, 300), (90, 300), False, True, "dot"),  # big enough for two threads (x @ W^T)
@@ -286,10 +286,12 @@ def test_epilogue_reading_body_registers_goes_to_the_interpreter(be: CpuBackend)
     assert_same(exp_named_matmul, [edge_array((5,), 33)], be, "program")
 
 
-def test_reduce_dot_runs_on_the_interpreter(be: CpuBackend) -> None:
+def test_reduce_dot_on_the_row_kernel_where_rows_are_linear(be: CpuBackend) -> None:
+    """Rows read at offset + r*sr (the last axis, all axes) take the row kernel; a middle axis
+    (output rows not linear in memory) stays on the interpreter."""
     x, y = edge_array((5, 7, 3), 41), edge_array((5, 7, 3), 42)
-    for axes, mean in [((1,), False), ((2,), True), (None, False)]:
-        assert_same(library.reduce_dot(x.shape, axes, keepdims=True, mean=mean), [x, y], be, "program")
+    for axes, mean, path in [((1,), False, "program"), ((2,), True, "rowdot"), (None, False, "rowdot")]:
+        assert_same(library.reduce_dot(x.shape, axes, keepdims=True, mean=mean), [x, y], be, path)
 
 
 # ======================================================================= folds
@@ -298,10 +300,10 @@ def test_reduce_dot_runs_on_the_interpreter(be: CpuBackend) -> None:
 @pytest.mark.parametrize("kind", library.REDUCE_KINDS)
 def test_reductions_every_kind_and_axes(be: CpuBackend, kind: str) -> None:
     x = edge_array((6, 11, 4), 51, 0.2)
-    fold = kind in ("sum", "mean", "max", "min")
+    path = "fold" if kind in ("sum", "mean", "max", "min") else "rowdot" if kind in ("sumsq", "l2", "meansq") else "program"
     for axes, keep in [((1, 2), False), ((2,), True), ((0,), False), (None, True)]:
         desc = library.reduce(kind, x.shape, axes, keep)
-        assert_same(desc, [x], be, "fold" if fold else "program")
+        assert_same(desc, [x], be, path)
 
 
 def test_k1_reduction_keeps_raw_nan_payloads(be: CpuBackend) -> None:

@@ -126,7 +126,7 @@ def test_transformer_every_kernel_kind_and_every_isa_and_thread_count(transforme
     graph = job.program.graph
     backend = CpuBackend(threads=1)
     kinds = {backend.path(n.desc) for n in graph.nodes}
-    assert kinds == {"dot", "fold", "binary", "scatter", "jit", "program"}  # every node kind of the plan
+    assert kinds == {"dot", "fold", "binary", "scatter", "rowdot", "jit", "program"}  # every node kind of the plan
     base = run_steps(graph, job.init_state, job.batch, node_by_node(backend))
     for isa in cpu_ext.available_isas():
         for threads in (1, 2):
@@ -174,6 +174,15 @@ def _int64(rows) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1 if rows else 3)
 
 
+def _rowdot_code() -> tuple:  # type: ignore[type-arg]
+    """A (8,)-output reduce_dot node's program encodings (K = 2) and output offset 0."""
+    from verde_chain.repops import library
+
+    desc = library.reduce_dot((8, 2), (1,), keepdims=False)
+    prep = CpuBackend(threads=1).prepare(desc)
+    return (prep.maps, prep.out_shape, desc.K, *prep.programs, 0)
+
+
 def test_plan_refuses_anything_outside_its_buffers() -> None:
     ext = cpu_ext.extension(cpu_ext.best_isa())
     plan = ext.StepPlan(64, 64, 16, *cpu_ext.DEFAULT_TILE)
@@ -186,9 +195,15 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     with pytest.raises(RuntimeError, match="output's size"):
         plan.add_binary(_int64([(1, 0, 8), (2, 0, 4)]), 0, 8, 0)
     with pytest.raises(RuntimeError, match="null map"):
-        plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 1)]), 0, 8, 0, 8)
+        plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 1, 1, 8)]), 0, 8, 0, 8)
     with pytest.raises(RuntimeError, match="map input addresses"):
-        plan.add_jit(_int64([(1, 0, 8)]), _int64([(1, 1)]), 0, 8, 1234, 8)  # reads element 8 of 8
+        plan.add_jit(_int64([(1, 0, 8)]), _int64([(1, 1, 1, 8)]), 0, 8, 1234, 8)  # reads element 8 of 8
+    with pytest.raises(RuntimeError, match="map input addresses"):  # rows of 2: a period of 5 rows of 8
+        plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 2, 2, 5)]), 0, 10, 1234, 8)
+    with pytest.raises(RuntimeError, match="q and p"):
+        plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 1, 0, 8)]), 0, 8, 1234, 8)
+    with pytest.raises(RuntimeError, match="rowdot A addresses"):  # 8 rows of 2 from element 1 of 16
+        plan.add_rowdot(_int64([(1, 0, 16), (1, 0, 16)]), *_rowdot_code(), 0, 1, 2, 1, 1, 0, 2, 1)
     # a 4x4 @ 4x4 dot whose B offset runs past its input
     from verde_chain.repops import library
 

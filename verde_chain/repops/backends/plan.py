@@ -11,6 +11,9 @@ CPU and CUDA backends plan with this one module, each taking the kinds it has ke
            (K = 1, both inputs laid out exactly like the output)
     scatter exactly library.scatter_add's program and maps        -> bucketed scatter-add, O(P*R +
            (embedding backward; at most 2^24 rows)                  V*R) instead of O(P*V*R)
+    rowdot a dot (or a square: LOAD x<-X; MUL r0 = x*x, FMA)     -> per-row dot chains (the norms'
+           whose output is not GEMM-shaped, rows read linearly     variance, mean square and
+                                                                   backward sums), then the epilogue
     program anything else                                        -> the interpreter (the CPU
                                                                     backend compiles long maps,
                                                                     backends/cpu/jit.py)
@@ -27,9 +30,9 @@ registers the fast kernel does not model cannot matter).
 
 Cases deliberately left to the interpreter (the fast kernels would differ or gain nothing):
 K = 1 folds (the spec returns the raw loaded bits, including non-canonical NaN payloads, while
-the reduce kernel canonicalises), dots without a GEMM-shaped output (reduce_dot; GEMV shapes
-with M = 1 or N = 1, measured 3x faster on the interpreter), negative strides (torch views
-cannot express them), binaries with broadcast inputs (the interpreter reads them in place).
+the reduce kernel canonicalises), dots without a GEMM-shaped output whose rows are not read
+linearly (the rowdot kernel takes reduce_dot and GEMV shapes otherwise), negative strides (torch views
+cannot express them), binaries with broadcast inputs (compiled maps read them in place).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ _BINARY_OPS = {Op.ADD: BinOp.ADD, Op.SUB: BinOp.SUB, Op.MUL: BinOp.MUL, Op.DIV: 
                Op.MIN: BinOp.MIN}  # fmt: skip
 # Rows a scatter-add kernel handles: row v is matched by EQ(idx, fl32(v)), exact up to 2^24.
 MAX_SCATTER_ROWS = 1 << 24
-ALL_KINDS = frozenset({"dot", "fold", "binary", "scatter"})
+ALL_KINDS = frozenset({"dot", "fold", "binary", "scatter", "rowdot"})
 
 
 def live_in(program: Sequence[Instr]) -> frozenset[int]:
@@ -69,11 +72,11 @@ def _is_load(ins: Instr, dst: int | None = None) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "dot" | "fold" | "binary" | "scatter" | "program"
+    kind: str  # "dot" | "fold" | "binary" | "scatter" | "rowdot" | "program"
     slots: tuple[int, ...] = ()  # input slots the fast kernel reads
     op: ReduceOp | BinOp | None = None  # fold: the reduction; binary: the instruction
     # dot / fold: torch views (size, stride, offset) of the fast kernel's operands, built from
-    # the input maps: dot (batch, M, K) and (batch, K, N) after reshape; fold (rows, K)
+    # the input maps: dot (batch, M, K) and (batch, K, N) after reshape; fold and rowdot (rows, K)
     views: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = ()
     shapes: tuple[tuple[int, ...], ...] = ()  # the 3-D / 2-D shapes the views are reshaped to
 
@@ -95,8 +98,8 @@ def _dot_plan(desc: KernelDesc, sa: int, sb: int) -> Plan | None:
     """GEMM geometry of a dot node: N = last output dim if A is constant along it (and B is
     not), M = the dim before it (or the last) where B is constant (and A is not), the dims in
     front of them are batch dims. None (interpreter) when the output is not GEMM-shaped: no M
-    and no N (reduce_dot), or M = 1 or N = 1 (a GEMV pads the GEMM's 12 x 32 tile; the
-    interpreter is faster there). Batch dims may have any (non-negative) strides, 0 included."""
+    and no N (reduce_dot), or M = 1 or N = 1 (a GEMV pads the GEMM's 12 x 32 tile: the row
+    kernel takes it). Batch dims may have any (non-negative) strides, 0 included."""
     am, bm = desc.inputs[sa], desc.inputs[sb]
     shape, K = desc.out_shape, desc.K
     d = len(shape) - 1
@@ -114,6 +117,31 @@ def _dot_plan(desc: KernelDesc, sa: int, sb: int) -> Plan | None:
     a_view = ((*bsize, M, K), (*(am.strides[i] for i in batch), am.strides[m_dim], am.kstride), am.offset)
     b_view = ((*bsize, K, N), (*(bm.strides[i] for i in batch), bm.kstride, bm.strides[n_dim]), bm.offset)
     return Plan("dot", (sa, sb), views=(a_view, b_view), shapes=((nb, M, K), (nb, K, N)))
+
+
+def _match_square(desc: KernelDesc) -> int | None:
+    """The input slot if the prologue/body are the spec's sum-of-squares chain (reduce_meansq,
+    sumsq): ``LOAD x<-t; MUL r0 = x*x`` then ``LOAD x<-t; FMA r0 = x*x + r0`` (x != r0)."""
+    pro, body = desc.prologue, desc.body
+    if len(pro) != 2 or not _is_load(pro[0]) or pro[0].dst == 0 or pro[1] != Instr(Op.MUL, 0, pro[0].dst, pro[0].dst):
+        return None
+    x = pro[0].dst
+    if desc.K > 1 and body != (pro[0], Instr(Op.FMA, 0, x, x, 0)):
+        return None
+    return pro[0].imm
+
+
+def _rowdot_plan(desc: KernelDesc, sa: int, sb: int) -> Plan | None:
+    """Rows of a dot chain read linearly (address offset + r*sr + k*kstride for flat output r):
+    the row kernel's (rows, K) views; None when a map is not linear in the output."""
+    views = []
+    for slot in (sa, sb):
+        m = desc.inputs[slot]
+        sr = linear_stride(m, desc.out_shape)
+        if sr is None:
+            return None
+        views.append(((desc.numel, desc.K), (sr, m.kstride), m.offset))
+    return Plan("rowdot", (sa, sb), views=tuple(views), shapes=((desc.numel, desc.K),) * 2)
 
 
 def _is_scatter_add(desc: KernelDesc) -> bool:
@@ -141,6 +169,14 @@ def classify(desc: KernelDesc, kinds: frozenset[str] = ALL_KINDS) -> Plan:
     dot = _match_dot(desc) if "dot" in kinds else None
     if dot is not None and epi_ok:
         plan = _dot_plan(desc, *dot)
+        if plan is not None:
+            return plan
+    if "rowdot" in kinds and epi_ok:
+        pair = dot if dot is not None else _match_dot(desc)
+        square = _match_square(desc) if pair is None else None
+        if square is not None:
+            pair = (square, square)
+        plan = None if pair is None else _rowdot_plan(desc, *pair)
         if plan is not None:
             return plan
     pro, body = desc.prologue, desc.body
@@ -199,3 +235,26 @@ def linear_stride(m: InputMap, shape: tuple[int, ...]) -> int | None:
             return None
         acc *= shape[d]
     return s
+
+
+def periodic_map(m: InputMap, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(s, q, p) if the map reads address ``offset + ((e // q) % p) * s`` for flat output element
+    e, else None: the output dims (size-1 dims ignored) split, innermost first, into a block the
+    map is constant along (q elements: a statistic broadcast along its row), a block it reads
+    linearly with stride s (p elements), and an outer block it is constant along again (a row
+    of scale or bias broadcast over the rows). linear_stride's maps are (s, 1, numel)."""
+    live = [d for d in reversed(range(len(shape))) if shape[d] > 1]
+    i, q = 0, 1
+    while i < len(live) and m.strides[live[i]] == 0:
+        q *= shape[live[i]]
+        i += 1
+    if i == len(live):
+        return 0, 1, 1  # one address: a scalar broadcast
+    s, p = m.strides[live[i]], 1
+    while i < len(live) and m.strides[live[i]] == s * p:
+        p *= shape[live[i]]
+        i += 1
+    if any(m.strides[d] != 0 for d in live[i:]):
+        return None
+    return s, q, p
+

@@ -3,7 +3,7 @@ every KernelDesc, on the extension of ``backends/cpu/extension.py`` (kernels/cpu
 
 Every node is planned once (cached per desc) by the structure of its program
 (``backends/plan.py``): dot -> GEMM, fold -> reduction, binary -> vector binary, scatter ->
-bucketed scatter-add, each fast kernel followed by the epilogue on the interpreter with r0
+bucketed scatter-add, rowdot -> per-row dot chains (kernels/cpu/norm.cpp), each fast kernel followed by the epilogue on the interpreter with r0
 preset; any other program -> a compiled map if it is a long straight-line map
 (``backends/cpu/jit.py``), else the interpreter, which executes ANY program exactly (BLOCK output
 elements per register array, one vectorised lane loop per instruction, k in the spec's one
@@ -40,12 +40,12 @@ from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 from verde_chain.repops.backends.cpu.jit import (
     JIT_LANES,
     JIT_MIN_INSTRS,
-    JIT_MIN_NUMEL,
     jit_compile,
     jit_source,
     map_address,
     map_lin,
     map_work,
+    min_instrs_for,
 )
 from verde_chain.repops.backends.native import PerDesc, encode_desc, writable
 from verde_chain.repops.backends.plan import Plan, classify
@@ -102,7 +102,8 @@ class CpuBackend:
         return self.prepare(desc).plan
 
     def path(self, desc: KernelDesc) -> str:
-        """Which code runs ``desc``: dot | fold | binary | scatter | jit | program (the interpreter)."""
+        """Which code runs ``desc``: dot | fold | binary | scatter | rowdot | jit | program (the
+        interpreter)."""
         prep = self.prepare(desc)
         return "jit" if prep.jit is not None else prep.plan.kind
 
@@ -121,8 +122,9 @@ class CpuBackend:
 
     def _compile(self, desc: KernelDesc) -> Callable[..., None] | None:
         # Big maps are worth a one-time compile whatever their length.
-        min_instrs = 1 if desc.numel >= JIT_MIN_NUMEL else self.jit_min_instrs
-        source = jit_source(desc, JIT_LANES.get(self.isa, 4), min_instrs) if self.jit else None
+        if not self.jit:
+            return None
+        source = jit_source(desc, JIT_LANES.get(self.isa, 4), min_instrs_for(desc, self.jit_min_instrs))
         if source is None:
             return None
         try:
@@ -151,6 +153,9 @@ class CpuBackend:
             out = self._dot(desc, plan, flat, prep)
         elif plan.kind == "fold":
             out = self._fold(desc, plan, flat, prep)
+        elif plan.kind == "rowdot":
+            a, b = self._views(plan, flat)
+            out = self._epilogue(desc, flat, self.extension.rowdot(a, b, self.threads_now()), prep)
         elif plan.kind == "binary":
             a, b = (torch.from_numpy(x.view(np.float32)) for x in flat)
             out = ext.binary(cast(BinOp, plan.op), a, b, isa=self.isa, threads=self.threads).reshape(-1)

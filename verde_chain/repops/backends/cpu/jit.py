@@ -7,9 +7,10 @@ iteration (W lanes of a GCC vector per register), every instruction the template
 The compiler vectorises across ELEMENTS only, never across k (there is none), and runs with
 -ffp-contract=off and without fast-math, so each instruction stays one IEEE operation rounded
 once. NaN results are canonicalised once, at the end (``kernels/repops_map.h`` says why that
-gives the spec's bits). Eligible: K = 1, every input read through a linear map (contiguous or
-scalar broadcast), no COORD/LOADIDX, at least JIT_MIN_INSTRS instructions or JIT_MIN_NUMEL
-elements (small short programs are not worth a compile). One shared object per (program, linear
+gives the spec's bits). Eligible: K = 1, every input read through a periodic map
+(``plan.periodic_map``: contiguous, a scalar, a per-row statistic broadcast along its row, a
+row of scale or bias broadcast over the rows), no LOADIDX, at least JIT_MIN_INSTRS instructions, JIT_MIN_NUMEL
+elements or JIT_MIN_WORK lane-instructions (small short programs are not worth a compile). One shared object per (program, linear
 maps, ISA), cached on disk (well under a second per compile) under a key that covers the headers
 too.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import subprocess
 from collections.abc import Callable
@@ -27,13 +29,21 @@ from typing import Any, cast
 import torch
 
 from verde_chain.repops.backends.cpu import extension as ext
-from verde_chain.repops.backends.plan import linear_stride
+from verde_chain.repops.backends.plan import periodic_map
 from verde_chain.repops.backends.registry import BackendUnavailable
 from verde_chain.repops.isa import Op
 from verde_chain.repops.program import KernelDesc
 
 JIT_MIN_INSTRS = 8
 JIT_MIN_NUMEL = 1 << 16  # ... or at least this many output elements
+# ... or at least this many lane-instructions: the interpreter's per-block cost (lane address
+# tables for broadcast inputs) made the norms' short maps over ~4 k elements 5-10x slower there
+JIT_MIN_WORK = 1 << 13
+
+
+def min_instrs_for(desc: KernelDesc, min_instrs: int) -> int:
+    """The program length from which ``desc`` is compiled (``min_instrs`` unless big maps)."""
+    return 1 if desc.numel >= JIT_MIN_NUMEL or map_work(desc) >= JIT_MIN_WORK else min_instrs
 JIT_DIR = ext.BUILD_ROOT / "repops_jit"
 JIT_LANES = {"scalar": 4, "avx2": 8, "avx512": 16}
 HEADERS = (ext.KERNELS / "repops_map.h", ext.KERNELS / "repops_fp32.h", ext.KERNELS / "generated" / "repops_isa.h")
@@ -49,7 +59,7 @@ _JIT_OPS: dict[Op, str | None] = {
     Op.LDEXP: "rp_ldexp({a}, {b})", Op.GETEXP: "rp_getexp({a})", Op.GETMANT: "rp_getmant({a})",
     Op.NEG: "rp_neg_value({a})", Op.ABS: "rp_abs_value({a})", Op.MOV: "rp_mov_value({a})",
     Op.CONST: "rp_splat<vu>({imm}u)", Op.LOAD: "x{imm}",
-    Op.COORD: None, Op.LOADIDX: None,
+    Op.COORD: "c{imm}", Op.LOADIDX: None,
 }  # fmt: skip
 if set(_JIT_OPS) != set(Op):
     raise AssertionError(f"compiled maps: no row for {sorted(o.name for o in set(Op) - set(_JIT_OPS))}")
@@ -64,37 +74,68 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     code = desc.prologue + desc.epilogue  # K = 1: both run at k = 0
     if desc.K != 1 or desc.body or len(code) < min_instrs:
         return None
-    strides = [linear_stride(m, desc.out_shape) for m in desc.inputs]
-    if any(s is None or s < 0 for s in strides):
+    periods = [periodic_map(m, desc.out_shape) for m in desc.inputs]
+    if any(per is None or per[0] < 0 for per in periods):
         return None
     lines = []
     for ins in code:
         spelling = _JIT_OPS[ins.op]
         if spelling is None:
-            return None  # COORD, LOADIDX: the interpreter handles them
+            return None  # LOADIDX: the interpreter handles it
         lines.append(f"r{ins.dst} = " + spelling.format(a=f"r{ins.a}", b=f"r{ins.b}", c=f"r{ins.imm & 15}", imm=ins.imm) + ";")
     # The result is canonicalised unless r0's last writer copies raw bits (LOAD, CONST keep
     # payloads in the spec; every register instruction canonicalises).
     last = next((i for i in reversed(code) if i.dst == 0), None)
     ret = "r0" if last is None or last.op in (Op.LOAD, Op.CONST) else "rp_canon(r0)"
     n_in = len(desc.inputs)
-    params = ", ".join(f"vu x{t}" for t in range(n_in))
-    args = ", ".join(f"x{t}" for t in range(n_in))
+    # COORD d: the output coordinate along axis d, (e / inner_d) % shape_d as binary32 (exact:
+    # every dim is below program.MAX_DIM = 2^24), one more vector per iteration like an input
+    axes = sorted({ins.imm for ins in code if ins.op == Op.COORD})
+    if any(d >= len(desc.out_shape) for d in axes):
+        return None
+    params = ", ".join([f"vu x{t}" for t in range(n_in)] + [f"vu c{d}" for d in axes])
+    args = ", ".join([f"x{t}" for t in range(n_in)] + [f"c{d}" for d in axes])
     regs = ", ".join(f"r{i} = rp_splat<vu>(0u)" for i in range(16))
     body = "\n    ".join(lines)
 
     def load(t: int, tail: bool) -> str:
-        m, s = desc.inputs[t], strides[t]
+        m, (s, q, p) = desc.inputs[t], cast(tuple[int, int, int], periods[t])
         src = f"((const uint32_t*)in[{t}])"
         if s == 0:
             return f"const vu x{t} = rp_splat<vu>({src}[{m.offset}]);"
-        if s == 1 and not tail:
-            return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {m.offset} + e, sizeof x{t});"
+        wrap = q * p < desc.numel  # an outer block the map is constant along
+        row = f"(e + i) / {q}" if q > 1 else "(e + i)"
+        addr = f"{m.offset} + (({row}) % {p}) * {s}" if wrap else f"{m.offset} + {row} * {s}"
         lim = "rem" if tail else "W"
-        return f"vu x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{m.offset} + (e + i) * {s}];"
+        lanes = f"x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{addr}];"
+        if tail:
+            return "vu " + lanes
+        if q > 1:  # W lanes in one row: one address for all
+            first = f"{m.offset} + ((e / {q}) % {p}) * {s}" if wrap else f"{m.offset} + (e / {q}) * {s}"
+            return (f"vu x{t}; if (e / {q} == (e + W - 1) / {q}) x{t} = rp_splat<vu>({src}[{first}]); "
+                    f"else {{ {lanes} }}")
+        if s == 1 and not wrap:
+            return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {m.offset} + e, sizeof x{t});"
+        if s == 1:  # W lanes inside one period: contiguous
+            return (f"vu x{t}; if (e % {p} + W <= {p}) __builtin_memcpy(&x{t}, {src} + {m.offset} + e % {p}, "
+                    f"sizeof x{t}); else {{ {lanes} }}")
+        return "vu " + lanes
 
-    main_loads = "\n        ".join(load(t, False) for t in range(n_in))
-    tail_loads = "\n        ".join(load(t, True) for t in range(n_in))
+    def coord(d: int, tail: bool) -> str:
+        inner, n = math.prod(desc.out_shape[d + 1:]), desc.out_shape[d]
+        lim = "rem" if tail else "W"
+        lanes = f"c{d} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) c{d}[i] = rp_u((float)(((e + i) / {inner}) % {n}));"
+        if tail:
+            return "vu " + lanes
+        if inner > 1:  # W lanes at one coordinate: one value
+            return (f"vu c{d}; if (e / {inner} == (e + W - 1) / {inner}) c{d} = rp_splat<vu>(rp_u((float)((e / {inner}) "
+                    f"% {n}))); else {{ {lanes} }}")
+        # W consecutive coordinates inside one run: c0 + i, no division per lane
+        return (f"vu c{d}; {{ const int64_t c0 = e % {n}; if (c0 + W <= {n}) {{ for (int i = 0; i < W; i++) "
+                f"c{d}[i] = rp_u((float)(c0 + i)); }} else {{ {lanes} }} }}")
+
+    main_loads = "\n        ".join([load(t, False) for t in range(n_in)] + [coord(d, False) for d in axes])
+    tail_loads = "\n        ".join([load(t, True) for t in range(n_in)] + [coord(d, True) for d in axes])
     return (
         f'#define W {lanes}\n#include "repops_map.h"\n'
         + f"RP_MAP_BODY({params}) {{\n    vu {regs};\n    {body}\n    return {ret};\n}}\n"
@@ -110,10 +151,11 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
 
 
 def map_lin(desc: KernelDesc) -> torch.Tensor:
-    """(n_inputs, 2) int64 rows ``offset, stride``: where a compiled map of ``desc`` reads input t
-    for output element e (``offset + e * stride``), as the extension's bounds check takes them."""
-    rows = [(m.offset, linear_stride(m, desc.out_shape)) for m in desc.inputs]
-    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 2)
+    """(n_inputs, 4) int64 rows ``offset, s, q, p``: where a compiled map of ``desc`` reads input
+    t for output element e (``offset + ((e // q) % p) * s``, ``plan.periodic_map``), as the
+    extension's bounds check takes them."""
+    rows = [(m.offset, *cast(tuple[int, int, int], periodic_map(m, desc.out_shape))) for m in desc.inputs]
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 4)
 
 
 def map_work(desc: KernelDesc) -> int:

@@ -1,7 +1,7 @@
 """The CPU whole-step kernel: every node of a training step in ONE call into C++ (``StepPlan``,
 kernels/cpu/step_plan.cpp), with every node output in one arena (``backends/native.py``
 ``ArenaLayout``). The same kernels as ``CpuBackend.__call__`` per node (GEMM, fold, binary,
-scatter, compiled map, interpreter), so the same bits, without the ~10-20 us of Python, pybind
+scatter, row dot, compiled map, interpreter), so the same bits, without the ~10-20 us of Python, pybind
 and allocation per node that dominated small nodes."""
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ class StepKernel(ArenaLayout):
             if sr is not None:
                 self._plan.add_fold(refs, *code, plan.slots[0], int(cast(int, plan.op)), x_off, sr, st[-1])
                 return
+        elif plan.kind == "rowdot":
+            (_, (sra, ska), a_at), (_, (srb, skb), b_at) = plan.views
+            sa, sb = plan.slots
+            self._plan.add_rowdot(refs, *code, sa, a_at, sra, ska, sb, b_at, srb, skb)
+            return
         elif plan.kind == "binary":
             self._plan.add_binary(refs, out, desc.numel, int(cast(int, plan.op)))
             return
