@@ -9,6 +9,7 @@
 
 #include "kernels.h"
 #include "tensors.h"
+#include "window_plan.h"
 
 namespace repops_cpu {
 namespace {
@@ -42,17 +43,9 @@ WinOperand win_operand(const torch::Tensor& data, const torch::Tensor& rows, con
                        const torch::Tensor& wins, int64_t fill, int64_t K, const char* what) {
     TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == torch::kInt32 && data.is_contiguous(), what,
                 ": data must be a contiguous CPU int32 bit tensor");
-    for (const torch::Tensor* t : {&rows, &ks, &wins})
-        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->dim() == 2,
-                    what, ": tables must be contiguous 2-D CPU int64 tensors");
-    const int64_t c = wins.size(0);
-    TORCH_CHECK(wins.size(1) == 3 && rows.size(0) == 1 + c && ks.size(0) == K && ks.size(1) == 1 + c, what,
-                ": tables of mismatched shapes");
-    const int64_t* w = wins.data_ptr<int64_t>();
-    for (int64_t i = 0; i < c; i++) TORCH_CHECK(w[3 * i] >= 1 && w[3 * i + 1] >= 0, what, ": window div/size");
-    TORCH_CHECK(fill >= 0 && fill <= 0xFFFFFFFFLL, what, ": fill must be 32 raw bits");
+    const int64_t R = check_win_tables(rows, ks, wins, fill, K, what);
     return WinOperand{reinterpret_cast<const uint32_t*>(data.data_ptr<int32_t>()), data.numel(), rows.data_ptr<int64_t>(),
-                      ks.data_ptr<int64_t>(), rows.size(1), c, w, (uint32_t)fill};
+                      ks.data_ptr<int64_t>(), R, wins.size(0), wins.data_ptr<int64_t>(), (uint32_t)fill};
 }
 
 // C (batch, M, N): operand a has batch*M rows, b batch*N rows, both K columns.

@@ -186,13 +186,6 @@ Gather = Callable[[Operand, np.ndarray], np.ndarray]
 """``(operand, bits) -> (R, K)`` raw bits: every element (``Operand.gather``, or a native one)."""
 
 
-def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int], gather: Gather | None) -> np.ndarray:
-    """Input ``slot`` read at every (coordinates of ``axes``, k): shape ``(*dims, K)``."""
-    op = operand(desc, slot, axes)
-    dense = op.gather(flat) if gather is None else gather(op, flat)
-    return dense.reshape(*[desc.out_shape[a] for a in axes], desc.K)
-
-
 def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, int, int, int]:
     """The two operands of ``g`` and its ``(nb, M, N)``."""
     shape = desc.out_shape
@@ -202,43 +195,70 @@ def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, 
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
-    a windowed dot chain); they depend on the descriptor alone."""
+class Dewindowed:
+    """``desc`` over plain maps: ``plain`` reads, in place of each windowed input ``slot``, the
+    dense ``(R, K)`` gather of ``operands[slot]`` (C order); every other input as it is."""
 
-    gemm: WindowedGemm | None
-    operands: tuple[Operand, Operand, int, int, int] | None
-
-
-def prepare(desc: KernelDesc) -> Prepared:
-    g = plan(desc)
-    return Prepared(g, None if g is None else gemm_operands(desc, g))
+    plain: KernelDesc
+    operands: dict[int, Operand]
 
 
-def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None
-             ) -> tuple[KernelDesc, list[np.ndarray]] | None:
-    """The same program over plain maps: each windowed input gathered densely at (the output axes
-    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input."""
+def dewindow_plan(desc: KernelDesc) -> Dewindowed | None:
+    """The structure of :func:`dewindow` (it depends on the descriptor alone); None if a LOADIDX
+    reads a windowed input."""
     programs = desc.prologue + desc.body + desc.epilogue
     if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
         return None
     rank = len(desc.out_shape)
     maps: list[InputMap] = []
-    data: list[np.ndarray] = []
+    operands: dict[int, Operand] = {}
     for t, m in enumerate(desc.inputs):
         if not m.windows:
             maps.append(m)
-            data.append(flat[t])
             continue
         axes = tuple(d for d in range(rank) if _depends(m, d))
-        dense = _gather(desc, t, flat[t], axes, gather)  # (*dims of axes, K)
-        st = c_strides(dense.shape)
+        operands[t] = operand(desc, t, axes)
+        dims = (*[desc.out_shape[a] for a in axes], desc.K)  # the gather (R, K) as (*dims of axes, K)
+        st = c_strides(dims)
         strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
-        maps.append(InputMap(dense.size, strides, kstride=1 if desc.K > 1 else 0))
-        data.append(np.ascontiguousarray(dense).reshape(-1))
+        maps.append(InputMap(math.prod(dims), strides, kstride=1 if desc.K > 1 else 0))
     plain = KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue,
                        label=f"{desc.label}/dewindowed")
-    return plain, data
+    return Dewindowed(plain, operands)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
+    a windowed dot chain), else its dewindowed form (None if it has none); they depend on the
+    descriptor alone (and a backend that caches its plain descriptors by identity sees the same
+    one every call)."""
+
+    gemm: WindowedGemm | None
+    operands: tuple[Operand, Operand, int, int, int] | None
+    dewindowed: Dewindowed | None = None
+
+
+def prepare(desc: KernelDesc) -> Prepared:
+    g = plan(desc)
+    if g is None:
+        return Prepared(None, None, dewindow_plan(desc))
+    return Prepared(g, gemm_operands(desc, g))
+
+
+def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None,
+             dw: Dewindowed | None = None) -> tuple[KernelDesc, list[np.ndarray]] | None:
+    """The same program over plain maps: each windowed input gathered densely at (the output axes
+    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input. ``dw``:
+    ``dewindow_plan(desc)``, if the caller keeps it."""
+    dw = dewindow_plan(desc) if dw is None else dw
+    if dw is None:
+        return None
+    data = []
+    for t, x in enumerate(flat):
+        op = dw.operands.get(t)
+        data.append(x if op is None else np.ascontiguousarray(op.gather(x) if gather is None else gather(op, x)).reshape(-1))
+    return dw.plain, data
 
 
 def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
@@ -251,7 +271,7 @@ def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, pl
     g = prep.gemm
     flat = check_inputs(desc, inputs)
     if g is None:
-        dense = dewindow(desc, flat, gather) if plain is not None else None
+        dense = dewindow(desc, flat, gather, prep.dewindowed) if plain is not None else None
         if dense is None or plain is None:
             return reference.run(desc, inputs)
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)

@@ -85,16 +85,17 @@ class CpuBackend:
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
-        self._windowed_prepared: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)  # operand tables
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
+        self.windowed_prepare: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)
+        """A window descriptor's GEMM operand tables or dewindowed form, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
                      producers: Sequence[int], batch_numel: int) -> StepKernel | None:
         """One C++ call per training step for these nodes (see ``StepKernel``); None (nodes one
-        by one) while a node uses the window extension, which the C++ kernels do not read yet."""
-        from verde_chain.repops.backends.cpu.step import StepKernel
+        by one) if a window node has no form the plan runs (``step.in_plan``)."""
+        from verde_chain.repops.backends.cpu.step import StepKernel, in_plan
 
-        if any(desc.extended for desc in descs):
+        if not all(in_plan(self, desc) for desc in descs):
             return None
         return StepKernel(self, descs, wiring, producers, batch_numel)
 
@@ -140,7 +141,7 @@ class CpuBackend:
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
             return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather,
-                                self._windowed_prepared(desc))
+                                self.windowed_prepare(desc))
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan

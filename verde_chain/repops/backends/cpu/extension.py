@@ -56,7 +56,8 @@ KERNELS = REPO_ROOT / "kernels"
 # Translation units of the extension (one module), and every header they include: the build
 # cache key covers all of them.
 SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "pool.cpp", "gemm.cpp", "conv.cpp", "reduce.cpp",
-                                              "binary.cpp", "interpreter.cpp", "step_plan.cpp"))  # fmt: skip
+                                              "binary.cpp", "interpreter.cpp", "step_plan.cpp",
+                                              "window_plan.cpp"))  # fmt: skip
 HEADERS = (*sorted((KERNELS / "cpu").glob("*.h")), KERNELS / "repops_fp32.h", KERNELS / "generated" / "repops_isa.h")
 BUILD_ROOT = REPO_ROOT / "build" / "native"
 
