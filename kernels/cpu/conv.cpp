@@ -38,8 +38,16 @@ inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, boo
         const int64_t v = o.rows[(1 + w) * o.R + r] + kk[1 + w];
         const int64_t div = o.wins[3 * w], size = o.wins[3 * w + 1];
         if (v < 0) return o.fill;
-        const int64_t q = v / div;
-        if (q * div != v || q >= size) return o.fill;
+        int64_t q;
+        if ((div & (div - 1)) == 0) {  // div == 1 and power-of-two strides: no division
+            const int shift = __builtin_ctzll((uint64_t)div);
+            q = v >> shift;
+            if ((q << shift) != v) return o.fill;
+        } else {
+            q = v / div;
+            if (q * div != v) return o.fill;
+        }
+        if (q >= size) return o.fill;
         addr += q * o.wins[3 * w + 2];
     }
     if ((uint64_t)addr >= (uint64_t)o.numel) {

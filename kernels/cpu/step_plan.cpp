@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels.h"
@@ -259,9 +260,9 @@ class StepPlan {
         }
         torch::Tensor arena =
             torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
-        torch::Tensor scratch = torch::empty({size_[RP_SCRATCH]}, torch::TensorOptions().dtype(torch::kFloat32));
+        Scratch scratch(*this);
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
-                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
+                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data()};
         for (const Level& lv : levels_) {
             for (int64_t i : lv.big) run_node(i, base, threads, node_s);
             const int64_t n_small = (int64_t)lv.small.size();
@@ -274,6 +275,32 @@ class StepPlan {
     }
 
   private:
+    // The scratch of one run: a buffer a finished run gave back (its pages are mapped already,
+    // which a fresh buffer's first touch costs, a large share of a gather), else a new one.
+    class Scratch {
+      public:
+        explicit Scratch(const StepPlan& plan) : plan_(plan) {
+            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
+            if (!plan_.spare_.empty()) {
+                buf_ = std::move(plan_.spare_.back());
+                plan_.spare_.pop_back();
+            } else {
+                buf_.resize(std::max<int64_t>(1, plan_.size_[RP_SCRATCH]));
+            }
+        }
+        ~Scratch() {
+            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
+            plan_.spare_.push_back(std::move(buf_));
+        }
+        float* data() { return buf_.data(); }
+
+      private:
+        const StepPlan& plan_;
+        std::vector<float> buf_;
+    };
+    mutable std::mutex spare_mutex_;
+    mutable std::vector<std::vector<float>> spare_;  // scratch buffers of finished runs
+
     int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;

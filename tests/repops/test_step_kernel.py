@@ -6,6 +6,7 @@ count, and refuse any node that would read or write outside its buffers."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -170,7 +171,7 @@ def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) 
 
 # ----------------------------------------------------------------------------- convolutional networks
 
-CNN_JOBS = {"digits_cnn": dict(batch_size=16), "resnet18": dict(batch_size=4)}
+CNN_JOBS = {"digits_cnn": {"batch_size": 16}, "resnet18": {"batch_size": 4}}
 
 
 @pytest.mark.parametrize("name", ["digits_cnn", pytest.param("resnet18", marks=pytest.mark.slow)])
@@ -183,8 +184,8 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
     base = run_steps(graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), steps=2)
     for isa in cpu_ext.available_isas():
         for threads in THREAD_COUNTS:
-            backend = CpuBackend(isa=isa, threads=threads)
-            fused = engaged(isa, threads, lambda: run_steps(graph, job.init_state, job.batch, backend, steps=2))
+            fused = engaged(isa, threads, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                                            CpuBackend(isa=isa, threads=threads), steps=2))
             kernel = fused[2].step_kernel()
             assert isinstance(kernel, StepKernel)  # the whole-step path really ran
             assert kernel.window_forms["dewindowed"] and kernel.window_forms["gemm+permute"]

@@ -35,7 +35,7 @@ from verde_chain.repops.program import InputMap, KernelDesc
 
 # The plan's own buffer after the SourceKind buffers (kernels/cpu/step_plan.cpp RP_SCRATCH).
 SCRATCH = int(SourceKind.BATCH) + 1
-# The scratch ring holds at least this many float32 elements, and four times a node's largest need.
+# The scratch ring holds at least this many float32 elements, and twice a node's largest need.
 _SCRATCH_MIN = 1 << 22
 
 
@@ -87,17 +87,20 @@ class StepKernel(ArenaLayout):
         super().__init__(descs, producers, batch_numel)
         self.backend = backend
         need = max((_scratch_need(backend, desc) for desc in descs), default=0)
-        self._ring = _Ring(max(_SCRATCH_MIN, 4 * need) if need else 0)
+        self._ring = _Ring(max(_SCRATCH_MIN, 2 * need) if need else 0)
         self._plan = backend.extension.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ext.DEFAULT_TILE,
                                                 self._ring.numel)
         self._keep: list[object] = []  # compiled maps the plan calls by address
         self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, gemm+permute, dewindowed
+        owner: list[int] = []  # per plan node, the node it belongs to (a window node adds several)
         for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
             refs = self._refs(desc, wires)
             if desc.extended:
                 self._add_windowed(desc, refs, self.offsets[d])
             else:
                 self._add(desc, refs, self.offsets[d])
+            owner += [d] * (len(self._plan) - len(owner))
+        self._owner = np.array(owner, dtype=np.int64)
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
         rows = []
@@ -185,8 +188,12 @@ class StepKernel(ArenaLayout):
         threads = self.backend.threads_now()
         prev = torch.from_numpy(writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(writable(batch))
-        times = None if self.node_times is None else torch.from_numpy(self.node_times)
-        return self._plan.run(prev, b, threads, times).numpy()
+        if self.node_times is None:
+            return self._plan.run(prev, b, threads).numpy()
+        times = np.zeros(len(self._owner))
+        arena = self._plan.run(prev, b, threads, torch.from_numpy(times)).numpy()
+        np.add.at(self.node_times, self._owner, times)
+        return arena
 
 
 
