@@ -48,12 +48,13 @@ WinOperand win_operand(const torch::Tensor& data, const torch::Tensor& rows, con
                       ks.data_ptr<int64_t>(), R, wins.size(0), wins.data_ptr<int64_t>(), (uint32_t)fill};
 }
 
-// C (batch, M, N): operand a has batch*M rows, b batch*N rows, both K columns.
+// C (batch, M, N): operand a has batch*M rows, b batch*N rows, both K columns; with split
+// (n_inner, batch stride, outer stride), C's elements in that layout (windowed_gemm).
 torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& a_rows, const torch::Tensor& a_ks,
                               const torch::Tensor& a_wins, int64_t a_fill, const torch::Tensor& b_data,
                               const torch::Tensor& b_rows, const torch::Tensor& b_ks, const torch::Tensor& b_wins,
                               int64_t b_fill, int64_t batch, int64_t M, int64_t N, int64_t K, int64_t threads,
-                              int64_t mc, int64_t kc, int64_t nc) {
+                              int64_t mc, int64_t kc, int64_t nc, std::vector<int64_t> split) {
     TORCH_CHECK(batch >= 1 && M >= 1 && N >= 1 && K >= 1, "windowed_matmul: empty shape");
     TORCH_CHECK(mc > 0 && kc > 0 && nc > 0, "tile sizes must be positive");
     const WinOperand a = win_operand(a_data, a_rows, a_ks, a_wins, a_fill, K, "operand a");
@@ -61,8 +62,9 @@ torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& 
     TORCH_CHECK(a.R == batch * M && b.R == batch * N, "windowed_matmul: tables have ", a.R, " / ", b.R,
                 " rows, expected ", batch * M, " / ", batch * N);
     torch::Tensor c = torch::empty({batch, M, N}, torch::TensorOptions().dtype(torch::kFloat32));
+    const ColumnSplit cs = column_split(split, batch, M, N);
     TORCH_CHECK(windowed_gemm(a, b, c.data_ptr<float>(), batch, M, N, K, threads, round_up(mc, GEMM_MR), kc,
-                              round_up(nc, GEMM_NR)),
+                              round_up(nc, GEMM_NR), cs),
                 "windowed_matmul: an operand address fell outside its input");
     return c;
 }
@@ -207,7 +209,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("a_fill"), pybind11::arg("b_data"), pybind11::arg("b_rows"), pybind11::arg("b_ks"),
           pybind11::arg("b_wins"), pybind11::arg("b_fill"), pybind11::arg("batch"), pybind11::arg("M"),
           pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("threads"), pybind11::arg("mc"), pybind11::arg("kc"),
-          pybind11::arg("nc"));
+          pybind11::arg("nc"), pybind11::arg("split") = std::vector<int64_t>{});
+    m.attr("GEMM_NR") = GEMM_NR;  // micro-tile width: windowed_matmul's n_inner is a multiple of it
     m.def("windowed_gather", &gather_operand, "every element of a windowed operand (explicit im2col)",
           pybind11::arg("data"), pybind11::arg("rows"), pybind11::arg("ks"), pybind11::arg("wins"),
           pybind11::arg("fill"), pybind11::arg("threads"));

@@ -186,11 +186,12 @@ class StepPlan {
 
     // ---- window nodes (window_plan.h); out_buf: RP_SOURCE_NODE_OUTPUT or RP_SCRATCH
 
-    // C (nb, M, N) of the windowed operands a and b (refs: their two inputs), K ascending.
+    // C (nb, M, N) of the windowed operands a and b (refs: their two inputs), K ascending; in
+    // the split layout if split is [n_inner, batch stride, outer stride] (windowed_gemm).
     void add_window_gemm(const torch::Tensor& refs, const torch::Tensor& a_rows, const torch::Tensor& a_ks,
                          const torch::Tensor& a_wins, int64_t a_fill, const torch::Tensor& b_rows,
                          const torch::Tensor& b_ks, const torch::Tensor& b_wins, int64_t b_fill, int64_t nb, int64_t M,
-                         int64_t N, int64_t K, int64_t out_buf, int64_t out_offset) {
+                         int64_t N, int64_t K, int64_t out_buf, int64_t out_offset, std::vector<int64_t> split) {
         PlanNode nd;
         nd.kind = NK_WGEMM;
         nd.ins = read_refs(refs);
@@ -205,6 +206,7 @@ class StepPlan {
         w->M = M;
         w->N = N;
         w->K = K;
+        w->split = column_split(split, nb, M, N);
         nd.win = std::move(w);
         set_out(nd, out_offset, nb * M * N, out_buf);
         add_node(std::move(nd));
@@ -422,7 +424,7 @@ class StepPlan {
         switch (nd.kind) {
             case NK_WGEMM:
                 ok = windowed_gemm(w.a.on(data[0], nd.ins[0].numel), w.b.on(data[1], nd.ins[1].numel), out, w.nb, w.M,
-                                   w.N, w.K, threads, mc_, kc_, nc_);
+                                   w.N, w.K, threads, mc_, kc_, nc_, w.split);
                 break;
             case NK_GATHER:
                 ok = windowed_gather(w.a.on(data[0], nd.ins[0].numel), w.K, reinterpret_cast<uint32_t*>(out), threads);

@@ -40,6 +40,15 @@ WinTables read_win_tables(const torch::Tensor& rows, const torch::Tensor& ks, co
     return t;
 }
 
+ColumnSplit column_split(const std::vector<int64_t>& split, int64_t batch, int64_t M, int64_t N) {
+    if (split.empty()) return ColumnSplit{};
+    TORCH_CHECK(split.size() == 3, "a column split is [n_inner, batch stride, outer stride]");
+    const ColumnSplit s{split[0], split[1], split[2]};
+    const char* bad = column_split_error(s, batch, M, N);
+    TORCH_CHECK(bad == nullptr, "column split (", s.n_inner, ", ", s.batch_stride, ", ", s.outer_stride, "): ", bad);
+    return s;
+}
+
 void permute_into(const float* src, const std::vector<int64_t>& shape, const std::vector<int64_t>& src_strides,
                   float* out, int64_t threads) {
     const int64_t rank = (int64_t)shape.size();

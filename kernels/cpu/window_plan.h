@@ -31,6 +31,7 @@ struct WinTables {
 struct WindowParts {
     WinTables a, b;
     int64_t nb = 0, M = 0, N = 0, K = 0;
+    ColumnSplit split;
     std::vector<int64_t> shape, src_strides;
 };
 
@@ -41,6 +42,10 @@ int64_t check_win_tables(const torch::Tensor& rows, const torch::Tensor& ks, con
                          int64_t K, const char* what);
 WinTables read_win_tables(const torch::Tensor& rows, const torch::Tensor& ks, const torch::Tensor& wins, int64_t fill,
                           int64_t K, const char* what);
+
+// A GEMM's output layout from Python: [] (row-major) or [n_inner, batch stride, outer stride],
+// checked (column_split_error).
+ColumnSplit column_split(const std::vector<int64_t>& split, int64_t batch, int64_t M, int64_t N);
 
 // out (C order over shape[0 .. rank)) [e] = src[sum_d c_d * src_strides[d]]: every output element
 // once, a plain copy of bits.

@@ -105,6 +105,32 @@ def to_output(desc: KernelDesc, g: WindowedGemm, c: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(c.transpose(np.argsort(perm)))
 
 
+def column_split(desc: KernelDesc, g: WindowedGemm, width: int) -> tuple[int, int, int] | None:
+    """``(n_inner, batch stride, outer stride)`` when the GEMM can write its result in the
+    output's order directly: the output ends with the m axes, then the last n axes (n_inner
+    elements, a multiple of ``width``), and the batch axes and the other n axes are each
+    consecutive (a convolution: image, group, channel, pixels). Element (b, i, j) of the GEMM is
+    then output element ``b*batch_stride + (j // n_inner)*outer_stride + i*n_inner + j % n_inner``.
+    None: only the GEMM's own (batch, m, n) order (:func:`to_output`)."""
+    rank, st = len(desc.out_shape), c_strides(desc.out_shape)
+
+    def flat_stride(axes: tuple[int, ...]) -> int | None:  # of the C-order flat index over axes
+        if not axes:
+            return 0
+        return st[axes[-1]] if axes == tuple(range(axes[0], axes[-1] + 1)) else None
+
+    for p in range(1, len(g.n)):
+        tail = g.m + g.n[p:]
+        if tail != tuple(range(rank - len(tail), rank)):
+            continue
+        inner = math.prod(desc.out_shape[a] for a in g.n[p:])
+        sb, so = flat_stride(g.batch), flat_stride(g.n[:p])
+        if inner % width or sb is None or so is None:
+            return None
+        return inner, sb, so
+    return None
+
+
 @dataclass(frozen=True)
 class Operand:
     """One windowed input read as a matrix: rows are the output coordinates of the axes it reads
@@ -262,11 +288,11 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None
 
 
 def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
-        gather: Gather | None = None, prepared: Prepared | None = None) -> np.ndarray:
+        gather: Gather | None = None, prepared: Prepared | None = None, ordered: bool = False) -> np.ndarray:
     """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed (by
     ``gather``) on ``plain`` (a runner of plain descriptors), else on the reference; float32 of
     ``out_shape``, the reference's bits either way. ``prepared``: ``prepare(desc)``, if the
-    caller keeps it."""
+    caller keeps it; ``ordered``: ``gemm`` returns the output's order already (column_split)."""
     prep = prepare(desc) if prepared is None else prepared
     g = prep.gemm
     flat = check_inputs(desc, inputs)
@@ -277,7 +303,7 @@ def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, pl
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
     a, b, nb, M, N = prep.operands or gemm_operands(desc, g)
     c = np.asarray(gemm(a, flat[g.slot_a], b, flat[g.slot_b], nb, M, N), dtype=np.float32)
-    r0 = to_output(desc, g, c).reshape(-1)
+    r0 = c.reshape(-1) if ordered else to_output(desc, g, c).reshape(-1)
     if not desc.epilogue:
         return r0.reshape(desc.out_shape)
     # the epilogue over r0: a map reading r0 from an extra input, then the epilogue as is

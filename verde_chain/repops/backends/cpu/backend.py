@@ -140,8 +140,10 @@ class CpuBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
-            return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather,
-                                self.windowed_prepare(desc))
+            wp = self.windowed_prepare(desc)
+            split = None if wp.gemm is None else self.column_split(desc, wp.gemm)
+            gemm = functools.partial(self._windowed_gemm, split=split) if split else self._windowed_gemm
+            return windowed.run(desc, inputs, gemm, self, self._windowed_gather, wp, ordered=split is not None)
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -163,10 +165,15 @@ class CpuBackend:
         return out.numpy().view(np.float32).reshape(desc.out_shape)
 
     # ------------------------------------------------------------------ fast paths
+    def column_split(self, desc: KernelDesc, g: windowed.WindowedGemm) -> tuple[int, int, int] | None:
+        """``windowed.column_split`` at this ISA's micro-tile width (None: the GEMM's own order)."""
+        return windowed.column_split(desc, g, int(self.extension.GEMM_NR))
+
     def _windowed_gemm(self, a: windowed.Operand, a_bits: np.ndarray, b: windowed.Operand, b_bits: np.ndarray,
-                       nb: int, M: int, N: int) -> np.ndarray:
-        """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp)."""
-        return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads).numpy()
+                       nb: int, M: int, N: int, split: tuple[int, int, int] | None = None) -> np.ndarray:
+        """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp), in the output's order
+        if ``split`` (``column_split``)."""
+        return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads, split=split).numpy()
 
     def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray) -> np.ndarray:
         """Every element of a windowed operand (kernels/cpu/conv.cpp), for dewindowed nodes."""

@@ -91,7 +91,7 @@ class StepKernel(ArenaLayout):
         self._plan = backend.extension.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ext.DEFAULT_TILE,
                                                 self._ring.numel)
         self._keep: list[object] = []  # compiled maps the plan calls by address
-        self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, gemm+permute, dewindowed
+        self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, "gemm, output order", gemm+permute, dewindowed
         owner: list[int] = []  # per plan node, the node it belongs to (a window node adds several)
         for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
             refs = self._refs(desc, wires)
@@ -134,12 +134,13 @@ class StepKernel(ArenaLayout):
         rank = len(desc.out_shape)
         perm = g.batch + g.m + g.n
         gemm = (refs[[g.slot_a, g.slot_b]], *_tables(a), *_tables(b), nb, M, N, desc.K)
-        if perm == tuple(range(rank)) and not desc.epilogue:
-            self._plan.add_window_gemm(*gemm, int(SourceKind.NODE_OUTPUT), out)
-            self.window_forms["gemm"] += 1
+        split = self.backend.column_split(desc, g)
+        if (perm == tuple(range(rank)) or split) and not desc.epilogue:
+            self._plan.add_window_gemm(*gemm, int(SourceKind.NODE_OUTPUT), out, list(split or ()))
+            self.window_forms["gemm, output order" if split else "gemm"] += 1
             return
         at = self._ring.take(desc.numel)
-        self._plan.add_window_gemm(*gemm, SCRATCH, at)
+        self._plan.add_window_gemm(*gemm, SCRATCH, at, [])
         # the (batch, m, n) result into the output's order, then the epilogue with r0 preset: its
         # loads read plain inputs only (in_plan), the windowed ones get a map that reads nothing
         src = c_strides([desc.out_shape[a] for a in perm])
