@@ -56,9 +56,11 @@ def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> di
         torch.nn.functional.cross_entropy(module(tx), ty).backward()
         opt.step()
 
-    t_torch, t_rep = best_of([torch_step, functools.partial(ex.run_step, state, data)], repeat, budget_s=120.0)
+    (t_torch, u_torch), (t_rep, u_rep) = best_of([torch_step, functools.partial(ex.run_step, state, data)], repeat,
+                                                 budget_s=120.0)
     return {"model": name, "batch": batch, "threads": threads, "isa": isa, "torch_s": round(t_torch, 3),
-            "repops_committed_step_s": round(t_rep, 3), "ratio": round(t_rep / t_torch, 2)}
+            "repops_committed_step_s": round(t_rep, 3), "ratio": round(t_rep / t_torch, 2),
+            "cpu_util_torch": round(u_torch, 2), "cpu_util_repops": round(u_rep, 2)}
 
 
 def main() -> None:
@@ -105,7 +107,7 @@ def main() -> None:
             assert plan is not None, kind
             a, b, nb, M, N = windowed.gemm_operands(desc, plan)
             flat = [np.ascontiguousarray(v).reshape(-1).view(np.uint32) for v in ins]
-            t_torch, t_call, t_kernel = best_of([
+            (t_torch, _), (t_call, _), (t_kernel, _) = best_of([
                 torch_fn,
                 functools.partial(be, desc, ins),
                 functools.partial(cpu_ext.windowed_matmul, a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, t),

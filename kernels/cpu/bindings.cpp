@@ -9,6 +9,7 @@
 
 #include "kernels.h"
 #include "tensors.h"
+#include "window_plan.h"
 
 namespace repops_cpu {
 namespace {
@@ -46,25 +47,18 @@ WinOperand win_operand(const torch::Tensor& data, const torch::Tensor& rows, con
                        const torch::Tensor& wins, int64_t fill, int64_t K, const char* what) {
     TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == torch::kInt32 && data.is_contiguous(), what,
                 ": data must be a contiguous CPU int32 bit tensor");
-    for (const torch::Tensor* t : {&rows, &ks, &wins})
-        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->dim() == 2,
-                    what, ": tables must be contiguous 2-D CPU int64 tensors");
-    const int64_t c = wins.size(0);
-    TORCH_CHECK(wins.size(1) == 3 && rows.size(0) == 1 + c && ks.size(0) == K && ks.size(1) == 1 + c, what,
-                ": tables of mismatched shapes");
-    const int64_t* w = wins.data_ptr<int64_t>();
-    for (int64_t i = 0; i < c; i++) TORCH_CHECK(w[3 * i] >= 1 && w[3 * i + 1] >= 0, what, ": window div/size");
-    TORCH_CHECK(fill >= 0 && fill <= 0xFFFFFFFFLL, what, ": fill must be 32 raw bits");
+    const int64_t R = check_win_tables(rows, ks, wins, fill, K, what);
     return WinOperand{reinterpret_cast<const uint32_t*>(data.data_ptr<int32_t>()), data.numel(), rows.data_ptr<int64_t>(),
-                      ks.data_ptr<int64_t>(), rows.size(1), c, w, (uint32_t)fill};
+                      ks.data_ptr<int64_t>(), R, wins.size(0), wins.data_ptr<int64_t>(), (uint32_t)fill};
 }
 
-// C (batch, M, N): operand a has batch*M rows, b batch*N rows, both K columns.
+// C (batch, M, N): operand a has batch*M rows, b batch*N rows, both K columns; with split
+// (n_inner, batch stride, outer stride), C's elements in that layout (windowed_gemm).
 torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& a_rows, const torch::Tensor& a_ks,
                               const torch::Tensor& a_wins, int64_t a_fill, const torch::Tensor& b_data,
                               const torch::Tensor& b_rows, const torch::Tensor& b_ks, const torch::Tensor& b_wins,
                               int64_t b_fill, int64_t batch, int64_t M, int64_t N, int64_t K, int64_t threads,
-                              int64_t mc, int64_t kc, int64_t nc) {
+                              int64_t mc, int64_t kc, int64_t nc, std::vector<int64_t> split) {
     TORCH_CHECK(batch >= 1 && M >= 1 && N >= 1 && K >= 1, "windowed_matmul: empty shape");
     TORCH_CHECK(mc > 0 && kc > 0 && nc > 0, "tile sizes must be positive");
     const WinOperand a = win_operand(a_data, a_rows, a_ks, a_wins, a_fill, K, "operand a");
@@ -72,8 +66,9 @@ torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& 
     TORCH_CHECK(a.R == batch * M && b.R == batch * N, "windowed_matmul: tables have ", a.R, " / ", b.R,
                 " rows, expected ", batch * M, " / ", batch * N);
     torch::Tensor c = torch::empty({batch, M, N}, torch::TensorOptions().dtype(torch::kFloat32));
+    const ColumnSplit cs = column_split(split, batch, M, N);
     TORCH_CHECK(windowed_gemm(a, b, c.data_ptr<float>(), batch, M, N, K, threads, round_up(mc, GEMM_MR), kc,
-                              round_up(nc, GEMM_NR)),
+                              round_up(nc, GEMM_NR), cs),
                 "windowed_matmul: an operand address fell outside its input");
     return c;
 }
@@ -218,7 +213,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("a_fill"), pybind11::arg("b_data"), pybind11::arg("b_rows"), pybind11::arg("b_ks"),
           pybind11::arg("b_wins"), pybind11::arg("b_fill"), pybind11::arg("batch"), pybind11::arg("M"),
           pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("threads"), pybind11::arg("mc"), pybind11::arg("kc"),
-          pybind11::arg("nc"));
+          pybind11::arg("nc"), pybind11::arg("split") = std::vector<int64_t>{});
+    m.attr("GEMM_NR") = GEMM_NR;  // micro-tile width: windowed_matmul's n_inner is a multiple of it
     m.def("windowed_gather", &gather_operand, "every element of a windowed operand (explicit im2col)",
           pybind11::arg("data"), pybind11::arg("rows"), pybind11::arg("ks"), pybind11::arg("wins"),
           pybind11::arg("fill"), pybind11::arg("threads"));

@@ -38,8 +38,16 @@ inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, boo
         const int64_t v = o.rows[(1 + w) * o.R + r] + kk[1 + w];
         const int64_t div = o.wins[3 * w], size = o.wins[3 * w + 1];
         if (v < 0) return o.fill;
-        const int64_t q = v / div;
-        if (q * div != v || q >= size) return o.fill;
+        int64_t q;
+        if ((div & (div - 1)) == 0) {  // div == 1 and power-of-two strides: no division
+            const int shift = __builtin_ctzll((uint64_t)div);
+            q = v >> shift;
+            if ((q << shift) != v) return o.fill;
+        } else {
+            q = v / div;
+            if (q * div != v) return o.fill;
+        }
+        if (q >= size) return o.fill;
         addr += q * o.wins[3 * w + 2];
     }
     if ((uint64_t)addr >= (uint64_t)o.numel) {
@@ -190,7 +198,16 @@ void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc
 }  // namespace
 
 bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
-                   int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
+                   int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split) {
+    // SAFETY: a split that could write outside C (or split a micro-tile) is not used; the
+    // callers refuse one before (column_split_error), this keeps a bad call harmless.
+    const int64_t n_inner = column_split_error(split, batch, M, N) ? 0 : split.n_inner;
+    const int64_t ldc = n_inner ? n_inner : N;
+    // (i, j) of batch entry bi: row-major (M, N), or the split layout
+    auto c_at = [&](int64_t bi, int64_t i, int64_t j) {
+        return n_inner ? C + bi * split.batch_stride + (j / n_inner) * split.outer_stride + i * n_inner + j % n_inner
+                       : C + bi * M * N + i * N + j;
+    };
     if ((double)batch * (double)M * (double)N * (double)K < (double)(1 << 20)) threads = 1;
     int64_t mblocks = ceil_div(M, mc), nblocks = ceil_div(N, nc);
     // Too few items for the threads (the weight gradient: one batch entry): narrower column
@@ -207,7 +224,6 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
         const int64_t bi = item / (nblocks * mblocks), rest = item % (nblocks * mblocks);
         const int64_t j0 = (rest / mblocks) * nc, i0 = (rest % mblocks) * mc;
         const int64_t cols = std::min(nc, N - j0), rows = std::min(mc, M - i0);
-        float* Cb = C + bi * M * N;
         bool ok = true;
         for (int64_t p0 = 0; p0 < K; p0 += kc) {
             const int64_t kcur = std::min(kc, K - p0);
@@ -217,13 +233,21 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
             pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, abuf.data(), ok);
             for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
                 for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
-                    micro_kernel(kcur, abuf.data() + ir * kcur, bbuf.data() + jr * kcur, Cb + (i0 + ir) * N + j0 + jr,
-                                 N, p0 == 0, p0 + kcur == K, std::min<int64_t>(GEMM_MR, rows - ir),
+                    micro_kernel(kcur, abuf.data() + ir * kcur, bbuf.data() + jr * kcur, c_at(bi, i0 + ir, j0 + jr),
+                                 ldc, p0 == 0, p0 + kcur == K, std::min<int64_t>(GEMM_MR, rows - ir),
                                  std::min<int64_t>(GEMM_NR, cols - jr));
         }
         if (!ok) all_ok = false;
     });
     return all_ok;
+}
+
+const char* column_split_error(const ColumnSplit& s, int64_t batch, int64_t M, int64_t N) {
+    if (s.n_inner <= 0 || s.n_inner % GEMM_NR != 0 || N % s.n_inner != 0)
+        return "n_inner must be a positive multiple of the micro-tile width dividing N";
+    if (s.batch_stride < 0 || s.outer_stride < 0) return "split strides must be >= 0";
+    const int64_t last = (batch - 1) * s.batch_stride + (N / s.n_inner - 1) * s.outer_stride + M * s.n_inner - 1;
+    return last < batch * M * N ? nullptr : "the split layout leaves the output";
 }
 
 bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads) {

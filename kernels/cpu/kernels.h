@@ -77,9 +77,19 @@ struct WinOperand {
 
 // C (batch, M, N) = A (rows batch*M) . B (rows batch*N) over K in the dot-product order, packing
 // panels straight from the windows (implicit im2col: no unfolded copy). False if an address
-// fell outside an operand (C is then unspecified).
+// fell outside an operand (C is then unspecified). Layout: C row-major (batch, M, N), or, with
+// split = {n_inner, batch stride, outer stride} (n_inner > 0 a multiple of GEMM_NR dividing N),
+// element (b, i, j) at b*split[1] + (j / n_inner)*split[2] + i*n_inner + j % n_inner — a
+// convolution's (image, group, channel, pixel) order, written by the micro-tiles directly (no
+// permuting copy after); the caller checked those addresses.
+struct ColumnSplit {
+    int64_t n_inner = 0, batch_stride = 0, outer_stride = 0;
+};
 bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
-                   int64_t threads, int64_t mc, int64_t kc, int64_t nc);
+                   int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split = {});
+// Whether `split` is usable for a (batch, M, N) GEMM writing numel == batch*M*N elements: the
+// reason it is not, else nullptr.
+const char* column_split_error(const ColumnSplit& split, int64_t batch, int64_t M, int64_t N);
 // Every element of one operand, out (R, K) raw bits (im2col made explicit: the dewindowed
 // descriptors of pooling and per-channel statistics read it). False if an address fell outside.
 bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads);

@@ -20,15 +20,23 @@
 // so the bits are those of running the nodes in order on one thread.
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels.h"
 #include "tensors.h"
+#include "window_plan.h"
 
 namespace repops_cpu {
 namespace {
 
 enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5, NK_ROWDOT = 6 };
+// The window nodes (window_plan.h): windowed GEMM, gather into scratch, permuting copy (+ epilogue).
+enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18 };
+// A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
+// intermediates (a gathered operand, a GEMM result before its permutation), allocated per run.
+constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 
 struct Ref {
     int64_t buf, offset, numel;
@@ -36,7 +44,7 @@ struct Ref {
 
 struct PlanNode {
     int64_t kind = NK_PROGRAM;
-    int64_t out_offset = 0, out_numel = 0;
+    int64_t out_buf = RP_SOURCE_NODE_OUTPUT, out_offset = 0, out_numel = 0;
     std::vector<Ref> ins;
     bool has_prog = false;  // PROGRAM: the whole program; DOT/FOLD: an epilogue, run with r0 preset
     Prog prog;
@@ -52,6 +60,8 @@ struct PlanNode {
     // JIT: a compiled map over n = out_numel elements
     MapFn fn = nullptr;
     int64_t work = 0;
+    // Window nodes: tables and geometry (window_plan.h)
+    std::shared_ptr<const WindowParts> win;
     // How many threads the node's work is worth (work / its family's minimum per thread).
     double threads_worth = 0;
 };
@@ -65,8 +75,9 @@ struct Level {
 
 class StepPlan {
   public:
-    StepPlan(int64_t arena_numel, int64_t prev_numel, int64_t batch_numel, int64_t mc, int64_t kc, int64_t nc)
-        : size_{arena_numel, prev_numel, batch_numel},
+    StepPlan(int64_t arena_numel, int64_t prev_numel, int64_t batch_numel, int64_t mc, int64_t kc, int64_t nc,
+             int64_t scratch_numel)
+        : size_{arena_numel, prev_numel, batch_numel, scratch_numel},
           mc_(round_up(std::max<int64_t>(1, mc), GEMM_MR)),
           kc_(std::max<int64_t>(1, kc)),
           nc_(round_up(std::max<int64_t>(1, nc), GEMM_NR)) {
@@ -199,6 +210,67 @@ class StepPlan {
         add_node(std::move(nd));
     }
 
+    // ---- window nodes (window_plan.h); out_buf: RP_SOURCE_NODE_OUTPUT or RP_SCRATCH
+
+    // C (nb, M, N) of the windowed operands a and b (refs: their two inputs), K ascending; in
+    // the split layout if split is [n_inner, batch stride, outer stride] (windowed_gemm).
+    void add_window_gemm(const torch::Tensor& refs, const torch::Tensor& a_rows, const torch::Tensor& a_ks,
+                         const torch::Tensor& a_wins, int64_t a_fill, const torch::Tensor& b_rows,
+                         const torch::Tensor& b_ks, const torch::Tensor& b_wins, int64_t b_fill, int64_t nb, int64_t M,
+                         int64_t N, int64_t K, int64_t out_buf, int64_t out_offset, std::vector<int64_t> split) {
+        PlanNode nd;
+        nd.kind = NK_WGEMM;
+        nd.ins = read_refs(refs);
+        TORCH_CHECK(nd.ins.size() == 2, "a windowed GEMM reads two inputs");
+        TORCH_CHECK(nb >= 1 && M >= 1 && N >= 1 && K >= 1, "bad windowed GEMM geometry");
+        auto w = std::make_shared<WindowParts>();
+        w->a = read_win_tables(a_rows, a_ks, a_wins, a_fill, K, "operand a");
+        w->b = read_win_tables(b_rows, b_ks, b_wins, b_fill, K, "operand b");
+        TORCH_CHECK(w->a.R == nb * M && w->b.R == nb * N, "windowed GEMM tables have ", w->a.R, " / ", w->b.R,
+                    " rows, expected ", nb * M, " / ", nb * N);
+        w->nb = nb;
+        w->M = M;
+        w->N = N;
+        w->K = K;
+        w->split = column_split(split, nb, M, N);
+        nd.win = std::move(w);
+        set_out(nd, out_offset, nb * M * N, out_buf);
+        add_node(std::move(nd));
+    }
+
+    // Every element (R, K) of the windowed operand over its one input (refs), raw bits.
+    void add_window_gather(const torch::Tensor& refs, const torch::Tensor& rows, const torch::Tensor& ks,
+                           const torch::Tensor& wins, int64_t fill, int64_t K, int64_t out_buf, int64_t out_offset) {
+        PlanNode nd;
+        nd.kind = NK_GATHER;
+        nd.ins = read_refs(refs);
+        TORCH_CHECK(nd.ins.size() == 1 && K >= 1, "a gather reads one input");
+        auto w = std::make_shared<WindowParts>();
+        w->a = read_win_tables(rows, ks, wins, fill, K, "operand");
+        w->K = K;
+        set_out(nd, out_offset, w->a.R * K, out_buf);
+        nd.win = std::move(w);
+        add_node(std::move(nd));
+    }
+
+    // The last input (refs) copied into out_shape's C order, element (c_0, ...) from
+    // sum c_d * src_strides[d]; then the epilogue (if any) with r0 preset to it, the program
+    // over all inputs (maps: one row per input).
+    void add_permute(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
+                     const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi,
+                     int64_t out_offset, std::vector<int64_t> src_strides) {
+        PlanNode nd = base_node(NK_PERMUTE, refs, maps, out_shape, K, pro, body, epi, out_offset);
+        nd.has_prog = epi.size(0) > 0;
+        TORCH_CHECK(src_strides.size() == out_shape.size(), "one source stride per output axis");
+        std::vector<int64_t> ones(out_shape.size(), 1);
+        check_box({0}, src_strides, out_shape.empty() ? ones : out_shape, nd.ins.back().numel, "permute source");
+        auto w = std::make_shared<WindowParts>();
+        w->shape = std::move(out_shape);
+        w->src_strides = std::move(src_strides);
+        nd.win = std::move(w);
+        add_node(std::move(nd));
+    }
+
     int64_t size() const { return (int64_t)nodes_.size(); }
 
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
@@ -216,8 +288,9 @@ class StepPlan {
         }
         torch::Tensor arena =
             torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
-        float* base[RP_SOURCE_BATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
-                                            const_cast<float*>(batch.data_ptr<float>())};
+        Scratch scratch(*this);
+        float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
+                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data()};
         for (const Level& lv : levels_) {
             for (int64_t i : lv.big) run_node(i, base, threads, node_s);
             const int64_t n_small = (int64_t)lv.small.size();
@@ -230,7 +303,33 @@ class StepPlan {
     }
 
   private:
-    int64_t size_[RP_SOURCE_BATCH + 1];  // element count per source kind
+    // The scratch of one run: a buffer a finished run gave back (its pages are mapped already,
+    // which a fresh buffer's first touch costs, a large share of a gather), else a new one.
+    class Scratch {
+      public:
+        explicit Scratch(const StepPlan& plan) : plan_(plan) {
+            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
+            if (!plan_.spare_.empty()) {
+                buf_ = std::move(plan_.spare_.back());
+                plan_.spare_.pop_back();
+            } else {
+                buf_.resize(std::max<int64_t>(1, plan_.size_[RP_SCRATCH]));
+            }
+        }
+        ~Scratch() {
+            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
+            plan_.spare_.push_back(std::move(buf_));
+        }
+        float* data() { return buf_.data(); }
+
+      private:
+        const StepPlan& plan_;
+        std::vector<float> buf_;
+    };
+    mutable std::mutex spare_mutex_;
+    mutable std::vector<std::vector<float>> spare_;  // scratch buffers of finished runs
+
+    int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
@@ -249,7 +348,7 @@ class StepPlan {
         }
         for (size_t t = 0; t < nd.ins.size(); t++)
             data[t] = reinterpret_cast<const uint32_t*>(base[nd.ins[t].buf] + nd.ins[t].offset);
-        float* out = base[RP_SOURCE_NODE_OUTPUT] + nd.out_offset;
+        float* out = base[nd.out_buf] + nd.out_offset;
         uint32_t* out_bits = reinterpret_cast<uint32_t*>(out);
         switch (nd.kind) {
             case NK_PROGRAM: exec_prog(nd.prog, data, out_bits, nullptr, threads); break;
@@ -280,6 +379,9 @@ class StepPlan {
                 scatter_rows_into(reinterpret_cast<const float*>(data[0]), reinterpret_cast<const float*>(data[1]),
                                   nd.Kr, nd.R, nd.out_numel / nd.R, out, threads);
                 break;
+            case NK_WGEMM:
+            case NK_GATHER:
+            case NK_PERMUTE: run_window_node(nd, data, out, threads); break;
             default:
                 map_into(nd.fn, reinterpret_cast<const void* const*>(data), out_bits, nd.out_numel, nd.work, threads);
                 break;
@@ -302,6 +404,11 @@ class StepPlan {
             case NK_SCATTER:
                 nd.threads_worth = (double)(nd.Kr * nd.R + nd.out_numel) / SCATTER_MIN_ELEMS;
                 break;
+            case NK_WGEMM:
+                nd.threads_worth = (double)nd.out_numel * (double)nd.win->K / GEMM_MIN_FMAS;
+                break;
+            case NK_GATHER:
+            case NK_PERMUTE: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
             default: nd.threads_worth = (double)nd.work / MAP_MIN_INSTRS; break;
         }
         nd.threads_worth += epi;
@@ -324,17 +431,42 @@ class StepPlan {
     }
 
     // Whether `later` must run after `earlier`: it reads what `earlier` writes, or writes what
-    // `earlier` reads or writes (in this step's arena; the other buffers are read-only).
+    // `earlier` reads or writes (in this step's arena or the scratch; the other buffers are
+    // read-only).
     static bool must_follow(const PlanNode& later, const PlanNode& earlier) {
         auto overlaps = [](int64_t a0, int64_t an, int64_t b0, int64_t bn) { return a0 < b0 + bn && b0 < a0 + an; };
-        if (overlaps(later.out_offset, later.out_numel, earlier.out_offset, earlier.out_numel)) return true;
+        auto hits = [&](const Ref& r, const PlanNode& writer) {
+            return r.buf == writer.out_buf && overlaps(r.offset, r.numel, writer.out_offset, writer.out_numel);
+        };
+        if (later.out_buf == earlier.out_buf &&
+            overlaps(later.out_offset, later.out_numel, earlier.out_offset, earlier.out_numel))
+            return true;
         for (const Ref& r : later.ins)
-            if (r.buf == RP_SOURCE_NODE_OUTPUT && overlaps(r.offset, r.numel, earlier.out_offset, earlier.out_numel))
-                return true;
+            if (hits(r, earlier)) return true;
         for (const Ref& r : earlier.ins)
-            if (r.buf == RP_SOURCE_NODE_OUTPUT && overlaps(r.offset, r.numel, later.out_offset, later.out_numel))
-                return true;
+            if (hits(r, later)) return true;
         return false;
+    }
+
+    // A window node (window_plan.h) on `threads` threads; a windowed address outside its input
+    // fails the run (nothing outside is read).
+    void run_window_node(const PlanNode& nd, const uint32_t* const* data, float* out, int64_t threads) const {
+        const WindowParts& w = *nd.win;
+        bool ok = true;
+        switch (nd.kind) {
+            case NK_WGEMM:
+                ok = windowed_gemm(w.a.on(data[0], nd.ins[0].numel), w.b.on(data[1], nd.ins[1].numel), out, w.nb, w.M,
+                                   w.N, w.K, threads, mc_, kc_, nc_, w.split);
+                break;
+            case NK_GATHER:
+                ok = windowed_gather(w.a.on(data[0], nd.ins[0].numel), w.K, reinterpret_cast<uint32_t*>(out), threads);
+                break;
+            default:
+                permute_into(reinterpret_cast<const float*>(data[nd.ins.size() - 1]), w.shape, w.src_strides, out,
+                             threads);
+                break;
+        }
+        TORCH_CHECK(ok, "step plan: a windowed operand address fell outside its input");
     }
 
     static void check_buffer(const torch::Tensor& t, int64_t numel, const char* what) {
@@ -349,7 +481,7 @@ class StepPlan {
         std::vector<Ref> out(refs.size(0));
         for (size_t t = 0; t < out.size(); t++) {
             const Ref r{rows[3 * t], rows[3 * t + 1], rows[3 * t + 2]};
-            TORCH_CHECK(r.buf >= RP_SOURCE_NODE_OUTPUT && r.buf <= RP_SOURCE_BATCH, "unknown buffer ", r.buf);
+            TORCH_CHECK(r.buf >= RP_SOURCE_NODE_OUTPUT && r.buf <= RP_SCRATCH, "unknown buffer ", r.buf);
             TORCH_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= size_[r.buf], "input ", t,
                         " [", r.offset, ", +", r.numel, ") leaves buffer ", r.buf, " of ", size_[r.buf]);
             out[t] = r;
@@ -357,10 +489,12 @@ class StepPlan {
         return out;
     }
 
-    void set_out(PlanNode& nd, int64_t out_offset, int64_t numel) const {
-        const int64_t arena = size_[RP_SOURCE_NODE_OUTPUT];
+    void set_out(PlanNode& nd, int64_t out_offset, int64_t numel, int64_t buf = RP_SOURCE_NODE_OUTPUT) const {
+        TORCH_CHECK(buf == RP_SOURCE_NODE_OUTPUT || buf == RP_SCRATCH, "outputs go to the arena or the scratch");
+        const int64_t arena = size_[buf];
         TORCH_CHECK(out_offset >= 0 && numel >= 1 && out_offset + numel <= arena, "output [", out_offset, ", +", numel,
-                    ") leaves the arena of ", arena);
+                    ") leaves ", buf == RP_SCRATCH ? "the scratch" : "the arena", " of ", arena);
+        nd.out_buf = buf;
         nd.out_offset = out_offset;
         nd.out_numel = numel;
     }
@@ -391,9 +525,9 @@ class StepPlan {
 
 void bind_step_plan(pybind11::module& m) {
     pybind11::class_<StepPlan>(m, "StepPlan", "all nodes of one training step in one call")
-        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("arena_numel"),
-             pybind11::arg("prev_numel"), pybind11::arg("batch_numel"), pybind11::arg("mc"), pybind11::arg("kc"),
-             pybind11::arg("nc"))
+        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(),
+             pybind11::arg("arena_numel"), pybind11::arg("prev_numel"), pybind11::arg("batch_numel"),
+             pybind11::arg("mc"), pybind11::arg("kc"), pybind11::arg("nc"), pybind11::arg("scratch_numel") = 0)
         .def("add_program", &StepPlan::add_program)
         .def("add_dot", &StepPlan::add_dot)
         .def("add_fold", &StepPlan::add_fold)
@@ -401,6 +535,9 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_jit", &StepPlan::add_jit)
         .def("add_scatter", &StepPlan::add_scatter)
         .def("add_rowdot", &StepPlan::add_rowdot)
+        .def("add_window_gemm", &StepPlan::add_window_gemm)
+        .def("add_window_gather", &StepPlan::add_window_gather)
+        .def("add_permute", &StepPlan::add_permute)
         .def("__len__", &StepPlan::size)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());

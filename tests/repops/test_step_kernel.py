@@ -6,6 +6,7 @@ count, and refuse any node that would read or write outside its buffers."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -13,13 +14,14 @@ import torch
 from torch import nn
 
 from tests.support.graph import Attention, Mixed, build
+from tests.support.threads import THREAD_COUNTS, engaged
 from verde_chain.examples import EXAMPLES
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.executor import StepExecutor
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
-from verde_chain.repops.backends.cpu.step import StepKernel
+from verde_chain.repops.backends.cpu.step import SCRATCH, StepKernel
 from verde_chain.repops.program import KernelDesc
 
 STEPS = 3
@@ -167,6 +169,39 @@ def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) 
     assert tampered.state.arena is None
 
 
+# ----------------------------------------------------------------------------- convolutional networks
+
+CNN_JOBS = {"digits_cnn": {"batch_size": 16}, "resnet18": {"batch_size": 4}}
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", pytest.param("resnet18", marks=pytest.mark.slow)])
+def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(name: str) -> None:
+    """Convolutions, their gradients, pooling and batch norm in the plan (windowed GEMM, gathers
+    into the scratch, permutes with conv's bias): the bits of the nodes one by one, on every ISA
+    and thread count, with more than one thread engaged."""
+    job = EXAMPLES[name](steps=2, **CNN_JOBS[name])
+    graph = job.program.graph
+    base = run_steps(graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), steps=2)
+    for isa in cpu_ext.available_isas():
+        for threads in THREAD_COUNTS:
+            fused = engaged(isa, threads, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                                            CpuBackend(isa=isa, threads=threads), steps=2))
+            kernel = fused[2].step_kernel()
+            assert isinstance(kernel, StepKernel)  # the whole-step path really ran
+            assert kernel.window_forms["dewindowed"] and kernel.window_forms["gemm+permute"]
+            # resnet18's convolutions have no bias: those with whole micro-tiles of pixels write
+            # the output's order directly
+            assert name != "resnet18" or kernel.window_forms["gemm, output order"]
+            assert_same_steps(fused, base)
+
+
+def test_digits_cnn_step_in_one_call_equals_the_reference() -> None:
+    job = EXAMPLES["digits_cnn"](steps=1, batch_size=4)
+    graph = job.program.graph
+    fused = run_steps(graph, job.init_state, job.batch, CpuBackend(threads=2), steps=1)
+    assert fused[1] == run_steps(graph, job.init_state, job.batch, make_runner("reference"), steps=1)[1]
+
+
 # ----------------------------------------------------------------------------- bad plans
 
 
@@ -189,7 +224,9 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     with pytest.raises(RuntimeError, match="leaves buffer"):
         plan.add_binary(_int64([(1, 60, 8), (1, 0, 8)]), 0, 8, 0)  # prev slice past the end
     with pytest.raises(RuntimeError, match="unknown buffer"):
-        plan.add_binary(_int64([(3, 0, 8), (1, 0, 8)]), 0, 8, 0)
+        plan.add_binary(_int64([(4, 0, 8), (1, 0, 8)]), 0, 8, 0)  # 3 is the plan's scratch
+    with pytest.raises(RuntimeError, match="leaves buffer 3 of 0"):
+        plan.add_binary(_int64([(SCRATCH, 0, 8), (1, 0, 8)]), 0, 8, 0)  # this plan has no scratch
     with pytest.raises(RuntimeError, match="leaves the arena"):
         plan.add_binary(_int64([(1, 0, 8), (1, 8, 8)]), 60, 8, 0)
     with pytest.raises(RuntimeError, match="output's size"):
@@ -224,6 +261,36 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
         plan.run(torch.zeros(64), torch.zeros(16, dtype=torch.float64), 1)
     prev, batch = torch.arange(64, dtype=torch.float32), torch.full((16,), 2.0)
     assert torch.equal(plan.run(prev, batch, 1)[:8], prev[:8] * 2.0)
+
+
+def test_plan_refuses_window_nodes_outside_their_buffers() -> None:
+    ext = cpu_ext.extension(cpu_ext.best_isa())
+    plan = ext.StepPlan(64, 64, 16, *cpu_ext.DEFAULT_TILE, 32)
+    rows, ks, wins = _int64([(0, 1, 2, 3)]), _int64([(0,), (4,)]), torch.zeros((0, 3), dtype=torch.int64)  # R 4, K 2
+    with pytest.raises(RuntimeError, match="reads one input"):
+        plan.add_window_gather(_int64([(1, 0, 8), (1, 0, 8)]), rows, ks, wins, 0, 2, SCRATCH, 0)
+    with pytest.raises(RuntimeError, match="leaves the scratch of 32"):
+        plan.add_window_gather(_int64([(1, 0, 8)]), rows, ks, wins, 0, 2, SCRATCH, 30)
+    with pytest.raises(RuntimeError, match="outputs go to the arena or the scratch"):
+        plan.add_window_gather(_int64([(1, 0, 8)]), rows, ks, wins, 0, 2, 1, 0)
+    with pytest.raises(RuntimeError, match="mismatched shapes"):
+        plan.add_window_gather(_int64([(1, 0, 8)]), rows, ks, wins, 0, 3, SCRATCH, 0)
+    with pytest.raises(RuntimeError, match="tables have 4 / 4 rows, expected 2 / 4"):
+        plan.add_window_gemm(_int64([(1, 0, 8), (1, 0, 8)]), rows, ks, wins, 0, rows, ks, wins, 0, 2, 1, 2, 2, 0, 0, [])
+    with pytest.raises(RuntimeError, match="column split"):  # a 1 x 4 x 4 GEMM: no split fits
+        plan.add_window_gemm(_int64([(1, 0, 8), (1, 0, 8)]), rows, ks, wins, 0, rows, ks, wins, 0, 1, 4, 4, 2, 0, 0,
+                             [3, 0, 0])
+    with pytest.raises(RuntimeError, match="permute source"):  # 2x4 read with strides (4, 1) from 7 elements
+        plan.add_permute(_int64([(1, 0, 7)]), _int64([(0, 0, 0, 0, 0, 7)]), [2, 4], 1,
+                         *(torch.zeros((0, 5), dtype=torch.int64),) * 3, 0, [4, 1])
+    assert len(plan) == 0
+    plan.add_window_gather(_int64([(1, 0, 8)]), rows, ks, wins, 0, 2, SCRATCH, 0)
+    prev = torch.arange(64, dtype=torch.float32)
+    plan.run(prev, torch.zeros(16), 1)
+    # the same tables over an input of 6 elements: element (3, 1) is address 7, checked per run
+    plan.add_window_gather(_int64([(1, 0, 6)]), rows, ks, wins, 0, 2, SCRATCH, 8)
+    with pytest.raises(RuntimeError, match="fell outside its input"):
+        plan.run(prev, torch.zeros(16), 1)
 
 
 # ----------------------------------------------------------------------------- scatter-add

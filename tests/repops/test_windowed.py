@@ -95,6 +95,34 @@ def _big_cases() -> list[tuple]:  # type: ignore[type-arg]
     return out
 
 
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_gemm_written_in_the_output_order_equals_the_reference(isa: str) -> None:
+    """Convolutions whose output ends with (channel, pixels) and whose pixels fill whole
+    micro-tiles: the GEMM writes (image, group, channel, pixel) directly (column_split), with the
+    reference's bits, groups (a batch axis) included; a split that would leave C is refused."""
+    be = CpuBackend(isa=isa, threads=2)
+    g = ConvGeometry.make((3, 8, 16, 16), (3, 3), pads=(1, 1, 1, 1))
+    for groups in (1, 2):
+        for desc in (library.convolution(g, (16, 8 // groups, 3, 3), groups),
+                     library.conv_grad_input(g, (16, 8 // groups, 3, 3), groups)):
+            plan = windowed.plan(desc)
+            assert plan is not None
+            split = be.column_split(desc, plan)
+            assert split is not None and split[0] == 256, (desc.label, split)
+            ins = [edges.edge_array((m.numel,), 11 + t, 0.05, 2.0) for t, m in enumerate(desc.inputs)]
+            want = reference.run(desc, ins).view(np.uint32)
+            assert (be(desc, ins).view(np.uint32) == want).all(), (isa, desc.label, groups)
+            a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+            bits = [np.asarray(x, dtype=np.float32).view(np.uint32) for x in ins]
+            got = ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, 2, split=split)
+            assert (got.numpy().view(np.uint32).reshape(want.shape) == want).all()
+            with pytest.raises(RuntimeError, match="leaves the output"):
+                ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, 2,
+                                   split=(split[0], split[1], split[2] + 1))
+            with pytest.raises(RuntimeError, match="multiple of the micro-tile"):
+                ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, 2, split=(3, 0, 0))
+
+
 def test_plan_splits_batch_m_and_n_axes() -> None:
     g = ConvGeometry.make((2, 4, 9, 8), (3, 2), (2, 3), (1, 2), (2, 0, 1, 3))
     fwd, dx, dw = library.convolution(g, (6, 2, 3, 2), 2), library.conv_grad_input(g, (6, 2, 3, 2), 2), \

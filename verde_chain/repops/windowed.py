@@ -105,6 +105,32 @@ def to_output(desc: KernelDesc, g: WindowedGemm, c: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(c.transpose(np.argsort(perm)))
 
 
+def column_split(desc: KernelDesc, g: WindowedGemm, width: int) -> tuple[int, int, int] | None:
+    """``(n_inner, batch stride, outer stride)`` when the GEMM can write its result in the
+    output's order directly: the output ends with the m axes, then the last n axes (n_inner
+    elements, a multiple of ``width``), and the batch axes and the other n axes are each
+    consecutive (a convolution: image, group, channel, pixels). Element (b, i, j) of the GEMM is
+    then output element ``b*batch_stride + (j // n_inner)*outer_stride + i*n_inner + j % n_inner``.
+    None: only the GEMM's own (batch, m, n) order (:func:`to_output`)."""
+    rank, st = len(desc.out_shape), c_strides(desc.out_shape)
+
+    def flat_stride(axes: tuple[int, ...]) -> int | None:  # of the C-order flat index over axes
+        if not axes:
+            return 0
+        return st[axes[-1]] if axes == tuple(range(axes[0], axes[-1] + 1)) else None
+
+    for p in range(1, len(g.n)):
+        tail = g.m + g.n[p:]
+        if tail != tuple(range(rank - len(tail), rank)):
+            continue
+        inner = math.prod(desc.out_shape[a] for a in g.n[p:])
+        sb, so = flat_stride(g.batch), flat_stride(g.n[:p])
+        if inner % width or sb is None or so is None:
+            return None
+        return inner, sb, so
+    return None
+
+
 @dataclass(frozen=True)
 class Operand:
     """One windowed input read as a matrix: rows are the output coordinates of the axes it reads
@@ -186,13 +212,6 @@ Gather = Callable[[Operand, np.ndarray], np.ndarray]
 """``(operand, bits) -> (R, K)`` raw bits: every element (``Operand.gather``, or a native one)."""
 
 
-def _gather(desc: KernelDesc, slot: int, flat: np.ndarray, axes: Sequence[int], gather: Gather | None) -> np.ndarray:
-    """Input ``slot`` read at every (coordinates of ``axes``, k): shape ``(*dims, K)``."""
-    op = operand(desc, slot, axes)
-    dense = op.gather(flat) if gather is None else gather(op, flat)
-    return dense.reshape(*[desc.out_shape[a] for a in axes], desc.K)
-
-
 def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, int, int, int]:
     """The two operands of ``g`` and its ``(nb, M, N)``."""
     shape = desc.out_shape
@@ -202,62 +221,89 @@ def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, 
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
-    a windowed dot chain); they depend on the descriptor alone."""
+class Dewindowed:
+    """``desc`` over plain maps: ``plain`` reads, in place of each windowed input ``slot``, the
+    dense ``(R, K)`` gather of ``operands[slot]`` (C order); every other input as it is."""
 
-    gemm: WindowedGemm | None
-    operands: tuple[Operand, Operand, int, int, int] | None
-
-
-def prepare(desc: KernelDesc) -> Prepared:
-    g = plan(desc)
-    return Prepared(g, None if g is None else gemm_operands(desc, g))
+    plain: KernelDesc
+    operands: dict[int, Operand]
 
 
-def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None
-             ) -> tuple[KernelDesc, list[np.ndarray]] | None:
-    """The same program over plain maps: each windowed input gathered densely at (the output axes
-    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input."""
+def dewindow_plan(desc: KernelDesc) -> Dewindowed | None:
+    """The structure of :func:`dewindow` (it depends on the descriptor alone); None if a LOADIDX
+    reads a windowed input."""
     programs = desc.prologue + desc.body + desc.epilogue
     if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
         return None
     rank = len(desc.out_shape)
     maps: list[InputMap] = []
-    data: list[np.ndarray] = []
+    operands: dict[int, Operand] = {}
     for t, m in enumerate(desc.inputs):
         if not m.windows:
             maps.append(m)
-            data.append(flat[t])
             continue
         axes = tuple(d for d in range(rank) if _depends(m, d))
-        dense = _gather(desc, t, flat[t], axes, gather)  # (*dims of axes, K)
-        st = c_strides(dense.shape)
+        operands[t] = operand(desc, t, axes)
+        dims = (*[desc.out_shape[a] for a in axes], desc.K)  # the gather (R, K) as (*dims of axes, K)
+        st = c_strides(dims)
         strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
-        maps.append(InputMap(dense.size, strides, kstride=1 if desc.K > 1 else 0))
-        data.append(np.ascontiguousarray(dense).reshape(-1))
+        maps.append(InputMap(math.prod(dims), strides, kstride=1 if desc.K > 1 else 0))
     plain = KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue,
                        label=f"{desc.label}/dewindowed")
-    return plain, data
+    return Dewindowed(plain, operands)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
+    a windowed dot chain), else its dewindowed form (None if it has none); they depend on the
+    descriptor alone (and a backend that caches its plain descriptors by identity sees the same
+    one every call)."""
+
+    gemm: WindowedGemm | None
+    operands: tuple[Operand, Operand, int, int, int] | None
+    dewindowed: Dewindowed | None = None
+
+
+def prepare(desc: KernelDesc) -> Prepared:
+    g = plan(desc)
+    if g is None:
+        return Prepared(None, None, dewindow_plan(desc))
+    return Prepared(g, gemm_operands(desc, g))
+
+
+def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None,
+             dw: Dewindowed | None = None) -> tuple[KernelDesc, list[np.ndarray]] | None:
+    """The same program over plain maps: each windowed input gathered densely at (the output axes
+    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input. ``dw``:
+    ``dewindow_plan(desc)``, if the caller keeps it."""
+    dw = dewindow_plan(desc) if dw is None else dw
+    if dw is None:
+        return None
+    data = []
+    for t, x in enumerate(flat):
+        op = dw.operands.get(t)
+        data.append(x if op is None else np.ascontiguousarray(op.gather(x) if gather is None else gather(op, x)).reshape(-1))
+    return dw.plain, data
 
 
 def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
-        gather: Gather | None = None, prepared: Prepared | None = None) -> np.ndarray:
+        gather: Gather | None = None, prepared: Prepared | None = None, ordered: bool = False) -> np.ndarray:
     """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed (by
     ``gather``) on ``plain`` (a runner of plain descriptors), else on the reference; float32 of
     ``out_shape``, the reference's bits either way. ``prepared``: ``prepare(desc)``, if the
-    caller keeps it."""
+    caller keeps it; ``ordered``: ``gemm`` returns the output's order already (column_split)."""
     prep = prepare(desc) if prepared is None else prepared
     g = prep.gemm
     flat = check_inputs(desc, inputs)
     if g is None:
-        dense = dewindow(desc, flat, gather) if plain is not None else None
+        dense = dewindow(desc, flat, gather, prep.dewindowed) if plain is not None else None
         if dense is None or plain is None:
             return reference.run(desc, inputs)
         return np.asarray(plain(dense[0], dense[1])).reshape(desc.out_shape)
     a, b, nb, M, N = prep.operands or gemm_operands(desc, g)
     c = np.asarray(gemm(a, flat[g.slot_a], b, flat[g.slot_b], nb, M, N), dtype=np.float32)
-    r0 = to_output(desc, g, c).reshape(-1)
+    r0 = c.reshape(-1) if ordered else to_output(desc, g, c).reshape(-1)
     if not desc.epilogue:
         return r0.reshape(desc.out_shape)
     # the epilogue over r0: a map reading r0 from an extra input, then the epilogue as is

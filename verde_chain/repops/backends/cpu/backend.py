@@ -85,16 +85,17 @@ class CpuBackend:
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
-        self._windowed_prepared: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)  # operand tables
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
+        self.windowed_prepare: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)
+        """A window descriptor's GEMM operand tables or dewindowed form, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
                      producers: Sequence[int], batch_numel: int) -> StepKernel | None:
         """One C++ call per training step for these nodes (see ``StepKernel``); None (nodes one
-        by one) while a node uses the window extension, which the C++ kernels do not read yet."""
-        from verde_chain.repops.backends.cpu.step import StepKernel
+        by one) if a window node has no form the plan runs (``step.in_plan``)."""
+        from verde_chain.repops.backends.cpu.step import StepKernel, in_plan
 
-        if any(desc.extended for desc in descs):
+        if not all(in_plan(self, desc) for desc in descs):
             return None
         return StepKernel(self, descs, wiring, producers, batch_numel)
 
@@ -141,8 +142,10 @@ class CpuBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
-            return windowed.run(desc, inputs, self._windowed_gemm, self, self._windowed_gather,
-                                self._windowed_prepared(desc))
+            wp = self.windowed_prepare(desc)
+            split = None if wp.gemm is None else self.column_split(desc, wp.gemm)
+            gemm = functools.partial(self._windowed_gemm, split=split) if split else self._windowed_gemm
+            return windowed.run(desc, inputs, gemm, self, self._windowed_gather, wp, ordered=split is not None)
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -167,10 +170,15 @@ class CpuBackend:
         return out.numpy().view(np.float32).reshape(desc.out_shape)
 
     # ------------------------------------------------------------------ fast paths
+    def column_split(self, desc: KernelDesc, g: windowed.WindowedGemm) -> tuple[int, int, int] | None:
+        """``windowed.column_split`` at this ISA's micro-tile width (None: the GEMM's own order)."""
+        return windowed.column_split(desc, g, int(self.extension.GEMM_NR))
+
     def _windowed_gemm(self, a: windowed.Operand, a_bits: np.ndarray, b: windowed.Operand, b_bits: np.ndarray,
-                       nb: int, M: int, N: int) -> np.ndarray:
-        """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp)."""
-        return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads).numpy()
+                       nb: int, M: int, N: int, split: tuple[int, int, int] | None = None) -> np.ndarray:
+        """The windowed GEMM with implicit im2col (kernels/cpu/conv.cpp), in the output's order
+        if ``split`` (``column_split``)."""
+        return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads, split=split).numpy()
 
     def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray) -> np.ndarray:
         """Every element of a windowed operand (kernels/cpu/conv.cpp), for dewindowed nodes."""

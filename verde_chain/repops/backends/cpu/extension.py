@@ -57,7 +57,8 @@ KERNELS = REPO_ROOT / "kernels"
 # Translation units of the extension (one module), and every header they include: the build
 # cache key covers all of them.
 SOURCES = tuple(KERNELS / "cpu" / f for f in ("bindings.cpp", "pool.cpp", "gemm.cpp", "conv.cpp", "reduce.cpp",
-                                              "binary.cpp", "interpreter.cpp", "step_plan.cpp", "norm.cpp"))  # fmt: skip
+                                              "binary.cpp", "interpreter.cpp", "step_plan.cpp",
+                                              "window_plan.cpp", "norm.cpp"))  # fmt: skip
 HEADERS = (*sorted((KERNELS / "cpu").glob("*.h")), KERNELS / "repops_fp32.h", KERNELS / "generated" / "repops_isa.h")
 BUILD_ROOT = REPO_ROOT / "build" / "native"
 
@@ -277,14 +278,15 @@ def matmul3(
 
 def windowed_matmul(
     a: Any, a_bits: Any, b: Any, b_bits: Any, nb: int, M: int, N: int, isa: str | None = None,
-    threads: int | None = None, tile: Sequence[int] | None = None,
+    threads: int | None = None, tile: Sequence[int] | None = None, split: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """C (nb, M, N) of two ``repops.windowed.Operand``s over their raw input bits (uint32 arrays):
-    the fixed fma chain per element, panels packed straight through the windows."""
+    the fixed fma chain per element, panels packed straight through the windows; in the layout
+    of ``split`` = (n_inner, batch stride, outer stride) if given (``windowed.column_split``)."""
     mc, kc, nc = _tile(tile)
     K = int(a.ks.shape[0])
     return _ext(isa).windowed_matmul(*_operand_args(a, a_bits), *_operand_args(b, b_bits), nb, M, N, K,
-                                     _threads(threads), mc, kc, nc)
+                                     _threads(threads), mc, kc, nc, list(split or ()))
 
 
 def windowed_gather(op: Any, bits: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:

@@ -1,11 +1,20 @@
 """The CPU whole-step kernel: every node of a training step in ONE call into C++ (``StepPlan``,
 kernels/cpu/step_plan.cpp), with every node output in one arena (``backends/native.py``
 ``ArenaLayout``). The same kernels as ``CpuBackend.__call__`` per node (GEMM, fold, binary,
-scatter, row dot, compiled map, interpreter), so the same bits, without the ~10-20 us of Python, pybind
-and allocation per node that dominated small nodes."""
+scatter, row dot, compiled map, interpreter), so the same bits, without the ~10-20 us of Python,
+pybind and allocation per node that dominated small nodes.
+
+Window nodes (``repops/windowed.py``) are in the plan too: a windowed dot chain (convolution and
+its gradients) is the windowed GEMM (implicit im2col), its ``(batch, m, n)`` result permuted
+into the output's order (with the epilogue, conv's bias, run on it with r0 preset) unless it
+already is; any other window node is its dewindowed form: each windowed operand gathered into
+the plan's scratch buffer (dense ``(R, K)``), then the plain node over it as above. Scratch is a
+ring (``_Ring``): a region is reused only by a node that the plan orders after every reader of
+its previous contents (the plan's rule: a node that writes where an earlier one reads follows it)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
@@ -14,12 +23,58 @@ import torch
 
 from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
+from verde_chain.repops import windowed
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
 from verde_chain.repops.backends.cpu.jit import map_address, map_work
-from verde_chain.repops.backends.native import ArenaLayout, writable
+from verde_chain.repops.backends.native import ArenaLayout, encode_maps, encode_program, writable
 from verde_chain.repops.backends.plan import linear_stride
-from verde_chain.repops.program import KernelDesc
+from verde_chain.repops.isa import Op
+from verde_chain.repops.library.shapes import c_strides
+from verde_chain.repops.program import InputMap, KernelDesc
+
+# The plan's own buffer after the SourceKind buffers (kernels/cpu/step_plan.cpp RP_SCRATCH).
+SCRATCH = int(SourceKind.BATCH) + 1
+# The scratch ring holds at least this many float32 elements, and twice a node's largest need.
+_SCRATCH_MIN = 1 << 22
+
+
+def in_plan(backend: CpuBackend, desc: KernelDesc) -> bool:
+    """Whether the plan runs ``desc``: any plain node; a windowed dot chain whose epilogue loads
+    no windowed input; any other window node with a dewindowed form."""
+    if not desc.extended:
+        return True
+    prep = backend.windowed_prepare(desc)
+    if prep.gemm is None:
+        return prep.dewindowed is not None
+    return not any(i.op in (Op.LOAD, Op.LOADIDX) and desc.inputs[i.imm].windows for i in desc.epilogue)
+
+
+def _scratch_need(backend: CpuBackend, desc: KernelDesc) -> int:
+    """Scratch elements ``desc`` uses at once (0 for a plain node)."""
+    if not desc.extended:
+        return 0
+    prep = backend.windowed_prepare(desc)
+    if prep.dewindowed is not None:
+        return sum(op.rows.shape[1] * desc.K for op in prep.dewindowed.operands.values())
+    return desc.numel
+
+
+class _Ring:
+    """Scratch offsets handed out in order, wrapping to 0 when a region would pass the end."""
+
+    def __init__(self, numel: int) -> None:
+        self.numel, self._at = numel, 0
+
+    def take(self, n: int) -> int:
+        if self._at + n > self.numel:
+            self._at = 0
+        at, self._at = self._at, self._at + n
+        return at
+
+
+def _tables(op: windowed.Operand) -> list[object]:
+    return [torch.from_numpy(op.rows), torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]
 
 
 class StepKernel(ArenaLayout):
@@ -31,10 +86,21 @@ class StepKernel(ArenaLayout):
                  producers: Sequence[int], batch_numel: int) -> None:
         super().__init__(descs, producers, batch_numel)
         self.backend = backend
-        self._plan = backend.extension.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ext.DEFAULT_TILE)
+        need = max((_scratch_need(backend, desc) for desc in descs), default=0)
+        self._ring = _Ring(max(_SCRATCH_MIN, 2 * need) if need else 0)
+        self._plan = backend.extension.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ext.DEFAULT_TILE,
+                                                self._ring.numel)
         self._keep: list[object] = []  # compiled maps the plan calls by address
+        self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, "gemm, output order", gemm+permute, dewindowed
+        owner: list[int] = []  # per plan node, the node it belongs to (a window node adds several)
         for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
-            self._add(d, desc, wires)
+            refs = self._refs(desc, wires)
+            if desc.extended:
+                self._add_windowed(desc, refs, self.offsets[d])
+            else:
+                self._add(desc, refs, self.offsets[d])
+            owner += [d] * (len(self._plan) - len(owner))
+        self._owner = np.array(owner, dtype=np.int64)
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
         rows = []
@@ -48,9 +114,49 @@ class StepKernel(ArenaLayout):
             rows.append((buf, off, n))
         return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 3)
 
-    def _add(self, d: int, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> None:
+    def _add_windowed(self, desc: KernelDesc, refs: torch.Tensor, out: int) -> None:
+        prep = self.backend.windowed_prepare(desc)
+        g = prep.gemm
+        if g is None:  # dewindowed: each windowed operand gathered into the scratch, then the plain node
+            dw = prep.dewindowed
+            assert dw is not None  # in_plan
+            dense = refs.clone()
+            for t, op in dw.operands.items():
+                n = op.rows.shape[1] * desc.K
+                at = self._ring.take(n)
+                self._plan.add_window_gather(refs[t:t + 1], *_tables(op), desc.K, SCRATCH, at)
+                dense[t] = torch.tensor((SCRATCH, at, n))
+            self._add(dw.plain, dense, out)
+            self.window_forms["dewindowed"] += 1
+            return
+        assert prep.operands is not None
+        a, b, nb, M, N = prep.operands
+        rank = len(desc.out_shape)
+        perm = g.batch + g.m + g.n
+        gemm = (refs[[g.slot_a, g.slot_b]], *_tables(a), *_tables(b), nb, M, N, desc.K)
+        split = self.backend.column_split(desc, g)
+        if (perm == tuple(range(rank)) or split) and not desc.epilogue:
+            self._plan.add_window_gemm(*gemm, int(SourceKind.NODE_OUTPUT), out, list(split or ()))
+            self.window_forms["gemm, output order" if split else "gemm"] += 1
+            return
+        at = self._ring.take(desc.numel)
+        self._plan.add_window_gemm(*gemm, SCRATCH, at, [])
+        # the (batch, m, n) result into the output's order, then the epilogue with r0 preset: its
+        # loads read plain inputs only (in_plan), the windowed ones get a map that reads nothing
+        src = c_strides([desc.out_shape[a] for a in perm])
+        zero = (0,) * rank
+        maps = [InputMap(m.numel, zero) if m.windows else m for m in desc.inputs]
+        maps.append(InputMap(desc.numel, c_strides(desc.out_shape)))
+        empty = torch.from_numpy(encode_program(()))
+        self._plan.add_permute(torch.cat([refs, torch.tensor([[SCRATCH, at, desc.numel]])]),
+                               torch.from_numpy(encode_maps(maps, rank)), list(desc.out_shape), 1, empty, empty,
+                               torch.from_numpy(encode_program(desc.epilogue)), out,
+                               [src[perm.index(d)] for d in range(rank)])
+        self.window_forms["gemm+permute"] += 1
+
+    def _add(self, desc: KernelDesc, refs: torch.Tensor, out: int) -> None:
         prep = self.backend.prepare(desc)
-        plan, refs, out = prep.plan, self._refs(desc, wires), self.offsets[d]
+        plan = prep.plan
         if prep.jit is not None and prep.lin is not None:
             self._keep.append(prep.jit)
             self._plan.add_jit(refs, prep.lin, out, desc.numel, map_address(prep.jit), map_work(desc))
@@ -88,8 +194,12 @@ class StepKernel(ArenaLayout):
         threads = self.backend.threads_now()
         prev = torch.from_numpy(writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(writable(batch))
-        times = None if self.node_times is None else torch.from_numpy(self.node_times)
-        return self._plan.run(prev, b, threads, times).numpy()
+        if self.node_times is None:
+            return self._plan.run(prev, b, threads).numpy()
+        times = np.zeros(len(self._owner))
+        arena = self._plan.run(prev, b, threads, torch.from_numpy(times)).numpy()
+        np.add.at(self.node_times, self._owner, times)
+        return arena
 
 
 

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: MIT
+//
+// window_plan.h — the window-extension nodes of the whole-step plan (step_plan.cpp): the
+// windowed GEMM (convolution and its gradients), the gather of a windowed operand into a dense
+// scratch tensor (pooling, batch-norm statistics: the dewindowed descriptors of
+// repops/windowed.py) and the permuting copy that puts a GEMM's (batch, m, n) result in the
+// output's order. The plan owns each operand's tables; the data pointers come per run.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "kernels.h"
+
+namespace repops_cpu {
+
+// A windowed operand's tables (repops/windowed.py, Operand), owned and checked.
+struct WinTables {
+    std::vector<int64_t> rows, ks, wins;
+    int64_t R = 0, nchk = 0, K = 0;
+    uint32_t fill = 0;
+    WinOperand on(const uint32_t* data, int64_t numel) const {
+        return WinOperand{data, numel, rows.data(), ks.data(), R, nchk, wins.data(), fill};
+    }
+};
+
+// What a window node of the plan keeps: NK_WGEMM reads a and b (C (nb, M, N) over K), NK_GATHER
+// reads a (R x K), NK_PERMUTE copies its last input into the output's order (shape,
+// src_strides: permute_into).
+struct WindowParts {
+    WinTables a, b;
+    int64_t nb = 0, M = 0, N = 0, K = 0;
+    ColumnSplit split;
+    std::vector<int64_t> shape, src_strides;
+};
+
+// Checks one operand's tables: rows (1 + c, R), ks (K, 1 + c), wins (c, 3) contiguous CPU int64,
+// div >= 1, size >= 0, fill 32 raw bits. Returns R. The one check of the per-node entry point
+// (bindings.cpp) and the plan.
+int64_t check_win_tables(const torch::Tensor& rows, const torch::Tensor& ks, const torch::Tensor& wins, int64_t fill,
+                         int64_t K, const char* what);
+WinTables read_win_tables(const torch::Tensor& rows, const torch::Tensor& ks, const torch::Tensor& wins, int64_t fill,
+                          int64_t K, const char* what);
+
+// A GEMM's output layout from Python: [] (row-major) or [n_inner, batch stride, outer stride],
+// checked (column_split_error).
+ColumnSplit column_split(const std::vector<int64_t>& split, int64_t batch, int64_t M, int64_t N);
+
+// out (C order over shape[0 .. rank)) [e] = src[sum_d c_d * src_strides[d]]: every output element
+// once, a plain copy of bits.
+void permute_into(const float* src, const std::vector<int64_t>& shape, const std::vector<int64_t>& src_strides,
+                  float* out, int64_t threads);
+
+}  // namespace repops_cpu
