@@ -196,7 +196,13 @@ class TrainingWorld:
         return merkle.levels(tensor.tensor_leaves(self._output(s, d)))
 
     def output_chunk(self, s: int, d: int, leaf: int) -> bytes:
-        return bytes(tensor.chunks(tensor.as_bits(self._output(s, d)))[leaf])
+        return bytes(self._chunks(s, d)[leaf])
+
+    # Chunked once per output: a result's opening reads every chunk of each parameter in turn,
+    # and re-chunking the whole tensor per chunk made that quadratic (minutes for resnet18).
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - a world lives as long as its game
+    def _chunks(self, s: int, d: int) -> np.ndarray:
+        return tensor.chunks(tensor.as_bits(self._output(s, d)))
 
     def micro_steps(self, s: int, d: int) -> int:
         return self.graph.nodes[d].desc.num_steps
