@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from verde_chain.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "own-model.md"
@@ -36,12 +37,6 @@ def walkthrough_script(text: str, port: int) -> str:
     return "set -e\n" + "\n".join(parts).replace("8545", str(port))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_script_is_every_block_in_order() -> None:
     script = walkthrough_script(DOC.read_text(), 1234)
     order = ["job_from_torch(", "verde-chain job create", "verde-chain train my-job", "verde-chain node --port 1234", "verde-chain deploy",
@@ -54,7 +49,7 @@ def test_the_script_is_every_block_in_order() -> None:
 @pytest.mark.chain
 @pytest.mark.slow
 def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    script = walkthrough_script(DOC.read_text(), _free_port())
+    script = walkthrough_script(DOC.read_text(), free_port())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.pop("VERDE_RPC_URL", None)

@@ -18,7 +18,7 @@ from tests.support.bots import TERMS, World
 from verde_chain.agents.bot import BotConfig
 from verde_chain.agents.client import ClientBot
 from verde_chain.agents.wallet import account
-from verde_chain.graph.launch import free_port
+from verde_chain.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ from verde_chain.agents.catalog import Bundles, build_job
 from verde_chain.agents.errors import AgentError
 from verde_chain.bundles import BundleRefused, fetch_bundle
 from verde_chain.bundles.server import base_url, bundle_uri, serve_in_thread
-from verde_chain.graph.launch import free_port
 from verde_chain.job import Job, save_job
+from verde_chain.ports import free_port
 
 
 @pytest.fixture(scope="module")

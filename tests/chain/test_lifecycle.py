@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from verde_chain import ports
 from verde_chain.chain import anvil as anvil_mod
 from verde_chain.chain.compile import compile_contracts, source_hash
 from verde_chain.chain.deploy import DeploymentRecord, deploy_system
@@ -39,6 +40,35 @@ def test_start_stop_no_orphan(tmp_path: Path) -> None:
     node.stop()
     assert not _alive(pid)
     assert node.log_path.exists()
+
+
+def test_a_taken_port_is_never_mistaken_for_our_node(tmp_path: Path) -> None:
+    """Another process's node answering on the port is not ours: a chosen port that is taken
+    fails with PortTaken (not a handle on the other chain), and a drawn one is drawn again."""
+    other = anvil_mod.Anvil(log_dir=tmp_path, chain_id=4242)
+    try:
+        with pytest.raises(anvil_mod.PortTaken, match=f"port {other.port} is taken"):
+            anvil_mod.Anvil(port=other.port, log_dir=tmp_path)
+        draws = iter([other.port, ports.free_port()])
+        drawn: list[int] = []
+
+        def draw() -> int:
+            drawn.append(next(draws))
+            return drawn[-1]
+
+        monkeypatch = pytest.MonkeyPatch()
+        monkeypatch.setattr(anvil_mod, "free_port", draw)
+        try:
+            node = anvil_mod.Anvil(log_dir=tmp_path)
+        finally:
+            monkeypatch.undo()
+        try:
+            assert drawn == [other.port, node.port] and node.port != other.port  # it really was drawn twice
+            assert node.web3().eth.chain_id == 31337 and other.web3().eth.chain_id == 4242
+        finally:
+            node.stop()
+    finally:
+        other.stop()
 
 
 def test_anvil_dies_with_parent_sigkill(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from verde_chain.agents.trace import interval
 from verde_chain.chain import anvil as anvil_mod
 from verde_chain.dispute.types import Phase, Side
 from verde_chain.explorer.cli import start_explorer
+from verde_chain.ports import free_port
 from verde_chain.repops.program import instruction_at
 
 pytestmark = [pytest.mark.chain, pytest.mark.browser]
@@ -176,7 +177,7 @@ def test_page_follows_a_dispute_as_it_resolves(world: World, anvil: Any, page: A
 
 
 def test_page_survives_an_rpc_restart(artifacts: Any, page: Any) -> None:
-    port = anvil_mod.free_port()
+    port = free_port()
     node = anvil_mod.Anvil(port=port)
     try:
         record, _ = deploy_full_system(node.web3(), artifacts, node.rpc_url)

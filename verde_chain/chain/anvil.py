@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,17 +22,18 @@ from web3 import Web3
 from verde_chain.chain.paths import BUILD, anvil_binary
 from verde_chain.chain.tx import http_provider
 from verde_chain.errors import ChainError
+from verde_chain.ports import free_port
 
 DEFAULT_MNEMONIC = "test test test test test test test test test test test junk"
 DEFAULT_BALANCE_ETH = 10_000
 BLOCK_GAS_LIMIT = 1_000_000_000  # lets test harnesses push thousands of softfloat ops per call
 MAINNET_GAS_LIMIT = 30_000_000  # an Ethereum mainnet block (the mainnet-shaped test profile)
+PORT_DRAWS = 5  # a drawn port can be taken before Anvil binds it (ports.py): draw again, this often
+_PORT_TAKEN = b"Address already in use"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class PortTaken(ChainError):
+    """Anvil could not bind its port: another process holds it."""
 
 
 def _die_with_parent() -> None:
@@ -58,14 +58,11 @@ class Anvil:
             raise ChainError(f"anvil not found at {binary}; run `make setup` (npm ci) first")
         log_dir = log_dir or BUILD / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
-        self.rpc_url = f"http://127.0.0.1:{self.port}"
         self.chain_id = chain_id
-        self.log_path = Path(tempfile.mkstemp(prefix=f"anvil-{self.port}-", suffix=".log", dir=log_dir)[1])
-        args = [
+        self._log_dir = log_dir
+        self._args = [
             str(binary),
             "--host", "127.0.0.1",
-            "--port", str(self.port),
             "--accounts", str(accounts),
             "--balance", str(DEFAULT_BALANCE_ETH),
             "--mnemonic", DEFAULT_MNEMONIC,
@@ -75,11 +72,25 @@ class Anvil:
             "--hardfork", "cancun",
         ]
         if block_time:
-            args += ["--block-time", str(block_time)]
+            self._args += ["--block-time", str(block_time)]
+        # A port the caller chose is tried once (taken: PortTaken); a drawn one is drawn again.
+        draws = 1 if port else PORT_DRAWS
+        for draw in range(draws):
+            try:
+                self._start(port or free_port())
+                return
+            except PortTaken:
+                if draw + 1 == draws:
+                    raise
+
+    def _start(self, port: int) -> None:
+        self.port = port
+        self.rpc_url = f"http://127.0.0.1:{port}"
+        self.log_path = Path(tempfile.mkstemp(prefix=f"anvil-{port}-", suffix=".log", dir=self._log_dir)[1])
         # Kept open for the process's whole life (closed in stop()), so no context manager.
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [*self._args, "--port", str(port)], stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, needed so Anvil dies with us
         )
         atexit.register(self.stop)
@@ -90,13 +101,21 @@ class Anvil:
             raise
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
+        """Return once OUR node answers. Whatever answers on the port is not enough: another
+        process's node may hold it (the port was free when drawn), and this Anvil is then about to
+        exit with a bind error while RPC calls would go to that other chain. Our node's own log
+        line says it bound the port."""
         deadline = time.monotonic() + timeout
+        listening = f"Listening on 127.0.0.1:{self.port}".encode()
         w3 = self.web3()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ChainError(f"anvil exited with {self.proc.returncode}; log: {self.log_path.read_text()[-2000:]}")
+                log = self.log_path.read_bytes()
+                if _PORT_TAKEN in log:
+                    raise PortTaken(f"port {self.port} is taken: another process listens on it")
+                raise ChainError(f"anvil exited with {self.proc.returncode}; log: {log[-2000:].decode(errors='replace')}")
             try:
-                if w3.is_connected():
+                if listening in self.log_path.read_bytes() and w3.is_connected():
                     return
             except Exception:  # noqa: BLE001, S110 - not listening yet; retried until the deadline
                 pass

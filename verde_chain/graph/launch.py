@@ -14,21 +14,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
 from verde_chain.graph.distributed import WorkerLostError
+from verde_chain.ports import free_port
 
 GRACE_S = 20.0  # how long the other ranks get to notice a lost peer before they are stopped
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _how(rc: int) -> str:
