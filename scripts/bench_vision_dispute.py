@@ -135,14 +135,18 @@ def main() -> int:
     t0 = time.time()
     runs = {**sites(a.job), "output bit (demo default)": None}
     print(f"sites found in {time.time() - t0:.1f} s")
-    print(f"{'last instruction':<28}{'step gas':>10}{'calldata':>10}{'cheater gas':>13}{'challenger gas':>16}"
-          f"{'wall s':>8}  honest won")
+    # The final move also settles the job in the market (issue #13); the one-step proof is the
+    # step transaction less that settlement, as the demo reports it.
+    print(f"{'last instruction':<28}{'step gas':>10}{'settlement':>12}{'proof':>9}{'calldata':>10}{'cheater gas':>13}"
+          f"{'challenger gas':>16}{'wall s':>8}  honest won")
     ok = True
     for kind, cheat in runs.items():
         r = demo(a.job, cheat)
         ref, gas = r["referee"], r["gas_by_party"]
         label = f"{kind} ({ref.get('node_label', '?')})" if cheat is None else kind
-        print(f"{label:<28}{ref['step_gas']:>10,}{ref['step_calldata_bytes']:>10,}{gas['trainer-cheat']:>13,}"
+        settle = ref["settlement_gas"]
+        print(f"{label:<28}{ref['step_gas']:>10,}{settle:>12,}{ref['step_gas'] - settle:>9,}"
+              f"{ref['step_calldata_bytes']:>10,}{gas['trainer-cheat']:>13,}"
               f"{gas['challenger']:>16,}{r['wall_s']:>8}  {r['honest_won']}")
         ok &= bool(r["honest_won"])
     return 0 if ok else 1
