@@ -16,6 +16,11 @@
 // Work items are (batch entry, column block, row block) triples, independent of each other
 // (each packs what it reads into its own buffers and writes its own output tile), handed out by
 // parallel_items.
+//
+// windowed_gather writes every (row, k) of one operand densely (the dewindowed nodes: pooling,
+// batch-norm statistics): div == 1 windows as the panels are packed (runs of k, or of rows,
+// copied as intervals), others by fetch_any. A copy of bits: which path reads an element
+// changes nothing but the time.
 
 #include <algorithm>
 #include <cstring>
@@ -57,20 +62,30 @@ inline uint32_t fetch_any(const WinOperand& o, int64_t r, const int64_t* kk, boo
     return o.data[addr];
 }
 
-// A run of rows r .. r+len-1 that step evenly: address RA[r+c] = RA[r] + c*step and each
-// checked window's row part rv[r+c] = rv[r] + c*delta[w] (delta >= 0). Convolutions' im2col
-// panels are such runs along an output row (step = the conv stride), or along the images when
-// the feature map is 1x1: then each k reads one interval of c [lo, hi) from memory, step
-// apart, and the fill outside it. Returns the longest such run from r (at least 1, at most
+// At most three checked windows, every divisor 1: the runs' paths (else fetch_any per element).
+inline bool all_div1(const WinOperand& o) {
+    bool div1 = o.nchk <= 3;
+    for (int64_t w = 0; w < o.nchk && div1; w++) div1 = o.wins[3 * w] == 1;
+    return div1;
+}
+
+// A run of entries i .. i+len-1 of a table that step evenly: t(0, i+c) = t(0, i) + c*step and
+// each checked window's part t(1+w, i+c) = t(1+w, i) + c*delta[w] (delta >= 0), where entry
+// t(w, i) = t[w*pw + i*pi]. Of the row table (pw = R, pi = 1): convolutions' im2col panels are
+// such runs along an output row (step = the conv stride), or along the images when the feature
+// map is 1x1: then each k reads one interval of c [lo, hi) from memory, step apart, and the
+// fill outside it. Of the k table (pw = 1, pi = 1 + nchk): a channel statistic's k range, one
+// row's taps along a window axis. Returns the longest such run from i (at least 1, at most
 // max_len) and its step and deltas.
-int64_t run_length(const WinOperand& o, int64_t r, int64_t max_len, int64_t& step, int64_t* delta) {
+int64_t table_run(const int64_t* t, int64_t pw, int64_t pi, int64_t nchk, int64_t i, int64_t max_len, int64_t& step,
+                  int64_t* delta) {
     step = 0;
-    for (int64_t w = 0; w < o.nchk; w++) delta[w] = 0;
+    for (int64_t w = 0; w < nchk; w++) delta[w] = 0;
     if (max_len < 2) return max_len;
-    step = o.rows[r + 1] - o.rows[r];
-    for (int64_t w = 0; w < o.nchk; w++) {
-        const int64_t* rv = o.rows + (1 + w) * o.R + r;
-        delta[w] = rv[1] - rv[0];
+    auto at = [&](int64_t w, int64_t c) { return t[w * pw + (i + c) * pi]; };
+    step = at(0, 1) - at(0, 0);
+    for (int64_t w = 0; w < nchk; w++) {
+        delta[w] = at(1 + w, 1) - at(1 + w, 0);
         if (delta[w] < 0) {
             step = 0;
             for (int64_t v = 0; v <= w; v++) delta[v] = 0;
@@ -79,22 +94,37 @@ int64_t run_length(const WinOperand& o, int64_t r, int64_t max_len, int64_t& ste
     }
     int64_t len = 2;
     for (; len < max_len; len++) {
-        if (o.rows[r + len] - o.rows[r] != len * step) break;
+        if (at(0, len) - at(0, 0) != len * step) break;
         bool same = true;
-        for (int64_t w = 0; w < o.nchk && same; w++) {
-            const int64_t* rv = o.rows + (1 + w) * o.R + r;
-            same = rv[len] - rv[0] == len * delta[w];
-        }
+        for (int64_t w = 0; w < nchk && same; w++) same = at(1 + w, len) - at(1 + w, 0) == len * delta[w];
         if (!same) break;
     }
     return len;
 }
 
-// One k row of a run (see run_length): element c in range iff every window has
-// 0 <= v0_w + c*delta_w < size_w, i.e. c in [lo, hi).
-template <int NCHK>
+// A run of rows r .. (table_run over the row table).
+int64_t run_length(const WinOperand& o, int64_t r, int64_t max_len, int64_t& step, int64_t* delta) {
+    return table_run(o.rows, o.R, 1, o.nchk, r, max_len, step, delta);
+}
+
+template <typename T>
+inline T as_elem(uint32_t bits);
+template <>
+inline float as_elem<float>(uint32_t bits) {
+    return from_bits(bits);
+}
+template <>
+inline uint32_t as_elem<uint32_t>(uint32_t bits) {
+    return bits;
+}
+
+// One run (table_run) from row r and k row kk: a run of rows at one k, or a run of k at one
+// row (kk its first k). Element c is in range iff every window has 0 <= v0_w + c*delta_w <
+// size_w, i.e. c in [lo, hi). Element c goes to d[c * ds]: a panel's k row (ds = 1, floats for
+// the micro-kernel), a gather's column (ds = K) or line (ds = 1; raw bits).
+template <int NCHK, typename T>
 void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
-                    const int64_t* delta, const uint64_t* size, float* d, bool& ok) {
+                    const int64_t* delta, const uint64_t* size, T* d, int64_t ds, bool& ok) {
     int64_t lo = 0, hi = valid;
     for (int w = 0; w < NCHK; w++) {
         const int64_t v0 = o.rows[(1 + w) * o.R + r] + kk[1 + w], sz = (int64_t)size[w], dl = delta[w];
@@ -105,7 +135,7 @@ void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t
         if (v0 < 0) lo = std::max(lo, (-v0 + dl - 1) / dl);
         hi = sz - v0 <= 0 ? 0 : std::min(hi, (sz - v0 + dl - 1) / dl);
     }
-    const float fill = from_bits(o.fill);
+    const T fill = as_elem<T>(o.fill);
     if (hi <= lo) {
         lo = hi = 0;
     } else {
@@ -115,14 +145,14 @@ void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t
             ok = false;
             return;
         }
-        if (step == 1) {
-            std::memcpy(d + lo, o.data + first, sizeof(float) * (hi - lo));
+        if (step == 1 && ds == 1) {
+            std::memcpy(d + lo, o.data + first, sizeof(T) * (hi - lo));
         } else {
-            for (int64_t c = lo; c < hi; c++) d[c] = from_bits(o.data[base + c * step]);
+            for (int64_t c = lo; c < hi; c++) d[c * ds] = as_elem<T>(o.data[base + c * step]);
         }
     }
-    for (int64_t c = 0; c < lo; c++) d[c] = fill;
-    for (int64_t c = hi; c < valid; c++) d[c] = fill;
+    for (int64_t c = 0; c < lo; c++) d[c * ds] = fill;
+    for (int64_t c = hi; c < valid; c++) d[c * ds] = fill;
 }
 
 // Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
@@ -158,8 +188,8 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
                 for (; c < valid; c++) d[c] = from_bits(fetch_any(o, r + c, kk, ok));
             } else if (use_runs) {
                 for (int64_t i = 0; i < n_runs; i++)
-                    pack_steps_row<NCHK>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta, size,
-                                         d + runs[i].c0, ok);
+                    pack_steps_row<NCHK, float>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta,
+                                                size, d + runs[i].c0, 1, ok);
                 c = valid;
             } else {
                 const int64_t* ra = o.rows + r;
@@ -184,15 +214,64 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
 
 template <int P>
 void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
-    bool all_div1 = o.nchk <= 3;
-    for (int64_t w = 0; w < o.nchk && all_div1; w++) all_div1 = o.wins[3 * w] == 1;
-    if (!all_div1) return pack_panels<P, -1>(o, r0, count, p0, kc, out, ok);
+    if (!all_div1(o)) return pack_panels<P, -1>(o, r0, count, p0, kc, out, ok);
     switch (o.nchk) {
         case 0: return pack_panels<P, 0>(o, r0, count, p0, kc, out, ok);
         case 1: return pack_panels<P, 1>(o, r0, count, p0, kc, out, ok);
         case 2: return pack_panels<P, 2>(o, r0, count, p0, kc, out, ok);
         default: return pack_panels<P, 3>(o, r0, count, p0, kc, out, ok);
     }
+}
+
+// Rows [r0, r1) of the (R, K) gather, NCHK div == 1 windows: runs of evenly stepping entries
+// (along k, else along rows) copied as intervals, the fill outside them, as the GEMM's panels are.
+template <int NCHK>
+void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool& ok) {
+    uint64_t size[MAX_CHECKED] = {};
+    for (int w = 0; w < NCHK; w++) size[w] = (uint64_t)o.wins[3 * w + 1];
+    const int64_t cols = 1 + NCHK;
+    int64_t step, delta[MAX_CHECKED];
+    // Long runs along k (a channel statistic: k over images and pixels): each row's line of
+    // the output written as intervals, in memory order on both sides.
+    struct KRun {
+        int64_t k0, len, step, delta[MAX_CHECKED];
+    };
+    std::vector<KRun> kruns;
+    for (int64_t k = 0; k < K;) {
+        KRun u{};
+        u.k0 = k;
+        u.len = table_run(o.ks, 1, cols, NCHK, k, K - k, u.step, u.delta);
+        kruns.push_back(u);
+        k += u.len;
+    }
+    if ((int64_t)kruns.size() * 4 <= K) {
+        for (int64_t r = r0; r < r1; r++)
+            for (const KRun& u : kruns)
+                pack_steps_row<NCHK, uint32_t>(o, r, u.len, o.ks + u.k0 * cols, u.step, u.delta, size,
+                                               out + r * K + u.k0, 1, ok);
+        return;
+    }
+    // Else runs of rows (pooling: a row's taps are short runs), each k's column written as them.
+    for (int64_t r = r0; r < r1;) {
+        const int64_t len = run_length(o, r, r1 - r, step, delta);
+        for (int64_t k = 0; k < K; k++)
+            pack_steps_row<NCHK, uint32_t>(o, r, len, o.ks + k * cols, step, delta, size, out + r * K + k, K, ok);
+        r += len;
+    }
+}
+
+void gather_block(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool& ok) {
+    if (all_div1(o)) {
+        switch (o.nchk) {
+            case 0: return gather_runs<0>(o, r0, r1, K, out, ok);
+            case 1: return gather_runs<1>(o, r0, r1, K, out, ok);
+            case 2: return gather_runs<2>(o, r0, r1, K, out, ok);
+            default: return gather_runs<3>(o, r0, r1, K, out, ok);
+        }
+    }
+    const int64_t cols = 1 + o.nchk;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < K; k++) out[r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
 }
 
 }  // namespace
@@ -256,9 +335,7 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
     if ((double)o.R * (double)K < (double)(1 << 18)) threads = 1;
     parallel_items(ceil_div(o.R, per_item), threads, [&](int64_t item, int64_t) {
         bool ok = true;
-        const int64_t cols = 1 + o.nchk;
-        for (int64_t r = item * per_item; r < std::min(o.R, (item + 1) * per_item); r++)
-            for (int64_t k = 0; k < K; k++) out[r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
+        gather_block(o, item * per_item, std::min(o.R, (item + 1) * per_item), K, out, ok);
         if (!ok) all_ok = false;
     });
     return all_ok;

@@ -47,6 +47,7 @@ def test_windowed_gemm_equals_the_reference(isa: str, threads: int, conv_descs: 
 BIG = [  # big enough for threads (>= 2^20 FMAs per GEMM); strides, dilation, groups, padding
     ((4, 16, 20, 18), (24, 16, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
     ((3, 12, 17, 19), (12, 4, 3, 2), (2, 3), (2, 1), (2, 0, 1, 3), 3),
+    ((4, 16, 24, 22), (32, 16, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),  # grad input: divisors 2
 ]
 
 
@@ -67,15 +68,21 @@ def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> No
 @pytest.mark.parametrize("threads", THREAD_COUNTS)
 def test_implicit_im2col_gemm_runs_on_several_os_threads(threads: int) -> None:
     """The windowed GEMM's items run on the pool: more than one OS thread at threads > 1 (one at
-    1), and the bits are the reference's whatever ran them."""
-    isa = ck.best_isa()
-    _, a, a_bits, b, b_bits, shape, want = _big_cases()[0]
-    desc = _big_cases()[0][0]
-    plan = windowed.plan(desc)
-    assert plan is not None
-    got = engaged(isa, threads, lambda: ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads).numpy())
-    got = windowed.to_output(desc, plan, got).view(np.uint32).reshape(-1)
-    assert (got == want).all(), threads
+    1), and the bits are the reference's whatever ran them: a stride-1 forward (panels packed
+    as runs) and a stride-2 grad input (windows with divisor 2, element by element), on every
+    ISA. A window one element narrower in the divisor-2 tables (a mutated table) is caught."""
+    cases = [_big_cases()[0], next(c for c in _big_cases() if (c[3].wins[:, 0] == 2).all() and len(c[3].wins))]
+    for isa in ck.available_isas():
+        for desc, a, a_bits, b, b_bits, shape, want in cases:
+            plan = windowed.plan(desc)
+            assert plan is not None
+            got = engaged(isa, threads, functools.partial(ck.windowed_matmul, a, a_bits, b, b_bits, *shape, isa, threads))
+            got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
+            assert (got == want).all(), (isa, threads, desc.label)
+        desc, a, a_bits, b, b_bits, shape, want = cases[1]
+        narrower = dataclasses.replace(b, wins=b.wins - np.array([0, 1, 0]))
+        bad = ck.windowed_matmul(a, a_bits, narrower, b_bits, *shape, isa, threads).numpy()
+        assert (windowed.to_output(desc, windowed.plan(desc), bad).view(np.uint32).reshape(-1) != want).any()
 
 
 @functools.cache
@@ -172,22 +179,91 @@ def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
         assert (got == want).all(), (isa, desc.label)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_native_gather_equals_the_operand_tables(threads: int, conv_descs: list[KernelDesc]) -> None:
-    """windowed_gather (C++) reads every (row, k) of an operand as Operand.gather does: windows
-    with div > 1 (strided grad input, pool backward), fills, always-in-range windows dropped."""
-    n = 0
-    for i, desc in enumerate(conv_descs + _dewindowed_descs()):
+def _k_runs(op: windowed.Operand) -> int:
+    """How many runs of evenly stepping k (conv.cpp's table_run over the k table) ``op`` has."""
+    ks, n, k = op.ks, 0, 0
+    while k < len(ks):
+        d = ks[k + 1] - ks[k] if k + 1 < len(ks) else None
+        length = 1
+        if d is not None and (d[1:] >= 0).all():
+            while k + length < len(ks) and (ks[k + length] - ks[k] == length * d).all():
+                length += 1
+        n, k = n + 1, k + length
+    return n
+
+
+def _gather_path(op: windowed.Operand) -> str:
+    """Which of windowed_gather's paths (kernels/cpu/conv.cpp, gather_block) reads ``op``."""
+    divs = op.wins[:, 0].tolist()
+    if len(divs) <= 3 and all(d == 1 for d in divs):
+        return "k runs" if 4 * _k_runs(op) <= len(op.ks) else "row runs"
+    return "any"
+
+
+@functools.cache
+def _gather_cases(gpu_check: ModuleType) -> list[tuple[windowed.Operand, np.ndarray, np.ndarray, str]]:
+    """(operand, input bits, Operand.gather's bits, path) of every windowed input of the conv
+    cases (scripts/gpu_check.py) and the dewindowed descriptors."""
+    out = []
+    for i, desc in enumerate(gpu_check.conv_descs(gpu_check.CONV_CASES) + _dewindowed_descs()):
         for t, m in enumerate(desc.inputs):
             if not m.windows:
                 continue
             axes = tuple(d for d in range(len(desc.out_shape)) if windowed._depends(m, d))
             op = windowed.operand(desc, t, axes)
             bits = edges.edge_array((m.numel,), 40 + i + t, 0.2, 3.0).view(np.uint32)
-            got = ck.windowed_gather(op, bits, threads=threads).numpy().view(np.uint32)
-            assert (got == op.gather(bits)).all(), desc.label
-            n += int((op.wins[:, 0] > 1).any())
-    assert n >= 2  # div > 1 windows were among them
+            out.append((op, bits, op.gather(bits), _gather_path(op)))
+    return out
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("threads", [1, 3])
+def test_native_gather_equals_the_operand_tables(isa: str, threads: int,
+                                                script: Callable[[str], ModuleType]) -> None:
+    """windowed_gather (C++) reads every (row, k) of an operand as Operand.gather does, on each
+    of its paths: div == 1 windows as runs along k (channel statistics) or along rows (pooling),
+    div > 1 element by element (strided pool backward and grad input); fills, always-in-range
+    windows dropped."""
+    paths = []
+    for op, bits, want, path in _gather_cases(script("gpu_check")):
+        got = ck.windowed_gather(op, bits, isa, threads).numpy().view(np.uint32)
+        assert (got == want).all(), (isa, path)
+        paths.append(path)
+    assert {"k runs", "row runs", "any"} <= set(paths), paths
+
+
+@functools.cache
+def _big_gathers() -> list[tuple[windowed.Operand, np.ndarray, np.ndarray]]:
+    """Operands big enough for windowed_gather to use several threads: max pool's input (row
+    runs, stride 2), its backward's dy (divisor 2: element by element) and a channel
+    statistic's input (k runs)."""
+    g = ConvGeometry.make((16, 16, 32, 32), (3, 3), (2, 2), None, (1, 1, 1, 1))
+    out = []
+    for desc, slot in ((library.max_pool(g), 0), (library.max_pool_backward(g), 1),
+                       (library.channel_sum((32, 32, 16, 16)), 0)):
+        m = desc.inputs[slot]
+        op = windowed.operand(desc, slot, tuple(d for d in range(len(desc.out_shape)) if windowed._depends(m, d)))
+        bits = edges.edge_array((m.numel,), 77 + slot, 0.2, 3.0).view(np.uint32)
+        out.append((op, bits, op.gather(bits)))
+    assert [_gather_path(op) for op, _, _ in out] == ["row runs", "any", "k runs"]
+    return out
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("threads", THREAD_COUNTS)
+def test_native_gather_on_several_os_threads(isa: str, threads: int) -> None:
+    """The gather's row blocks run on the pool (more than one OS thread at threads > 1) and give
+    Operand.gather's bits whatever ran them; mutated tables (k reversed, windows one element
+    narrower) are caught."""
+    for op, bits, want in _big_gathers():
+        got = engaged(isa, threads, functools.partial(ck.windowed_gather, op, bits, isa, threads)).numpy()
+        got = got.view(np.uint32)
+        assert (got == want).all(), (isa, threads)
+        mutants = [dataclasses.replace(op, ks=np.ascontiguousarray(op.ks[::-1]))]  # k in the wrong order
+        if len(op.wins):
+            mutants.append(dataclasses.replace(op, wins=op.wins - np.array([0, 1, 0])))  # narrower windows
+        for bad in mutants:
+            assert (ck.windowed_gather(bad, bits, isa, threads).numpy().view(np.uint32) != want).any()
 
 
 def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
