@@ -306,15 +306,24 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
  * AVX2 code below, the eight-lane AVX-512 code after it); PERMUTE permutes a V[25] state.
  * Lane w of every state word belongs to hash w; lanes never mix. */
 
+/* Element-wise lane loads (any W): lanes[j][w] = word j of chunk w's big-endian byte stream, i.e.
+ * bswap32(e[2j]) | bswap32(e[2j+1]) << 32; and st[k][w] = word k of the 64-byte pair w. */
+#define LOAD_LEAF_LANES(V, W, chunks, lanes)                                                     \
+    for (int j = 0; j < LEAF_ELEMS / 2; j++)                                                     \
+        for (int w = 0; w < (W); w++) {                                                          \
+            uint32_t lo = (chunks)[w][2 * j], hi = (chunks)[w][2 * j + 1];                       \
+            (lanes)[j][w] = (uint64_t)bswap_be32(lo) | ((uint64_t)bswap_be32(hi) << 32);         \
+        }
+
+#define LOAD_PAIR_LANES(V, W, in, st)                                                            \
+    for (int w = 0; w < (W); w++)                                                                \
+        for (int k = 0; k < 8; k++) (st)[k][w] = load_le64((in) + 64 * w + 8 * k)
+
 /* W leaves (hash_leaf) from W 128-element chunks into out (W consecutive 32-byte leaves). */
-#define HASH_LEAVES_LANES(V, W, PERMUTE, chunks, out)                                            \
+#define HASH_LEAVES_LANES(V, W, PERMUTE, LOAD, chunks, out)                                      \
     do {                                                                                         \
         V lanes_[LEAF_ELEMS / 2];                                                                \
-        for (int j = 0; j < LEAF_ELEMS / 2; j++)                                                 \
-            for (int w = 0; w < (W); w++) {                                                      \
-                uint32_t lo = (chunks)[w][2 * j], hi = (chunks)[w][2 * j + 1];                   \
-                lanes_[j][w] = (uint64_t)bswap_be32(lo) | ((uint64_t)bswap_be32(hi) << 32);     \
-            }                                                                                    \
+        LOAD(V, W, chunks, lanes_);                                                              \
         V st_[25];                                                                               \
         memset(st_, 0, sizeof st_);                                                              \
         const V* p_ = lanes_;                                                                    \
@@ -332,12 +341,11 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
 
 /* out[p] = keccak256(in[2p] || in[2p+1]) for p < W; all input is read before any output is
  * written, so out may alias the start of in (in-place levels). */
-#define HASH_PAIRS_LANES(V, W, PERMUTE, in, out)                                                 \
+#define HASH_PAIRS_LANES(V, W, PERMUTE, LOAD, in, out)                                           \
     do {                                                                                         \
         V st_[25];                                                                               \
         memset(st_, 0, sizeof st_);                                                              \
-        for (int w = 0; w < (W); w++)                                                            \
-            for (int k = 0; k < 8; k++) st_[k][w] = load_le64((in) + 64 * w + 8 * k);            \
+        LOAD(V, W, in, st_);                                                                     \
         st_[8] ^= 0x01;                                                                          \
         st_[16] ^= 0x8000000000000000ULL;                                                        \
         PERMUTE(st_);                                                                            \
@@ -376,10 +384,10 @@ static void leaf_chunks(const uint32_t* elems, size_t n, size_t i, int count, ui
 }
 
 KECCAK_X4_CLONES
-static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) { HASH_LEAVES_LANES(u64x4, 4, permute_x4, chunks, out); }
+static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) { HASH_LEAVES_LANES(u64x4, 4, permute_x4, LOAD_LEAF_LANES, chunks, out); }
 
 KECCAK_X4_CLONES
-static void hash_pairs_x4(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x4, 4, permute_x4, in, out); }
+static void hash_pairs_x4(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x4, 4, permute_x4, LOAD_PAIR_LANES, in, out); }
 
 KECCAK_X4_CLONES
 static void hash_blocks_x4(const uint8_t* const blocks[4], uint8_t* out) {
@@ -401,6 +409,7 @@ static void tensor_leaves_x4(const uint32_t* elems, size_t n, size_t i, uint8_t*
  * code runs twice. Same bytes either way: lanes never mix. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KECCAK_HAVE_X8 1
+#include <immintrin.h>
 #define X8_TARGET __attribute__((target("avx512f,avx512vl")))
 typedef uint64_t u64x8 __attribute__((vector_size(64)));
 
@@ -408,8 +417,55 @@ X8_TARGET static inline __attribute__((always_inline)) void keccak_f1600_x8(u64x
     KECCAK_PERMUTE(u64x8, ROL, st);
 }
 
+/* The x8 lane loads as whole-vector moves: an 8x8 transpose of 64-bit words (the element-wise
+ * loads above, one scalar insert per word, cost ~15% of a leaf's four permutations here). Row w
+ * is 64 bytes of hash w's input; after the transpose, vector k holds word k of all eight. */
+X8_TARGET static inline __attribute__((always_inline)) void transpose8x8_u64(__m512i r[8]) {
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    const __m512i hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    __m512i s[8], t[8];
+    for (int i = 0; i < 8; i += 2) {
+        s[i] = _mm512_unpacklo_epi64(r[i], r[i + 1]); /* rows i, i+1; words 0, 2, 4, 6 */
+        s[i + 1] = _mm512_unpackhi_epi64(r[i], r[i + 1]); /* words 1, 3, 5, 7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int k = 0; k < 2; k++) {
+            t[i + k] = _mm512_permutex2var_epi64(s[i + k], lo, s[i + k + 2]); /* words k, k+4 */
+            t[i + k + 2] = _mm512_permutex2var_epi64(s[i + k], hi, s[i + k + 2]); /* k+2, k+6 */
+        }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm512_shuffle_i64x2(t[k], t[k + 4], 0x44); /* rows 0-3 | rows 4-7 of word k */
+        r[k + 4] = _mm512_shuffle_i64x2(t[k], t[k + 4], 0xEE); /* ... of word k + 4 */
+    }
+}
+
+/* bswap of every 32-bit element with AVX-512F only: bytes 0 and 2 from rol 8, 1 and 3 from rol 24
+ * (ternary logic 0xCA = mask ? b : c). */
+X8_TARGET static inline __attribute__((always_inline)) __m512i bswap32_x16(__m512i v) {
+    return _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x00FF00FF), _mm512_rol_epi32(v, 8), _mm512_rol_epi32(v, 24), 0xCA);
+}
+
+X8_TARGET static inline __attribute__((always_inline)) void load_leaf_lanes_x8(const uint32_t* const chunks[8], u64x8 lanes[LEAF_ELEMS / 2]) {
+    for (int g = 0; g < LEAF_ELEMS / 16; g++) {
+        __m512i r[8];
+        for (int w = 0; w < 8; w++) r[w] = bswap32_x16(_mm512_loadu_si512(chunks[w] + 16 * g));
+        transpose8x8_u64(r);
+        for (int k = 0; k < 8; k++) lanes[8 * g + k] = (u64x8)r[k];
+    }
+}
+
+X8_TARGET static inline __attribute__((always_inline)) void load_pair_lanes_x8(const uint8_t* in, u64x8 st[25]) {
+    __m512i r[8];
+    for (int w = 0; w < 8; w++) r[w] = _mm512_loadu_si512(in + 64 * w);
+    transpose8x8_u64(r);
+    for (int k = 0; k < 8; k++) st[k] = (u64x8)r[k];
+}
+
+#define LOAD_LEAF_LANES_X8(V, W, chunks, lanes) load_leaf_lanes_x8(chunks, lanes)
+#define LOAD_PAIR_LANES_X8(V, W, in, st) load_pair_lanes_x8(in, st)
+
 X8_TARGET static void hash_leaf_x8(const uint32_t* const chunks[8], uint8_t* out) {
-    HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, chunks, out);
+    HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, LOAD_LEAF_LANES_X8, chunks, out);
 }
 
 /* Leaves i .. i+7 of a tensor (as tensor_leaves_x4). */
@@ -420,7 +476,7 @@ X8_TARGET static void tensor_leaves_x8(const uint32_t* elems, size_t n, size_t i
     hash_leaf_x8(chunks, out);
 }
 
-X8_TARGET static void hash_pairs_x8(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, in, out); }
+X8_TARGET static void hash_pairs_x8(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, LOAD_PAIR_LANES_X8, in, out); }
 
 X8_TARGET static void hash_blocks_x8(const uint8_t* const blocks[8], uint8_t* out) {
     HASH_BLOCKS_LANES(u64x8, 8, keccak_f1600_x8, blocks, out);
