@@ -223,39 +223,6 @@ static void hash_pair(const uint8_t left[32], const uint8_t right[32], uint8_t o
     squeeze256(st, out);
 }
 
-/* Leaf of 128 elements: the 512-byte stream is the big-endian bytes of each element, so a
- * little-endian lane holds bswap32(e[2j]) in its low half and bswap32(e[2j+1]) in its high half.
- * 512 = 3 * 136 + 104: three full blocks, then 13 data lanes + padding in the fourth. */
-static void hash_leaf(const uint32_t elems[LEAF_ELEMS], uint8_t out[32]) {
-    uint64_t lanes[LEAF_ELEMS / 2 + 4];
-    for (int j = 0; j < LEAF_ELEMS / 2; j++)
-        lanes[j] = (uint64_t)bswap_be32(elems[2 * j]) | ((uint64_t)bswap_be32(elems[2 * j + 1]) << 32);
-    uint64_t st[25] = {0};
-    const uint64_t* p = lanes;
-    for (int blk = 0; blk < 3; blk++, p += RATE_LANES) {
-        for (int i = 0; i < RATE_LANES; i++) st[i] ^= p[i];
-        keccak_f1600(st);
-    }
-    /* 64 lanes total, 51 consumed: 13 left (104 bytes), then 0x01 at byte 104 = lane 13 */
-    for (int i = 0; i < 13; i++) st[i] ^= p[i];
-    st[13] ^= 0x01;
-    st[16] ^= 0x8000000000000000ULL;
-    keccak_f1600(st);
-    squeeze256(st, out);
-}
-
-/* Leaf i of a tensor of n elements, zero-padding the last chunk. */
-static void tensor_leaf(const uint32_t* elems, size_t n, size_t i, uint8_t out[32]) {
-    size_t start = i * LEAF_ELEMS;
-    if (start + LEAF_ELEMS <= n) {
-        hash_leaf(elems + start, out);
-    } else {
-        uint32_t chunk[LEAF_ELEMS] = {0};
-        memcpy(chunk, elems + start, (n - start) * sizeof(uint32_t));
-        hash_leaf(chunk, out);
-    }
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Four independent states at once                                                             */
 /* ------------------------------------------------------------------------------------------ */
@@ -307,7 +274,7 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
  * Lane w of every state word belongs to hash w; lanes never mix. */
 
 /* Element-wise lane loads (any W): lanes[j][w] = word j of chunk w's big-endian byte stream, i.e.
- * bswap32(e[2j]) | bswap32(e[2j+1]) << 32; and st[k][w] = word k of the 64-byte pair w. */
+ * bswap32(e[2j]) | bswap32(e[2j+1]) << 32; and st[k][w] = word k of the 64-byte pair at rows[w]. */
 #define LOAD_LEAF_LANES(V, W, chunks, lanes)                                                     \
     for (int j = 0; j < LEAF_ELEMS / 2; j++)                                                     \
         for (int w = 0; w < (W); w++) {                                                          \
@@ -315,9 +282,9 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
             (lanes)[j][w] = (uint64_t)bswap_be32(lo) | ((uint64_t)bswap_be32(hi) << 32);         \
         }
 
-#define LOAD_PAIR_LANES(V, W, in, st)                                                            \
+#define LOAD_PAIR_LANES(V, W, rows, st)                                                          \
     for (int w = 0; w < (W); w++)                                                                \
-        for (int k = 0; k < 8; k++) (st)[k][w] = load_le64((in) + 64 * w + 8 * k)
+        for (int k = 0; k < 8; k++) (st)[k][w] = load_le64((rows)[w] + 8 * k)
 
 /* W leaves (hash_leaf) from W 128-element chunks into out (W consecutive 32-byte leaves). */
 #define HASH_LEAVES_LANES(V, W, PERMUTE, LOAD, chunks, out)                                      \
@@ -339,13 +306,12 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
         SQUEEZE_LANES(st_, W, out);                                                              \
     } while (0)
 
-/* out[p] = keccak256(in[2p] || in[2p+1]) for p < W; all input is read before any output is
- * written, so out may alias the start of in (in-place levels). */
-#define HASH_PAIRS_LANES(V, W, PERMUTE, LOAD, in, out)                                           \
+/* out[w] = keccak256 of the 64 bytes at rows[w] (a left || right pair) for w < W. */
+#define HASH_PAIRS_LANES(V, W, PERMUTE, LOAD, rows, out)                                         \
     do {                                                                                         \
         V st_[25];                                                                               \
         memset(st_, 0, sizeof st_);                                                              \
-        LOAD(V, W, in, st_);                                                                     \
+        LOAD(V, W, rows, st_);                                                                   \
         st_[8] ^= 0x01;                                                                          \
         st_[16] ^= 0x8000000000000000ULL;                                                        \
         PERMUTE(st_);                                                                            \
@@ -387,19 +353,13 @@ KECCAK_X4_CLONES
 static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) { HASH_LEAVES_LANES(u64x4, 4, permute_x4, LOAD_LEAF_LANES, chunks, out); }
 
 KECCAK_X4_CLONES
-static void hash_pairs_x4(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x4, 4, permute_x4, LOAD_PAIR_LANES, in, out); }
+static void hash_pairs_x4(const uint8_t* const rows[4], uint8_t* out) {
+    HASH_PAIRS_LANES(u64x4, 4, permute_x4, LOAD_PAIR_LANES, rows, out);
+}
 
 KECCAK_X4_CLONES
 static void hash_blocks_x4(const uint8_t* const blocks[4], uint8_t* out) {
     HASH_BLOCKS_LANES(u64x4, 4, permute_x4, blocks, out);
-}
-
-/* Leaves i .. i+3 of a tensor (any of them may be the zero-padded last chunk). */
-static void tensor_leaves_x4(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
-    uint32_t pad[LEAF_ELEMS];
-    const uint32_t* chunks[4];
-    leaf_chunks(elems, n, i, 4, pad, chunks);
-    hash_leaf_x4(chunks, out);
 }
 
 /* Eight hashes at a time in the 64-bit lanes of a 512-bit vector: where the CPU has AVX-512F
@@ -454,29 +414,23 @@ X8_TARGET static inline __attribute__((always_inline)) void load_leaf_lanes_x8(c
     }
 }
 
-X8_TARGET static inline __attribute__((always_inline)) void load_pair_lanes_x8(const uint8_t* in, u64x8 st[25]) {
+X8_TARGET static inline __attribute__((always_inline)) void load_pair_lanes_x8(const uint8_t* const rows[8], u64x8 st[25]) {
     __m512i r[8];
-    for (int w = 0; w < 8; w++) r[w] = _mm512_loadu_si512(in + 64 * w);
+    for (int w = 0; w < 8; w++) r[w] = _mm512_loadu_si512(rows[w]);
     transpose8x8_u64(r);
     for (int k = 0; k < 8; k++) st[k] = (u64x8)r[k];
 }
 
 #define LOAD_LEAF_LANES_X8(V, W, chunks, lanes) load_leaf_lanes_x8(chunks, lanes)
-#define LOAD_PAIR_LANES_X8(V, W, in, st) load_pair_lanes_x8(in, st)
+#define LOAD_PAIR_LANES_X8(V, W, rows, st) load_pair_lanes_x8(rows, st)
 
 X8_TARGET static void hash_leaf_x8(const uint32_t* const chunks[8], uint8_t* out) {
     HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, LOAD_LEAF_LANES_X8, chunks, out);
 }
 
-/* Leaves i .. i+7 of a tensor (as tensor_leaves_x4). */
-X8_TARGET static void tensor_leaves_x8(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
-    uint32_t pad[LEAF_ELEMS];
-    const uint32_t* chunks[8];
-    leaf_chunks(elems, n, i, 8, pad, chunks);
-    hash_leaf_x8(chunks, out);
+X8_TARGET static void hash_pairs_x8(const uint8_t* const rows[8], uint8_t* out) {
+    HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, LOAD_PAIR_LANES_X8, rows, out);
 }
-
-X8_TARGET static void hash_pairs_x8(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, LOAD_PAIR_LANES_X8, in, out); }
 
 X8_TARGET static void hash_blocks_x8(const uint8_t* const blocks[8], uint8_t* out) {
     HASH_BLOCKS_LANES(u64x8, 8, keccak_f1600_x8, blocks, out);
@@ -496,29 +450,94 @@ static int vector8_keccak_ok(void) {
 #define KECCAK_HAVE_X8 0
 #endif
 
-/* Leaves [i, end) of a tensor into out (leaf i at out[0]): eight, then four at a time, then
- * singly. */
-static void tensor_leaves_run(const uint32_t* elems, size_t n, size_t i, size_t end, uint8_t* out) {
-    uint8_t* o = out;
+/* How many hashes one vector permutation takes on this CPU: 8 (AVX-512) or 4. */
+static int keccak_lanes(void) {
 #if KECCAK_HAVE_X8
-    if (vector8_keccak_ok())
-        for (; i + 8 <= end; i += 8, o += 256) tensor_leaves_x8(elems, n, i, o);
+    if (vector8_keccak_ok()) return 8;
 #endif
-    for (; i + 4 <= end; i += 4, o += 128) tensor_leaves_x4(elems, n, i, o);
-    for (; i < end; i++, o += 32) tensor_leaf(elems, n, i, o);
+    return 4;
 }
 
-/* One tree level in place: node p = H(buf[2p] || buf[2p+1]) for p < pairs, written at buf[p].
- * A group reads pairs [p, p+8) from bytes [64p, 64p+512) before writing [32p, 32p+256), and
- * later groups read only beyond what earlier ones wrote. */
-static void hash_level_run(uint8_t* buf, size_t pairs) {
-    size_t p = 0;
+/* One leaf of one tensor, and where its hash goes. */
+typedef struct {
+    const uint32_t* elems;
+    size_t n;
+    size_t leaf;
+    uint8_t* out;
+} leaf_job_t;
+
+/* Leaves of any tensors, a vector of them per permutation (ACROSS tensor boundaries: a step's
+ * node outputs are mostly a few leaves each). A ragged end repeats its last leaf in the spare
+ * lanes: one eight-lane permutation costs less than one scalar one here (~1030 vs ~1240 TSC
+ * ticks), so nothing is hashed singly. */
+static void hash_leaf_jobs(const leaf_job_t* jobs, size_t count) {
+    uint32_t pad[8][LEAF_ELEMS];
+    const uint32_t* chunks[8];
+    uint8_t outs[8 * 32];
+    size_t lanes = (size_t)keccak_lanes();
+    for (size_t i = 0; i < count; i += lanes) {
+        size_t m = count - i < lanes ? count - i : lanes;
+        for (size_t w = 0; w < lanes; w++) {
+            const leaf_job_t* j = &jobs[i + (w < m ? w : m - 1)];
+            leaf_chunks(j->elems, j->n, j->leaf, 1, pad[w], &chunks[w]);
+        }
 #if KECCAK_HAVE_X8
-    if (vector8_keccak_ok())
-        for (; p + 8 <= pairs; p += 8) hash_pairs_x8(buf + 64 * p, buf + 32 * p);
+        if (lanes == 8)
+            hash_leaf_x8(chunks, outs);
+        else
 #endif
-    for (; p + 4 <= pairs; p += 4) hash_pairs_x4(buf + 64 * p, buf + 32 * p);
-    for (; p < pairs; p++) hash_pair(buf + 64 * p, buf + 64 * p + 32, buf + 32 * p);
+            hash_leaf_x4(chunks, outs);
+        for (size_t w = 0; w < m; w++) memcpy(jobs[i + w].out, outs + 32 * w, 32);
+    }
+}
+
+/* Leaves [i, end) of one tensor into out (leaf i at out[0]). */
+static void tensor_leaves_run(const uint32_t* elems, size_t n, size_t i, size_t end, uint8_t* out) {
+    leaf_job_t jobs[8];
+    while (i < end) {
+        size_t m = 0;
+        for (; m < 8 && i < end; m++, i++, out += 32) {
+            leaf_job_t j = {elems, n, i, out};
+            jobs[m] = j;
+        }
+        hash_leaf_jobs(jobs, m);
+    }
+}
+
+/* out[i] = keccak256(in[i][0 .. 64)) for i < count, the pairs anywhere, a vector of them per
+ * permutation (a ragged end as in hash_leaf_jobs). A call reads all its inputs before it writes
+ * an output, and calls go in order, so a tree level may be hashed in place as long as each
+ * output lies at or before every input still to be read (node p of a level at slot p, its
+ * children at 2p and 2p + 1). */
+static void hash_pairs_ptrs(const uint8_t* const* in, uint8_t* const* out, size_t count) {
+    const uint8_t* rows[8];
+    uint8_t outs[8 * 32];
+    size_t lanes = (size_t)keccak_lanes();
+    for (size_t i = 0; i < count; i += lanes) {
+        size_t m = count - i < lanes ? count - i : lanes;
+        for (size_t w = 0; w < lanes; w++) rows[w] = in[i + (w < m ? w : m - 1)];
+#if KECCAK_HAVE_X8
+        if (lanes == 8)
+            hash_pairs_x8(rows, outs);
+        else
+#endif
+            hash_pairs_x4(rows, outs);
+        for (size_t w = 0; w < m; w++) memcpy(out[i + w], outs + 32 * w, 32);
+    }
+}
+
+/* One tree level in place: node p = H(buf[2p] || buf[2p+1]) for p < pairs, written at buf[p]. */
+static void hash_level_run(uint8_t* buf, size_t pairs) {
+    const uint8_t* in[8];
+    uint8_t* out[8];
+    for (size_t p = 0; p < pairs; p += 8) {
+        size_t m = pairs - p < 8 ? pairs - p : 8;
+        for (size_t w = 0; w < m; w++) {
+            in[w] = buf + 64 * (p + w);
+            out[w] = buf + 32 * (p + w);
+        }
+        hash_pairs_ptrs(in, out, m);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -653,21 +672,13 @@ static void run_task(const tree_job_t* job, size_t t) {
             fold_push_at(&f, leaf, BLOCK_LOG);
         }
     }
-    /* The ragged end of the last task (or a small tree): leaves four at a time, pushed singly. */
-    if (job->elems) {
-        uint8_t four[4 * 32];
-        for (; i + 4 <= last; i += 4) {
-            tensor_leaves_x4(job->elems, job->n_elems, i, four);
-            for (int w = 0; w < 4; w++) fold_push(&f, four + 32 * w);
-        }
-    }
-    for (; i < last; i++) {
-        if (job->elems) {
-            tensor_leaf(job->elems, job->n_elems, i, leaf);
-            fold_push(&f, leaf);
-        } else {
-            fold_push(&f, job->leaves + 32 * i);
-        }
+    /* The ragged end of the last task (or a small tree): leaves eight at a time, pushed singly. */
+    uint8_t eight[8 * 32];
+    while (i < last) {
+        size_t m = last - i < 8 ? last - i : 8;
+        if (job->elems) tensor_leaves_run(job->elems, job->n_elems, i, i + m, eight);
+        for (size_t w = 0; w < m; w++) fold_push(&f, job->elems ? eight + 32 * w : job->leaves + 32 * (i + w));
+        i += m;
     }
     fold_finish(&f, job->task_roots + 32 * t);
 }
@@ -680,19 +691,27 @@ static void* tree_worker(void* arg) {
     return NULL;
 }
 
-/* Runs fn(worker) on `threads` workers (the caller's thread is worker 0). Falls back to fewer
- * threads if pthread_create fails: the work is assigned by index, so a failed spawn is redone
- * inline and the result never depends on how many threads actually ran. */
-static void run_parallel(void* (*fn)(void*), tree_worker_t* workers, int threads) {
+/* Threads started so far (keccak_threads_started): lets the tests prove that a call they
+ * compare across thread counts really hashed on more than one thread. */
+static size_t THREADS_STARTED;
+
+/* Runs fn(worker i) for the `threads` workers at workers + i * stride (the caller's thread is
+ * worker 0). Falls back to fewer threads if pthread_create fails: the work is assigned by index,
+ * so a failed spawn is redone inline and the result never depends on how many threads ran. */
+static void run_parallel(void* (*fn)(void*), void* workers, size_t stride, int threads) {
     pthread_t tids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
-    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, fn, &workers[i]) == 0;
-    fn(&workers[0]);
+    uint8_t* w = (uint8_t*)workers;
+    for (int i = 1; i < threads; i++) {
+        started[i] = pthread_create(&tids[i], NULL, fn, w + stride * (size_t)i) == 0;
+        if (started[i]) __atomic_fetch_add(&THREADS_STARTED, 1, __ATOMIC_RELAXED);
+    }
+    fn(w);
     for (int i = 1; i < threads; i++) {
         if (started[i])
             pthread_join(tids[i], NULL);
         else
-            fn(&workers[i]);
+            fn(w + stride * (size_t)i);
     }
 }
 
@@ -702,21 +721,97 @@ static int clamp_threads(int threads) {
     return threads;
 }
 
-/* The root of a small tensor (at most BLOCK_LEAVES leaves, one thread), every level hashed eight
- * or four pairs at a time like block_root; a level with an odd count is completed with ZERO_l, the
- * padding's node at that level, so the result is the ZERO-padded positional root. A committed
- * training step hashes hundreds of such tensors, where pairing nodes one by one (fold_push)
- * took ~40% of the time. */
-static void small_tensor_root(const uint32_t* elems, size_t n_elems, size_t n_leaves, int depth, uint8_t out[32]) {
-    uint8_t buf[32 * (BLOCK_LEAVES + 1)];
-    tensor_leaves_run(elems, n_elems, 0, n_leaves, buf);
-    size_t count = n_leaves;
-    for (int l = 0; l < depth; l++) {
-        if (count & 1) memcpy(buf + 32 * count++, ZERO_HASHES[l], 32);
-        hash_level_run(buf, count / 2);
-        count /= 2;
+/* A tensor of at most BLOCK_LEAVES leaves, hashed in buf (room for its leaves + 1: a level's
+ * ZERO padding) down to its root. */
+typedef struct {
+    const uint32_t* elems;
+    size_t n;
+    uint8_t* buf;
+    uint8_t* root;
+} small_tree_t;
+
+static size_t leaves_of(size_t n_elems) { return (n_elems + LEAF_ELEMS - 1) / LEAF_ELEMS; }
+
+/* Roots of small trees: all their leaves hashed together (hash_leaf_jobs), then level by level
+ * ACROSS trees, every level a vector of pairs per permutation; a level with an odd count is
+ * completed with ZERO_l, the padding's node at that level, so each result is the ZERO-padded
+ * positional root. A committed training step hashes hundreds of such tensors: paired one tree at
+ * a time, a 2-leaf tree spends a whole permutation on its one pair. Returns 0, or -2 when out of
+ * memory. */
+static int small_trees_roots(const small_tree_t* trees, size_t n_trees) {
+    size_t n_leaves = 0;
+    for (size_t t = 0; t < n_trees; t++) n_leaves += leaves_of(trees[t].n);
+    size_t max_pairs = n_leaves / 2 + n_trees;
+    void* mem = malloc(n_leaves * sizeof(leaf_job_t) + n_trees * sizeof(size_t) + max_pairs * 2 * sizeof(void*));
+    if (!mem) return -2;
+    leaf_job_t* jobs = (leaf_job_t*)mem;
+    size_t* count = (size_t*)(jobs + n_leaves);
+    const uint8_t** in = (const uint8_t**)(count + n_trees);
+    uint8_t** out = (uint8_t**)(in + max_pairs);
+    size_t k = 0;
+    for (size_t t = 0; t < n_trees; t++) {
+        count[t] = leaves_of(trees[t].n);
+        for (size_t l = 0; l < count[t]; l++) {
+            leaf_job_t j = {trees[t].elems, trees[t].n, l, trees[t].buf + 32 * l};
+            jobs[k++] = j;
+        }
     }
-    memcpy(out, buf, 32);
+    hash_leaf_jobs(jobs, k);
+    for (int l = 0;; l++) {
+        /* Pairs of one tree in increasing order: each output (slot p) lies before every input
+         * still to be read (slots >= 2p), as hash_pairs_ptrs needs for in-place levels. */
+        k = 0;
+        for (size_t t = 0; t < n_trees; t++) {
+            size_t c = count[t];
+            if (c < 2) continue;
+            uint8_t* buf = trees[t].buf;
+            if (c & 1) memcpy(buf + 32 * c++, ZERO_HASHES[l], 32);
+            for (size_t p = 0; p < c / 2; p++, k++) {
+                in[k] = buf + 64 * p;
+                out[k] = buf + 32 * p;
+            }
+            count[t] = c / 2;
+        }
+        if (k == 0) break;
+        hash_pairs_ptrs(in, out, k);
+    }
+    for (size_t t = 0; t < n_trees; t++) memcpy(trees[t].root, trees[t].buf, 32);
+    free(mem);
+    return 0;
+}
+
+typedef struct {
+    const small_tree_t* trees;
+    size_t n_trees;
+    int rc;
+} small_worker_t;
+
+static void* small_worker(void* arg) {
+    small_worker_t* w = (small_worker_t*)arg;
+    w->rc = w->n_trees ? small_trees_roots(w->trees, w->n_trees) : 0;
+    return NULL;
+}
+
+/* small_trees_roots on up to `threads` threads, each taking a run of whole trees with about the
+ * same number of leaves (at least MIN_LEAVES_PER_THREAD each, as for one big tensor). */
+static int small_trees_parallel(const small_tree_t* trees, size_t n_trees, int threads) {
+    size_t n_leaves = 0;
+    for (size_t t = 0; t < n_trees; t++) n_leaves += leaves_of(trees[t].n);
+    threads = clamp_threads(threads);
+    if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
+    if (threads <= 1) return n_trees ? small_trees_roots(trees, n_trees) : 0;
+    small_worker_t w[MAX_THREADS];
+    size_t t = 0, done = 0;
+    for (int i = 0; i < threads; i++) {
+        size_t first = t, goal = n_leaves * (size_t)(i + 1) / (size_t)threads;
+        while (t < n_trees && (done < goal || i == threads - 1)) done += leaves_of(trees[t++].n);
+        small_worker_t wi = {trees + first, t - first, 0};
+        w[i] = wi;
+    }
+    run_parallel(small_worker, w, sizeof w[0], threads);
+    for (int i = 0; i < threads; i++)
+        if (w[i].rc) return w[i].rc;
+    return 0;
 }
 
 /* Root of the leaves padded with ZERO to 2^depth (depth < 0: the smallest that fits).
@@ -729,8 +824,9 @@ static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leave
     if (depth > MAX_LEVELS - 1 || depth < depth_for(n_leaves)) return -1;
     pthread_once(&ZERO_ONCE, init_zero_hashes);
     if (elems && n_leaves <= BLOCK_LEAVES && depth == depth_for(n_leaves)) {
-        small_tensor_root(elems, n_elems, n_leaves, depth, out);
-        return 0;
+        uint8_t buf[32 * (BLOCK_LEAVES + 1)];
+        small_tree_t tree = {elems, n_elems, buf, out};
+        return small_trees_roots(&tree, 1);
     }
     threads = clamp_threads(threads);
     /* A thread costs tens of microseconds to start: give each at least MIN_LEAVES_PER_THREAD
@@ -752,7 +848,7 @@ static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leave
         workers[i].job = &job;
         workers[i].thread_index = i;
     }
-    run_parallel(tree_worker, workers, threads);
+    run_parallel(tree_worker, workers, sizeof workers[0], threads);
     fold_t top;
     fold_init(&top, sub, depth - sub);
     for (size_t t = 0; t < n_tasks; t++) fold_push(&top, roots + 32 * t);
@@ -766,6 +862,9 @@ static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leave
 /* ------------------------------------------------------------------------------------------ */
 
 size_t leaf_elems(void) { return LEAF_ELEMS; }
+
+/* How many worker threads this library has started since it was loaded. */
+size_t keccak_threads_started(void) { return __atomic_load_n(&THREADS_STARTED, __ATOMIC_RELAXED); }
 
 /* Root of the tensor whose binary32 bit patterns are elems[0..n). */
 int tensor_root(const uint32_t* elems, size_t n, uint8_t out32[32], int threads) {
@@ -820,20 +919,11 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
     if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
     if (threads < 1) threads = 1;
     leaves_worker_t w[MAX_THREADS];
-    pthread_t tids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     for (int i = 0; i < threads; i++) {
         leaves_worker_t wi = {elems, n, n_leaves, out_leaves, threads, i};
         w[i] = wi;
     }
-    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, leaves_worker, &w[i]) == 0;
-    leaves_worker(&w[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(tids[i], NULL);
-        else
-            leaves_worker(&w[i]);
-    }
+    run_parallel(leaves_worker, w, sizeof w[0], threads);
     return 0;
 }
 
@@ -843,93 +933,41 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
 
 /* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i].
  * A step commits every node output, most of them a few thousand elements: one call for all of
- * them saves the per-call cost that dominated small tensors. Large tensors still use threads. */
-/* One leaf of one tensor, and where its hash goes. */
-typedef struct {
-    const uint32_t* elems;
-    size_t n;
-    size_t leaf;
-    uint8_t* out;
-} leaf_job_t;
-
-/* The leaves of many small tensors, eight (or four) per permutation ACROSS tensor boundaries: a
- * step's node outputs are mostly a few leaves each, too few to fill the lanes one tensor at a
- * time (a one-leaf tensor alone would take four scalar permutations). */
-static void hash_leaf_jobs(const leaf_job_t* jobs, size_t count) {
-    uint32_t pad[8][LEAF_ELEMS];
-    const uint32_t* chunks[8];
-    uint8_t outs[8 * 32];
-    size_t i = 0;
-    int lanes = 4;
-#if KECCAK_HAVE_X8
-    if (vector8_keccak_ok()) lanes = 8;
-#endif
-    for (; lanes >= 4; lanes -= 4) {
-        for (; i + (size_t)lanes <= count; i += (size_t)lanes) {
-            for (int w = 0; w < lanes; w++) leaf_chunks(jobs[i + w].elems, jobs[i + w].n, jobs[i + w].leaf, 1, pad[w], &chunks[w]);
-#if KECCAK_HAVE_X8
-            if (lanes == 8)
-                hash_leaf_x8(chunks, outs);
-            else
-#endif
-                hash_leaf_x4(chunks, outs);
-            for (int w = 0; w < lanes; w++) memcpy(jobs[i + w].out, outs + 32 * w, 32);
-        }
-    }
-    for (; i < count; i++) tensor_leaf(jobs[i].elems, jobs[i].n, jobs[i].leaf, jobs[i].out);
-}
-
+ * them saves the per-call cost that dominated small tensors. Trees of at most BLOCK_LEAVES
+ * leaves are hashed together (small_trees_parallel: leaves and levels across tensors, the
+ * trees shared out among the threads); larger ones one by one with tensor_root's threads.
+ * Returns 0, -1 on an empty tensor, -2 when out of memory. */
 int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
-    /* Small trees (at most BLOCK_LEAVES leaves): all their leaves hashed together, then each
-     * tree's levels in place (an odd level completed with ZERO_l). Larger ones: tensor_root. */
-    size_t n_small_leaves = 0, slots = 0;
+    size_t n_small = 0, slots = 0;
     for (size_t i = 0; i < n; i++) {
         if (numels[i] == 0) return -1;
-        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        size_t nl = leaves_of(numels[i]);
         if (nl <= BLOCK_LEAVES) {
-            n_small_leaves += nl;
+            n_small++;
             slots += nl + 1; /* room for a level's ZERO padding */
         }
     }
     pthread_once(&ZERO_ONCE, init_zero_hashes);
     uint8_t* buf = (uint8_t*)malloc(32 * (slots ? slots : 1));
-    leaf_job_t* jobs = (leaf_job_t*)calloc(n_small_leaves ? n_small_leaves : 1, sizeof(leaf_job_t));
-    if (!buf || !jobs) {
+    small_tree_t* trees = (small_tree_t*)malloc(sizeof(small_tree_t) * (n_small ? n_small : 1));
+    if (!buf || !trees) {
         free(buf);
-        free(jobs);
+        free(trees);
         return -2;
     }
     size_t k = 0, off = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        size_t nl = leaves_of(numels[i]);
         if (nl > BLOCK_LEAVES) continue;
-        for (size_t l = 0; l < nl; l++) {
-            leaf_job_t job = {elems[i], numels[i], l, buf + 32 * (off + l)};
-            jobs[k++] = job;
-        }
+        small_tree_t t = {elems[i], numels[i], buf + 32 * off, roots + 32 * i};
+        trees[k++] = t;
         off += nl + 1;
     }
-    hash_leaf_jobs(jobs, k);
-    int rc = 0;
-    off = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
-        if (nl > BLOCK_LEAVES) {
-            rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
-            continue;
-        }
-        uint8_t* t = buf + 32 * off;
-        size_t count = nl;
-        for (int l = 0, depth = depth_for(nl); l < depth; l++) {
-            if (count & 1) memcpy(t + 32 * count++, ZERO_HASHES[l], 32);
-            hash_level_run(t, count / 2);
-            count /= 2;
-        }
-        memcpy(roots + 32 * i, t, 32);
-        off += nl + 1;
-    }
+    int rc = small_trees_parallel(trees, k, threads);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (leaves_of(numels[i]) > BLOCK_LEAVES) rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
     free(buf);
-    free(jobs);
+    free(trees);
     return rc;
 }
 
