@@ -35,6 +35,13 @@
  * sequential keccak over the same bytes. Subtrees that lie entirely in the zero padding are
  * never hashed: their roots are the precomputed ZERO_l (ZERO_0 = 0, ZERO_{l+1} =
  * H(ZERO_l || ZERO_l)). The result is independent of the thread count.
+ *
+ * Many tensors in one call (tensor_roots: a training step's node outputs, a model's state):
+ * trees of at most 256 leaves are hashed together, their leaves and then each level's pairs
+ * packed into the vector lanes ACROSS tensors, the trees shared out among the threads by leaf
+ * count; larger trees go one by one through the threaded path above. A ragged group fills its
+ * spare lanes with a copy rather than falling back to scalar permutations (one eight-lane
+ * permutation costs less than one scalar one on AVX-512 CPUs).
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -364,7 +371,10 @@ static void hash_blocks_x4(const uint8_t* const blocks[4], uint8_t* out) {
 
 /* Eight hashes at a time in the 64-bit lanes of a 512-bit vector: where the CPU has AVX-512F
  * with full-width units this permutes eight states in the time the 256-bit code permutes four
- * (measured 31 vs 60 ns per state on the development EPYC). Compiled for AVX-512 only (the
+ * (measured 31 vs 60 ns per state on the development EPYC; ~50 vs ~60 ns on a later one, a
+ * Zen 4 at ~3.7 GHz, where GCC's code, vprolq and vpternlogq for chi, runs ~1.6 512-bit
+ * operations per cycle and an explicit ternary-logic theta, 90 instead of 100 operations per
+ * round, measured no faster). Compiled for AVX-512 only (the
  * target attribute, no clones) and called only after a runtime check; elsewhere the four-lane
  * code runs twice. Same bytes either way: lanes never mix. */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -632,27 +642,22 @@ typedef struct {
     int sub_depth; /* each task covers 2^sub_depth leaves */
     size_t n_tasks;
     uint8_t* task_roots; /* n_tasks * 32 */
-    int n_threads;
+    size_t next_task; /* the next task not yet claimed by a thread (atomic) */
 } tree_job_t;
 
-typedef struct {
-    tree_job_t* job;
-    int thread_index;
-} tree_worker_t;
-
-/* Root of BLOCK_LEAVES consecutive leaves starting at `first`, hashed four at a time: the
- * leaves into buf, then each level in place (256 -> 128 -> ... -> 4), then the last three
- * pairs one by one. */
+/* Root of the 2^log (log <= BLOCK_LOG) consecutive leaves starting at `first`: the leaves into
+ * buf, then each level in place, every step a vector of hashes per permutation. */
 #define BLOCK_LOG 8
 #define BLOCK_LEAVES (1u << BLOCK_LOG)
 
-static void block_root(const tree_job_t* job, size_t first, uint8_t* buf, uint8_t out[32]) {
+static void block_root(const tree_job_t* job, size_t first, int log, uint8_t* buf, uint8_t out[32]) {
+    size_t count = (size_t)1 << log;
     if (job->elems) {
-        tensor_leaves_run(job->elems, job->n_elems, first, first + BLOCK_LEAVES, buf);
+        tensor_leaves_run(job->elems, job->n_elems, first, first + count, buf);
     } else {
-        memcpy(buf, job->leaves + 32 * first, 32 * (size_t)BLOCK_LEAVES);
+        memcpy(buf, job->leaves + 32 * first, 32 * count);
     }
-    for (size_t m = BLOCK_LEAVES; m >= 2; m /= 2) hash_level_run(buf, m / 2);
+    for (; count >= 2; count /= 2) hash_level_run(buf, count / 2);
     memcpy(out, buf, 32);
 }
 
@@ -662,32 +667,27 @@ static void run_task(const tree_job_t* job, size_t t) {
     if (last > job->n_leaves) last = job->n_leaves;
     fold_t f;
     fold_init(&f, 0, job->sub_depth);
-    uint8_t leaf[32];
+    uint8_t root[32];
+    uint8_t buf[32 * BLOCK_LEAVES];
     size_t i = first;
-    if (job->sub_depth >= BLOCK_LOG) {
-        /* Whole aligned blocks first (first is a multiple of 2^sub_depth >= BLOCK_LEAVES). */
-        uint8_t buf[32 * BLOCK_LEAVES];
-        for (; i + BLOCK_LEAVES <= last; i += BLOCK_LEAVES) {
-            block_root(job, i, buf, leaf);
-            fold_push_at(&f, leaf, BLOCK_LOG);
+    /* Whole blocks, then the ragged end of the last task in aligned blocks of decreasing powers
+     * of two (first is a multiple of 2^sub_depth, so every block starts at a multiple of its
+     * size, as fold_push_at needs): never a leaf paired on its own. */
+    for (int log = BLOCK_LOG; log >= 0; log--) {
+        for (; last - i >= ((size_t)1 << log) && log <= job->sub_depth; i += (size_t)1 << log) {
+            block_root(job, i, log, buf, root);
+            fold_push_at(&f, root, log);
         }
-    }
-    /* The ragged end of the last task (or a small tree): leaves eight at a time, pushed singly. */
-    uint8_t eight[8 * 32];
-    while (i < last) {
-        size_t m = last - i < 8 ? last - i : 8;
-        if (job->elems) tensor_leaves_run(job->elems, job->n_elems, i, i + m, eight);
-        for (size_t w = 0; w < m; w++) fold_push(&f, job->elems ? eight + 32 * w : job->leaves + 32 * (i + w));
-        i += m;
     }
     fold_finish(&f, job->task_roots + 32 * t);
 }
 
 static void* tree_worker(void* arg) {
-    tree_worker_t* w = (tree_worker_t*)arg;
-    /* Static interleaving: tasks are equal-sized (except the last), so this balances. */
-    for (size_t t = (size_t)w->thread_index; t < w->job->n_tasks; t += (size_t)w->job->n_threads)
-        run_task(w->job, t);
+    tree_job_t* job = (tree_job_t*)arg;
+    /* Tasks are claimed one at a time, not dealt out in advance: on a shared machine one thread
+     * may get a whole core and another a third of one, and a static split would make the call
+     * wait for the slow thread's half. Which thread hashes a task never changes its root. */
+    for (size_t t; (t = __atomic_fetch_add(&job->next_task, 1, __ATOMIC_RELAXED)) < job->n_tasks;) run_task(job, t);
     return NULL;
 }
 
@@ -782,36 +782,47 @@ static int small_trees_roots(const small_tree_t* trees, size_t n_trees) {
 
 typedef struct {
     const small_tree_t* trees;
-    size_t n_trees;
+    const size_t* group_start; /* group g = trees [group_start[g], group_start[g + 1]) */
+    size_t n_groups;
+    size_t next_group; /* the next group not yet claimed (atomic) */
     int rc;
-} small_worker_t;
+} small_job_t;
 
 static void* small_worker(void* arg) {
-    small_worker_t* w = (small_worker_t*)arg;
-    w->rc = w->n_trees ? small_trees_roots(w->trees, w->n_trees) : 0;
+    small_job_t* job = (small_job_t*)arg;
+    for (size_t g; (g = __atomic_fetch_add(&job->next_group, 1, __ATOMIC_RELAXED)) < job->n_groups;) {
+        int rc = small_trees_roots(job->trees + job->group_start[g], job->group_start[g + 1] - job->group_start[g]);
+        if (rc) __atomic_store_n(&job->rc, rc, __ATOMIC_RELAXED);
+    }
     return NULL;
 }
 
-/* small_trees_roots on up to `threads` threads, each taking a run of whole trees with about the
- * same number of leaves (at least MIN_LEAVES_PER_THREAD each, as for one big tensor). */
+/* small_trees_roots on up to `threads` threads (at least MIN_LEAVES_PER_THREAD leaves each, as
+ * for one big tensor). The trees are cut into runs of whole trees of ~512 leaves or more, about
+ * eight per thread, which the threads claim one at a time (as tree_worker claims tasks). */
 static int small_trees_parallel(const small_tree_t* trees, size_t n_trees, int threads) {
     size_t n_leaves = 0;
     for (size_t t = 0; t < n_trees; t++) n_leaves += leaves_of(trees[t].n);
     threads = clamp_threads(threads);
     if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
     if (threads <= 1) return n_trees ? small_trees_roots(trees, n_trees) : 0;
-    small_worker_t w[MAX_THREADS];
-    size_t t = 0, done = 0;
-    for (int i = 0; i < threads; i++) {
-        size_t first = t, goal = n_leaves * (size_t)(i + 1) / (size_t)threads;
-        while (t < n_trees && (done < goal || i == threads - 1)) done += leaves_of(trees[t++].n);
-        small_worker_t wi = {trees + first, t - first, 0};
-        w[i] = wi;
+    size_t goal = n_leaves / (8 * (size_t)threads);
+    if (goal < 2 * BLOCK_LEAVES) goal = 2 * BLOCK_LEAVES;
+    size_t* start = (size_t*)malloc(sizeof(size_t) * (n_trees + 1));
+    if (!start) return -2;
+    size_t n_groups = 0, run = 0;
+    start[0] = 0;
+    for (size_t t = 0; t < n_trees; t++) {
+        run += leaves_of(trees[t].n);
+        if (run >= goal || t == n_trees - 1) {
+            start[++n_groups] = t + 1;
+            run = 0;
+        }
     }
-    run_parallel(small_worker, w, sizeof w[0], threads);
-    for (int i = 0; i < threads; i++)
-        if (w[i].rc) return w[i].rc;
-    return 0;
+    small_job_t job = {trees, start, n_groups, 0, 0};
+    run_parallel(small_worker, &job, 0, threads);
+    free(start);
+    return job.rc;
 }
 
 /* Root of the leaves padded with ZERO to 2^depth (depth < 0: the smallest that fits).
@@ -833,22 +844,17 @@ static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leave
      * leaves (~0.3 ms of hashing) or do not start it. */
     if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
     if (threads < 1) threads = 1;
-    /* Subtrees of at most 2^14 leaves (2M elements), and at least ~4 tasks per thread so the
-     * partial last task does not leave a thread idle for long. */
+    /* Subtrees of at most 2^14 leaves (2M elements), and at least ~8 tasks per thread so that
+     * threads getting unequal shares of a shared machine still finish together. */
     int sub = depth < 14 ? depth : 14;
-    while (sub > 0 && ((n_leaves + ((size_t)1 << sub) - 1) >> sub) < (size_t)(4 * threads)) sub--;
+    while (sub > 0 && ((n_leaves + ((size_t)1 << sub) - 1) >> sub) < (size_t)(8 * threads)) sub--;
     if (threads == 1) sub = depth; /* one task, no top fold */
     size_t n_tasks = (n_leaves + ((size_t)1 << sub) - 1) >> sub;
     if ((size_t)threads > n_tasks) threads = (int)n_tasks;
     uint8_t* roots = (uint8_t*)malloc(32 * n_tasks);
     if (!roots) return -2;
-    tree_job_t job = {elems, n_elems, leaves, n_leaves, sub, n_tasks, roots, threads};
-    tree_worker_t workers[MAX_THREADS];
-    for (int i = 0; i < threads; i++) {
-        workers[i].job = &job;
-        workers[i].thread_index = i;
-    }
-    run_parallel(tree_worker, workers, sizeof workers[0], threads);
+    tree_job_t job = {elems, n_elems, leaves, n_leaves, sub, n_tasks, roots, 0};
+    run_parallel(tree_worker, &job, 0, threads); /* every worker shares the one job */
     fold_t top;
     fold_init(&top, sub, depth - sub);
     for (size_t t = 0; t < n_tasks; t++) fold_push(&top, roots + 32 * t);
