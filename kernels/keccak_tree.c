@@ -293,7 +293,8 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
     for (int w = 0; w < (W); w++)                                                                \
         for (int k = 0; k < 8; k++) (st)[k][w] = load_le64((rows)[w] + 8 * k)
 
-/* W leaves (hash_leaf) from W 128-element chunks into out (W consecutive 32-byte leaves). */
+/* W leaves from W 128-element chunks into out (W consecutive 32-byte leaves): a leaf's 512 bytes
+ * are 3 full 136-byte blocks and 104 bytes + padding in a fourth. */
 #define HASH_LEAVES_LANES(V, W, PERMUTE, LOAD, chunks, out)                                      \
     do {                                                                                         \
         V lanes_[LEAF_ELEMS / 2];                                                                \
