@@ -35,6 +35,13 @@
  * sequential keccak over the same bytes. Subtrees that lie entirely in the zero padding are
  * never hashed: their roots are the precomputed ZERO_l (ZERO_0 = 0, ZERO_{l+1} =
  * H(ZERO_l || ZERO_l)). The result is independent of the thread count.
+ *
+ * Many tensors in one call (tensor_roots: a training step's node outputs, a model's state):
+ * trees of at most 256 leaves are hashed together, their leaves and then each level's pairs
+ * packed into the vector lanes ACROSS tensors, the trees shared out among the threads by leaf
+ * count; larger trees go one by one through the threaded path above. A ragged group fills its
+ * spare lanes with a copy rather than falling back to scalar permutations (one eight-lane
+ * permutation costs less than one scalar one on AVX-512 CPUs).
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -223,39 +230,6 @@ static void hash_pair(const uint8_t left[32], const uint8_t right[32], uint8_t o
     squeeze256(st, out);
 }
 
-/* Leaf of 128 elements: the 512-byte stream is the big-endian bytes of each element, so a
- * little-endian lane holds bswap32(e[2j]) in its low half and bswap32(e[2j+1]) in its high half.
- * 512 = 3 * 136 + 104: three full blocks, then 13 data lanes + padding in the fourth. */
-static void hash_leaf(const uint32_t elems[LEAF_ELEMS], uint8_t out[32]) {
-    uint64_t lanes[LEAF_ELEMS / 2 + 4];
-    for (int j = 0; j < LEAF_ELEMS / 2; j++)
-        lanes[j] = (uint64_t)bswap_be32(elems[2 * j]) | ((uint64_t)bswap_be32(elems[2 * j + 1]) << 32);
-    uint64_t st[25] = {0};
-    const uint64_t* p = lanes;
-    for (int blk = 0; blk < 3; blk++, p += RATE_LANES) {
-        for (int i = 0; i < RATE_LANES; i++) st[i] ^= p[i];
-        keccak_f1600(st);
-    }
-    /* 64 lanes total, 51 consumed: 13 left (104 bytes), then 0x01 at byte 104 = lane 13 */
-    for (int i = 0; i < 13; i++) st[i] ^= p[i];
-    st[13] ^= 0x01;
-    st[16] ^= 0x8000000000000000ULL;
-    keccak_f1600(st);
-    squeeze256(st, out);
-}
-
-/* Leaf i of a tensor of n elements, zero-padding the last chunk. */
-static void tensor_leaf(const uint32_t* elems, size_t n, size_t i, uint8_t out[32]) {
-    size_t start = i * LEAF_ELEMS;
-    if (start + LEAF_ELEMS <= n) {
-        hash_leaf(elems + start, out);
-    } else {
-        uint32_t chunk[LEAF_ELEMS] = {0};
-        memcpy(chunk, elems + start, (n - start) * sizeof(uint32_t));
-        hash_leaf(chunk, out);
-    }
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Four independent states at once                                                             */
 /* ------------------------------------------------------------------------------------------ */
@@ -306,15 +280,25 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
  * AVX2 code below, the eight-lane AVX-512 code after it); PERMUTE permutes a V[25] state.
  * Lane w of every state word belongs to hash w; lanes never mix. */
 
-/* W leaves (hash_leaf) from W 128-element chunks into out (W consecutive 32-byte leaves). */
-#define HASH_LEAVES_LANES(V, W, PERMUTE, chunks, out)                                            \
+/* Element-wise lane loads (any W): lanes[j][w] = word j of chunk w's big-endian byte stream, i.e.
+ * bswap32(e[2j]) | bswap32(e[2j+1]) << 32; and st[k][w] = word k of the 64-byte pair at rows[w]. */
+#define LOAD_LEAF_LANES(V, W, chunks, lanes)                                                     \
+    for (int j = 0; j < LEAF_ELEMS / 2; j++)                                                     \
+        for (int w = 0; w < (W); w++) {                                                          \
+            uint32_t lo = (chunks)[w][2 * j], hi = (chunks)[w][2 * j + 1];                       \
+            (lanes)[j][w] = (uint64_t)bswap_be32(lo) | ((uint64_t)bswap_be32(hi) << 32);         \
+        }
+
+#define LOAD_PAIR_LANES(V, W, rows, st)                                                          \
+    for (int w = 0; w < (W); w++)                                                                \
+        for (int k = 0; k < 8; k++) (st)[k][w] = load_le64((rows)[w] + 8 * k)
+
+/* W leaves from W 128-element chunks into out (W consecutive 32-byte leaves): a leaf's 512 bytes
+ * are 3 full 136-byte blocks and 104 bytes + padding in a fourth. */
+#define HASH_LEAVES_LANES(V, W, PERMUTE, LOAD, chunks, out)                                      \
     do {                                                                                         \
         V lanes_[LEAF_ELEMS / 2];                                                                \
-        for (int j = 0; j < LEAF_ELEMS / 2; j++)                                                 \
-            for (int w = 0; w < (W); w++) {                                                      \
-                uint32_t lo = (chunks)[w][2 * j], hi = (chunks)[w][2 * j + 1];                   \
-                lanes_[j][w] = (uint64_t)bswap_be32(lo) | ((uint64_t)bswap_be32(hi) << 32);     \
-            }                                                                                    \
+        LOAD(V, W, chunks, lanes_);                                                              \
         V st_[25];                                                                               \
         memset(st_, 0, sizeof st_);                                                              \
         const V* p_ = lanes_;                                                                    \
@@ -330,14 +314,12 @@ static inline __attribute__((always_inline)) void permute_x4(u64x4 st[25]) {
         SQUEEZE_LANES(st_, W, out);                                                              \
     } while (0)
 
-/* out[p] = keccak256(in[2p] || in[2p+1]) for p < W; all input is read before any output is
- * written, so out may alias the start of in (in-place levels). */
-#define HASH_PAIRS_LANES(V, W, PERMUTE, in, out)                                                 \
+/* out[w] = keccak256 of the 64 bytes at rows[w] (a left || right pair) for w < W. */
+#define HASH_PAIRS_LANES(V, W, PERMUTE, LOAD, rows, out)                                         \
     do {                                                                                         \
         V st_[25];                                                                               \
         memset(st_, 0, sizeof st_);                                                              \
-        for (int w = 0; w < (W); w++)                                                            \
-            for (int k = 0; k < 8; k++) st_[k][w] = load_le64((in) + 64 * w + 8 * k);            \
+        LOAD(V, W, rows, st_);                                                                   \
         st_[8] ^= 0x01;                                                                          \
         st_[16] ^= 0x8000000000000000ULL;                                                        \
         PERMUTE(st_);                                                                            \
@@ -376,31 +358,29 @@ static void leaf_chunks(const uint32_t* elems, size_t n, size_t i, int count, ui
 }
 
 KECCAK_X4_CLONES
-static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) { HASH_LEAVES_LANES(u64x4, 4, permute_x4, chunks, out); }
+static void hash_leaf_x4(const uint32_t* const chunks[4], uint8_t* out) { HASH_LEAVES_LANES(u64x4, 4, permute_x4, LOAD_LEAF_LANES, chunks, out); }
 
 KECCAK_X4_CLONES
-static void hash_pairs_x4(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x4, 4, permute_x4, in, out); }
+static void hash_pairs_x4(const uint8_t* const rows[4], uint8_t* out) {
+    HASH_PAIRS_LANES(u64x4, 4, permute_x4, LOAD_PAIR_LANES, rows, out);
+}
 
 KECCAK_X4_CLONES
 static void hash_blocks_x4(const uint8_t* const blocks[4], uint8_t* out) {
     HASH_BLOCKS_LANES(u64x4, 4, permute_x4, blocks, out);
 }
 
-/* Leaves i .. i+3 of a tensor (any of them may be the zero-padded last chunk). */
-static void tensor_leaves_x4(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
-    uint32_t pad[LEAF_ELEMS];
-    const uint32_t* chunks[4];
-    leaf_chunks(elems, n, i, 4, pad, chunks);
-    hash_leaf_x4(chunks, out);
-}
-
 /* Eight hashes at a time in the 64-bit lanes of a 512-bit vector: where the CPU has AVX-512F
  * with full-width units this permutes eight states in the time the 256-bit code permutes four
- * (measured 31 vs 60 ns per state on the development EPYC). Compiled for AVX-512 only (the
+ * (measured 31 vs 60 ns per state on the development EPYC; ~50 vs ~60 ns on a later one, a
+ * Zen 4 at ~3.7 GHz, where GCC's code, vprolq and vpternlogq for chi, runs ~1.6 512-bit
+ * operations per cycle and an explicit ternary-logic theta, 90 instead of 100 operations per
+ * round, measured no faster). Compiled for AVX-512 only (the
  * target attribute, no clones) and called only after a runtime check; elsewhere the four-lane
  * code runs twice. Same bytes either way: lanes never mix. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KECCAK_HAVE_X8 1
+#include <immintrin.h>
 #define X8_TARGET __attribute__((target("avx512f,avx512vl")))
 typedef uint64_t u64x8 __attribute__((vector_size(64)));
 
@@ -408,19 +388,60 @@ X8_TARGET static inline __attribute__((always_inline)) void keccak_f1600_x8(u64x
     KECCAK_PERMUTE(u64x8, ROL, st);
 }
 
+/* The x8 lane loads as whole-vector moves: an 8x8 transpose of 64-bit words (the element-wise
+ * loads above, one scalar insert per word, cost ~15% of a leaf's four permutations here). Row w
+ * is 64 bytes of hash w's input; after the transpose, vector k holds word k of all eight. */
+X8_TARGET static inline __attribute__((always_inline)) void transpose8x8_u64(__m512i r[8]) {
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    const __m512i hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    __m512i s[8], t[8];
+    for (int i = 0; i < 8; i += 2) {
+        s[i] = _mm512_unpacklo_epi64(r[i], r[i + 1]); /* rows i, i+1; words 0, 2, 4, 6 */
+        s[i + 1] = _mm512_unpackhi_epi64(r[i], r[i + 1]); /* words 1, 3, 5, 7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int k = 0; k < 2; k++) {
+            t[i + k] = _mm512_permutex2var_epi64(s[i + k], lo, s[i + k + 2]); /* words k, k+4 */
+            t[i + k + 2] = _mm512_permutex2var_epi64(s[i + k], hi, s[i + k + 2]); /* k+2, k+6 */
+        }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm512_shuffle_i64x2(t[k], t[k + 4], 0x44); /* rows 0-3 | rows 4-7 of word k */
+        r[k + 4] = _mm512_shuffle_i64x2(t[k], t[k + 4], 0xEE); /* ... of word k + 4 */
+    }
+}
+
+/* bswap of every 32-bit element with AVX-512F only: bytes 0 and 2 from rol 8, 1 and 3 from rol 24
+ * (ternary logic 0xCA = mask ? b : c). */
+X8_TARGET static inline __attribute__((always_inline)) __m512i bswap32_x16(__m512i v) {
+    return _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x00FF00FF), _mm512_rol_epi32(v, 8), _mm512_rol_epi32(v, 24), 0xCA);
+}
+
+X8_TARGET static inline __attribute__((always_inline)) void load_leaf_lanes_x8(const uint32_t* const chunks[8], u64x8 lanes[LEAF_ELEMS / 2]) {
+    for (int g = 0; g < LEAF_ELEMS / 16; g++) {
+        __m512i r[8];
+        for (int w = 0; w < 8; w++) r[w] = bswap32_x16(_mm512_loadu_si512(chunks[w] + 16 * g));
+        transpose8x8_u64(r);
+        for (int k = 0; k < 8; k++) lanes[8 * g + k] = (u64x8)r[k];
+    }
+}
+
+X8_TARGET static inline __attribute__((always_inline)) void load_pair_lanes_x8(const uint8_t* const rows[8], u64x8 st[25]) {
+    __m512i r[8];
+    for (int w = 0; w < 8; w++) r[w] = _mm512_loadu_si512(rows[w]);
+    transpose8x8_u64(r);
+    for (int k = 0; k < 8; k++) st[k] = (u64x8)r[k];
+}
+
+#define LOAD_LEAF_LANES_X8(V, W, chunks, lanes) load_leaf_lanes_x8(chunks, lanes)
+#define LOAD_PAIR_LANES_X8(V, W, rows, st) load_pair_lanes_x8(rows, st)
+
 X8_TARGET static void hash_leaf_x8(const uint32_t* const chunks[8], uint8_t* out) {
-    HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, chunks, out);
+    HASH_LEAVES_LANES(u64x8, 8, keccak_f1600_x8, LOAD_LEAF_LANES_X8, chunks, out);
 }
 
-/* Leaves i .. i+7 of a tensor (as tensor_leaves_x4). */
-X8_TARGET static void tensor_leaves_x8(const uint32_t* elems, size_t n, size_t i, uint8_t* out) {
-    uint32_t pad[LEAF_ELEMS];
-    const uint32_t* chunks[8];
-    leaf_chunks(elems, n, i, 8, pad, chunks);
-    hash_leaf_x8(chunks, out);
+X8_TARGET static void hash_pairs_x8(const uint8_t* const rows[8], uint8_t* out) {
+    HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, LOAD_PAIR_LANES_X8, rows, out);
 }
-
-X8_TARGET static void hash_pairs_x8(const uint8_t* in, uint8_t* out) { HASH_PAIRS_LANES(u64x8, 8, keccak_f1600_x8, in, out); }
 
 X8_TARGET static void hash_blocks_x8(const uint8_t* const blocks[8], uint8_t* out) {
     HASH_BLOCKS_LANES(u64x8, 8, keccak_f1600_x8, blocks, out);
@@ -440,29 +461,94 @@ static int vector8_keccak_ok(void) {
 #define KECCAK_HAVE_X8 0
 #endif
 
-/* Leaves [i, end) of a tensor into out (leaf i at out[0]): eight, then four at a time, then
- * singly. */
-static void tensor_leaves_run(const uint32_t* elems, size_t n, size_t i, size_t end, uint8_t* out) {
-    uint8_t* o = out;
+/* How many hashes one vector permutation takes on this CPU: 8 (AVX-512) or 4. */
+static int keccak_lanes(void) {
 #if KECCAK_HAVE_X8
-    if (vector8_keccak_ok())
-        for (; i + 8 <= end; i += 8, o += 256) tensor_leaves_x8(elems, n, i, o);
+    if (vector8_keccak_ok()) return 8;
 #endif
-    for (; i + 4 <= end; i += 4, o += 128) tensor_leaves_x4(elems, n, i, o);
-    for (; i < end; i++, o += 32) tensor_leaf(elems, n, i, o);
+    return 4;
 }
 
-/* One tree level in place: node p = H(buf[2p] || buf[2p+1]) for p < pairs, written at buf[p].
- * A group reads pairs [p, p+8) from bytes [64p, 64p+512) before writing [32p, 32p+256), and
- * later groups read only beyond what earlier ones wrote. */
-static void hash_level_run(uint8_t* buf, size_t pairs) {
-    size_t p = 0;
+/* One leaf of one tensor, and where its hash goes. */
+typedef struct {
+    const uint32_t* elems;
+    size_t n;
+    size_t leaf;
+    uint8_t* out;
+} leaf_job_t;
+
+/* Leaves of any tensors, a vector of them per permutation (ACROSS tensor boundaries: a step's
+ * node outputs are mostly a few leaves each). A ragged end repeats its last leaf in the spare
+ * lanes: one eight-lane permutation costs less than one scalar one here (~1030 vs ~1240 TSC
+ * ticks), so nothing is hashed singly. */
+static void hash_leaf_jobs(const leaf_job_t* jobs, size_t count) {
+    uint32_t pad[8][LEAF_ELEMS];
+    const uint32_t* chunks[8];
+    uint8_t outs[8 * 32];
+    size_t lanes = (size_t)keccak_lanes();
+    for (size_t i = 0; i < count; i += lanes) {
+        size_t m = count - i < lanes ? count - i : lanes;
+        for (size_t w = 0; w < lanes; w++) {
+            const leaf_job_t* j = &jobs[i + (w < m ? w : m - 1)];
+            leaf_chunks(j->elems, j->n, j->leaf, 1, pad[w], &chunks[w]);
+        }
 #if KECCAK_HAVE_X8
-    if (vector8_keccak_ok())
-        for (; p + 8 <= pairs; p += 8) hash_pairs_x8(buf + 64 * p, buf + 32 * p);
+        if (lanes == 8)
+            hash_leaf_x8(chunks, outs);
+        else
 #endif
-    for (; p + 4 <= pairs; p += 4) hash_pairs_x4(buf + 64 * p, buf + 32 * p);
-    for (; p < pairs; p++) hash_pair(buf + 64 * p, buf + 64 * p + 32, buf + 32 * p);
+            hash_leaf_x4(chunks, outs);
+        for (size_t w = 0; w < m; w++) memcpy(jobs[i + w].out, outs + 32 * w, 32);
+    }
+}
+
+/* Leaves [i, end) of one tensor into out (leaf i at out[0]). */
+static void tensor_leaves_run(const uint32_t* elems, size_t n, size_t i, size_t end, uint8_t* out) {
+    leaf_job_t jobs[8];
+    while (i < end) {
+        size_t m = 0;
+        for (; m < 8 && i < end; m++, i++, out += 32) {
+            leaf_job_t j = {elems, n, i, out};
+            jobs[m] = j;
+        }
+        hash_leaf_jobs(jobs, m);
+    }
+}
+
+/* out[i] = keccak256(in[i][0 .. 64)) for i < count, the pairs anywhere, a vector of them per
+ * permutation (a ragged end as in hash_leaf_jobs). A call reads all its inputs before it writes
+ * an output, and calls go in order, so a tree level may be hashed in place as long as each
+ * output lies at or before every input still to be read (node p of a level at slot p, its
+ * children at 2p and 2p + 1). */
+static void hash_pairs_ptrs(const uint8_t* const* in, uint8_t* const* out, size_t count) {
+    const uint8_t* rows[8];
+    uint8_t outs[8 * 32];
+    size_t lanes = (size_t)keccak_lanes();
+    for (size_t i = 0; i < count; i += lanes) {
+        size_t m = count - i < lanes ? count - i : lanes;
+        for (size_t w = 0; w < lanes; w++) rows[w] = in[i + (w < m ? w : m - 1)];
+#if KECCAK_HAVE_X8
+        if (lanes == 8)
+            hash_pairs_x8(rows, outs);
+        else
+#endif
+            hash_pairs_x4(rows, outs);
+        for (size_t w = 0; w < m; w++) memcpy(out[i + w], outs + 32 * w, 32);
+    }
+}
+
+/* One tree level in place: node p = H(buf[2p] || buf[2p+1]) for p < pairs, written at buf[p]. */
+static void hash_level_run(uint8_t* buf, size_t pairs) {
+    const uint8_t* in[8];
+    uint8_t* out[8];
+    for (size_t p = 0; p < pairs; p += 8) {
+        size_t m = pairs - p < 8 ? pairs - p : 8;
+        for (size_t w = 0; w < m; w++) {
+            in[w] = buf + 64 * (p + w);
+            out[w] = buf + 32 * (p + w);
+        }
+        hash_pairs_ptrs(in, out, m);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -557,27 +643,22 @@ typedef struct {
     int sub_depth; /* each task covers 2^sub_depth leaves */
     size_t n_tasks;
     uint8_t* task_roots; /* n_tasks * 32 */
-    int n_threads;
+    size_t next_task; /* the next task not yet claimed by a thread (atomic) */
 } tree_job_t;
 
-typedef struct {
-    tree_job_t* job;
-    int thread_index;
-} tree_worker_t;
-
-/* Root of BLOCK_LEAVES consecutive leaves starting at `first`, hashed four at a time: the
- * leaves into buf, then each level in place (256 -> 128 -> ... -> 4), then the last three
- * pairs one by one. */
+/* Root of the 2^log (log <= BLOCK_LOG) consecutive leaves starting at `first`: the leaves into
+ * buf, then each level in place, every step a vector of hashes per permutation. */
 #define BLOCK_LOG 8
 #define BLOCK_LEAVES (1u << BLOCK_LOG)
 
-static void block_root(const tree_job_t* job, size_t first, uint8_t* buf, uint8_t out[32]) {
+static void block_root(const tree_job_t* job, size_t first, int log, uint8_t* buf, uint8_t out[32]) {
+    size_t count = (size_t)1 << log;
     if (job->elems) {
-        tensor_leaves_run(job->elems, job->n_elems, first, first + BLOCK_LEAVES, buf);
+        tensor_leaves_run(job->elems, job->n_elems, first, first + count, buf);
     } else {
-        memcpy(buf, job->leaves + 32 * first, 32 * (size_t)BLOCK_LEAVES);
+        memcpy(buf, job->leaves + 32 * first, 32 * count);
     }
-    for (size_t m = BLOCK_LEAVES; m >= 2; m /= 2) hash_level_run(buf, m / 2);
+    for (; count >= 2; count /= 2) hash_level_run(buf, count / 2);
     memcpy(out, buf, 32);
 }
 
@@ -587,56 +668,51 @@ static void run_task(const tree_job_t* job, size_t t) {
     if (last > job->n_leaves) last = job->n_leaves;
     fold_t f;
     fold_init(&f, 0, job->sub_depth);
-    uint8_t leaf[32];
+    uint8_t root[32];
+    uint8_t buf[32 * BLOCK_LEAVES];
     size_t i = first;
-    if (job->sub_depth >= BLOCK_LOG) {
-        /* Whole aligned blocks first (first is a multiple of 2^sub_depth >= BLOCK_LEAVES). */
-        uint8_t buf[32 * BLOCK_LEAVES];
-        for (; i + BLOCK_LEAVES <= last; i += BLOCK_LEAVES) {
-            block_root(job, i, buf, leaf);
-            fold_push_at(&f, leaf, BLOCK_LOG);
-        }
-    }
-    /* The ragged end of the last task (or a small tree): leaves four at a time, pushed singly. */
-    if (job->elems) {
-        uint8_t four[4 * 32];
-        for (; i + 4 <= last; i += 4) {
-            tensor_leaves_x4(job->elems, job->n_elems, i, four);
-            for (int w = 0; w < 4; w++) fold_push(&f, four + 32 * w);
-        }
-    }
-    for (; i < last; i++) {
-        if (job->elems) {
-            tensor_leaf(job->elems, job->n_elems, i, leaf);
-            fold_push(&f, leaf);
-        } else {
-            fold_push(&f, job->leaves + 32 * i);
+    /* Whole blocks, then the ragged end of the last task in aligned blocks of decreasing powers
+     * of two (first is a multiple of 2^sub_depth, so every block starts at a multiple of its
+     * size, as fold_push_at needs): never a leaf paired on its own. */
+    for (int log = BLOCK_LOG; log >= 0; log--) {
+        for (; last - i >= ((size_t)1 << log) && log <= job->sub_depth; i += (size_t)1 << log) {
+            block_root(job, i, log, buf, root);
+            fold_push_at(&f, root, log);
         }
     }
     fold_finish(&f, job->task_roots + 32 * t);
 }
 
 static void* tree_worker(void* arg) {
-    tree_worker_t* w = (tree_worker_t*)arg;
-    /* Static interleaving: tasks are equal-sized (except the last), so this balances. */
-    for (size_t t = (size_t)w->thread_index; t < w->job->n_tasks; t += (size_t)w->job->n_threads)
-        run_task(w->job, t);
+    tree_job_t* job = (tree_job_t*)arg;
+    /* Tasks are claimed one at a time, not dealt out in advance: on a shared machine one thread
+     * may get a whole core and another a third of one, and a static split would make the call
+     * wait for the slow thread's half. Which thread hashes a task never changes its root. */
+    for (size_t t; (t = __atomic_fetch_add(&job->next_task, 1, __ATOMIC_RELAXED)) < job->n_tasks;) run_task(job, t);
     return NULL;
 }
 
-/* Runs fn(worker) on `threads` workers (the caller's thread is worker 0). Falls back to fewer
- * threads if pthread_create fails: the work is assigned by index, so a failed spawn is redone
- * inline and the result never depends on how many threads actually ran. */
-static void run_parallel(void* (*fn)(void*), tree_worker_t* workers, int threads) {
+/* Threads started so far (keccak_threads_started): lets the tests prove that a call they
+ * compare across thread counts really hashed on more than one thread. */
+static size_t THREADS_STARTED;
+
+/* Runs fn(worker i) for the `threads` workers at workers + i * stride (the caller's thread is
+ * worker 0). Falls back to fewer threads if pthread_create fails: the work is assigned by index,
+ * so a failed spawn is redone inline and the result never depends on how many threads ran. */
+static void run_parallel(void* (*fn)(void*), void* workers, size_t stride, int threads) {
     pthread_t tids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
-    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, fn, &workers[i]) == 0;
-    fn(&workers[0]);
+    uint8_t* w = (uint8_t*)workers;
+    for (int i = 1; i < threads; i++) {
+        started[i] = pthread_create(&tids[i], NULL, fn, w + stride * (size_t)i) == 0;
+        if (started[i]) __atomic_fetch_add(&THREADS_STARTED, 1, __ATOMIC_RELAXED);
+    }
+    fn(w);
     for (int i = 1; i < threads; i++) {
         if (started[i])
             pthread_join(tids[i], NULL);
         else
-            fn(&workers[i]);
+            fn(w + stride * (size_t)i);
     }
 }
 
@@ -646,21 +722,108 @@ static int clamp_threads(int threads) {
     return threads;
 }
 
-/* The root of a small tensor (at most BLOCK_LEAVES leaves, one thread), every level hashed eight
- * or four pairs at a time like block_root; a level with an odd count is completed with ZERO_l, the
- * padding's node at that level, so the result is the ZERO-padded positional root. A committed
- * training step hashes hundreds of such tensors, where pairing nodes one by one (fold_push)
- * took ~40% of the time. */
-static void small_tensor_root(const uint32_t* elems, size_t n_elems, size_t n_leaves, int depth, uint8_t out[32]) {
-    uint8_t buf[32 * (BLOCK_LEAVES + 1)];
-    tensor_leaves_run(elems, n_elems, 0, n_leaves, buf);
-    size_t count = n_leaves;
-    for (int l = 0; l < depth; l++) {
-        if (count & 1) memcpy(buf + 32 * count++, ZERO_HASHES[l], 32);
-        hash_level_run(buf, count / 2);
-        count /= 2;
+/* A tensor of at most BLOCK_LEAVES leaves, hashed in buf (room for its leaves + 1: a level's
+ * ZERO padding) down to its root. */
+typedef struct {
+    const uint32_t* elems;
+    size_t n;
+    uint8_t* buf;
+    uint8_t* root;
+} small_tree_t;
+
+static size_t leaves_of(size_t n_elems) { return (n_elems + LEAF_ELEMS - 1) / LEAF_ELEMS; }
+
+/* Roots of small trees: all their leaves hashed together (hash_leaf_jobs), then level by level
+ * ACROSS trees, every level a vector of pairs per permutation; a level with an odd count is
+ * completed with ZERO_l, the padding's node at that level, so each result is the ZERO-padded
+ * positional root. A committed training step hashes hundreds of such tensors: paired one tree at
+ * a time, a 2-leaf tree spends a whole permutation on its one pair. Returns 0, or -2 when out of
+ * memory. */
+static int small_trees_roots(const small_tree_t* trees, size_t n_trees) {
+    size_t n_leaves = 0;
+    for (size_t t = 0; t < n_trees; t++) n_leaves += leaves_of(trees[t].n);
+    size_t max_pairs = n_leaves / 2 + n_trees;
+    void* mem = malloc(n_leaves * sizeof(leaf_job_t) + n_trees * sizeof(size_t) + max_pairs * 2 * sizeof(void*));
+    if (!mem) return -2;
+    leaf_job_t* jobs = (leaf_job_t*)mem;
+    size_t* count = (size_t*)(jobs + n_leaves);
+    const uint8_t** in = (const uint8_t**)(count + n_trees);
+    uint8_t** out = (uint8_t**)(in + max_pairs);
+    size_t k = 0;
+    for (size_t t = 0; t < n_trees; t++) {
+        count[t] = leaves_of(trees[t].n);
+        for (size_t l = 0; l < count[t]; l++) {
+            leaf_job_t j = {trees[t].elems, trees[t].n, l, trees[t].buf + 32 * l};
+            jobs[k++] = j;
+        }
     }
-    memcpy(out, buf, 32);
+    hash_leaf_jobs(jobs, k);
+    for (int l = 0;; l++) {
+        /* Pairs of one tree in increasing order: each output (slot p) lies before every input
+         * still to be read (slots >= 2p), as hash_pairs_ptrs needs for in-place levels. */
+        k = 0;
+        for (size_t t = 0; t < n_trees; t++) {
+            size_t c = count[t];
+            if (c < 2) continue;
+            uint8_t* buf = trees[t].buf;
+            if (c & 1) memcpy(buf + 32 * c++, ZERO_HASHES[l], 32);
+            for (size_t p = 0; p < c / 2; p++, k++) {
+                in[k] = buf + 64 * p;
+                out[k] = buf + 32 * p;
+            }
+            count[t] = c / 2;
+        }
+        if (k == 0) break;
+        hash_pairs_ptrs(in, out, k);
+    }
+    for (size_t t = 0; t < n_trees; t++) memcpy(trees[t].root, trees[t].buf, 32);
+    free(mem);
+    return 0;
+}
+
+typedef struct {
+    const small_tree_t* trees;
+    const size_t* group_start; /* group g = trees [group_start[g], group_start[g + 1]) */
+    size_t n_groups;
+    size_t next_group; /* the next group not yet claimed (atomic) */
+    int rc;
+} small_job_t;
+
+static void* small_worker(void* arg) {
+    small_job_t* job = (small_job_t*)arg;
+    for (size_t g; (g = __atomic_fetch_add(&job->next_group, 1, __ATOMIC_RELAXED)) < job->n_groups;) {
+        int rc = small_trees_roots(job->trees + job->group_start[g], job->group_start[g + 1] - job->group_start[g]);
+        if (rc) __atomic_store_n(&job->rc, rc, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* small_trees_roots on up to `threads` threads (at least MIN_LEAVES_PER_THREAD leaves each, as
+ * for one big tensor). The trees are cut into runs of whole trees of ~512 leaves or more, about
+ * eight per thread, which the threads claim one at a time (as tree_worker claims tasks). */
+static int small_trees_parallel(const small_tree_t* trees, size_t n_trees, int threads) {
+    size_t n_leaves = 0;
+    for (size_t t = 0; t < n_trees; t++) n_leaves += leaves_of(trees[t].n);
+    threads = clamp_threads(threads);
+    if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
+    if (threads <= 1) return n_trees ? small_trees_roots(trees, n_trees) : 0;
+    size_t goal = n_leaves / (8 * (size_t)threads);
+    if (goal < 2 * BLOCK_LEAVES) goal = 2 * BLOCK_LEAVES;
+    size_t* start = (size_t*)malloc(sizeof(size_t) * (n_trees + 1));
+    if (!start) return -2;
+    size_t n_groups = 0, run = 0;
+    start[0] = 0;
+    for (size_t t = 0; t < n_trees; t++) {
+        run += leaves_of(trees[t].n);
+        if (run >= goal || t == n_trees - 1) {
+            start[++n_groups] = t + 1;
+            run = 0;
+        }
+    }
+    small_job_t job = {trees, start, n_groups, 0, 0};
+    run_parallel(small_worker, &job, 0, threads);
+    free(start);
+    return job.rc;
 }
 
 /* Root of the leaves padded with ZERO to 2^depth (depth < 0: the smallest that fits).
@@ -673,30 +836,26 @@ static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leave
     if (depth > MAX_LEVELS - 1 || depth < depth_for(n_leaves)) return -1;
     pthread_once(&ZERO_ONCE, init_zero_hashes);
     if (elems && n_leaves <= BLOCK_LEAVES && depth == depth_for(n_leaves)) {
-        small_tensor_root(elems, n_elems, n_leaves, depth, out);
-        return 0;
+        uint8_t buf[32 * (BLOCK_LEAVES + 1)];
+        small_tree_t tree = {elems, n_elems, buf, out};
+        return small_trees_roots(&tree, 1);
     }
     threads = clamp_threads(threads);
     /* A thread costs tens of microseconds to start: give each at least MIN_LEAVES_PER_THREAD
      * leaves (~0.3 ms of hashing) or do not start it. */
     if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
     if (threads < 1) threads = 1;
-    /* Subtrees of at most 2^14 leaves (2M elements), and at least ~4 tasks per thread so the
-     * partial last task does not leave a thread idle for long. */
+    /* Subtrees of at most 2^14 leaves (2M elements), and at least ~8 tasks per thread so that
+     * threads getting unequal shares of a shared machine still finish together. */
     int sub = depth < 14 ? depth : 14;
-    while (sub > 0 && ((n_leaves + ((size_t)1 << sub) - 1) >> sub) < (size_t)(4 * threads)) sub--;
+    while (sub > 0 && ((n_leaves + ((size_t)1 << sub) - 1) >> sub) < (size_t)(8 * threads)) sub--;
     if (threads == 1) sub = depth; /* one task, no top fold */
     size_t n_tasks = (n_leaves + ((size_t)1 << sub) - 1) >> sub;
     if ((size_t)threads > n_tasks) threads = (int)n_tasks;
     uint8_t* roots = (uint8_t*)malloc(32 * n_tasks);
     if (!roots) return -2;
-    tree_job_t job = {elems, n_elems, leaves, n_leaves, sub, n_tasks, roots, threads};
-    tree_worker_t workers[MAX_THREADS];
-    for (int i = 0; i < threads; i++) {
-        workers[i].job = &job;
-        workers[i].thread_index = i;
-    }
-    run_parallel(tree_worker, workers, threads);
+    tree_job_t job = {elems, n_elems, leaves, n_leaves, sub, n_tasks, roots, 0};
+    run_parallel(tree_worker, &job, 0, threads); /* every worker shares the one job */
     fold_t top;
     fold_init(&top, sub, depth - sub);
     for (size_t t = 0; t < n_tasks; t++) fold_push(&top, roots + 32 * t);
@@ -710,6 +869,9 @@ static int tree_root(const uint32_t* elems, size_t n_elems, const uint8_t* leave
 /* ------------------------------------------------------------------------------------------ */
 
 size_t leaf_elems(void) { return LEAF_ELEMS; }
+
+/* How many worker threads this library has started since it was loaded. */
+size_t keccak_threads_started(void) { return __atomic_load_n(&THREADS_STARTED, __ATOMIC_RELAXED); }
 
 /* Root of the tensor whose binary32 bit patterns are elems[0..n). */
 int tensor_root(const uint32_t* elems, size_t n, uint8_t out32[32], int threads) {
@@ -764,20 +926,11 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
     if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
     if (threads < 1) threads = 1;
     leaves_worker_t w[MAX_THREADS];
-    pthread_t tids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     for (int i = 0; i < threads; i++) {
         leaves_worker_t wi = {elems, n, n_leaves, out_leaves, threads, i};
         w[i] = wi;
     }
-    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, leaves_worker, &w[i]) == 0;
-    leaves_worker(&w[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(tids[i], NULL);
-        else
-            leaves_worker(&w[i]);
-    }
+    run_parallel(leaves_worker, w, sizeof w[0], threads);
     return 0;
 }
 
@@ -787,93 +940,41 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
 
 /* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i].
  * A step commits every node output, most of them a few thousand elements: one call for all of
- * them saves the per-call cost that dominated small tensors. Large tensors still use threads. */
-/* One leaf of one tensor, and where its hash goes. */
-typedef struct {
-    const uint32_t* elems;
-    size_t n;
-    size_t leaf;
-    uint8_t* out;
-} leaf_job_t;
-
-/* The leaves of many small tensors, eight (or four) per permutation ACROSS tensor boundaries: a
- * step's node outputs are mostly a few leaves each, too few to fill the lanes one tensor at a
- * time (a one-leaf tensor alone would take four scalar permutations). */
-static void hash_leaf_jobs(const leaf_job_t* jobs, size_t count) {
-    uint32_t pad[8][LEAF_ELEMS];
-    const uint32_t* chunks[8];
-    uint8_t outs[8 * 32];
-    size_t i = 0;
-    int lanes = 4;
-#if KECCAK_HAVE_X8
-    if (vector8_keccak_ok()) lanes = 8;
-#endif
-    for (; lanes >= 4; lanes -= 4) {
-        for (; i + (size_t)lanes <= count; i += (size_t)lanes) {
-            for (int w = 0; w < lanes; w++) leaf_chunks(jobs[i + w].elems, jobs[i + w].n, jobs[i + w].leaf, 1, pad[w], &chunks[w]);
-#if KECCAK_HAVE_X8
-            if (lanes == 8)
-                hash_leaf_x8(chunks, outs);
-            else
-#endif
-                hash_leaf_x4(chunks, outs);
-            for (int w = 0; w < lanes; w++) memcpy(jobs[i + w].out, outs + 32 * w, 32);
-        }
-    }
-    for (; i < count; i++) tensor_leaf(jobs[i].elems, jobs[i].n, jobs[i].leaf, jobs[i].out);
-}
-
+ * them saves the per-call cost that dominated small tensors. Trees of at most BLOCK_LEAVES
+ * leaves are hashed together (small_trees_parallel: leaves and levels across tensors, the
+ * trees shared out among the threads); larger ones one by one with tensor_root's threads.
+ * Returns 0, -1 on an empty tensor, -2 when out of memory. */
 int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
-    /* Small trees (at most BLOCK_LEAVES leaves): all their leaves hashed together, then each
-     * tree's levels in place (an odd level completed with ZERO_l). Larger ones: tensor_root. */
-    size_t n_small_leaves = 0, slots = 0;
+    size_t n_small = 0, slots = 0;
     for (size_t i = 0; i < n; i++) {
         if (numels[i] == 0) return -1;
-        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        size_t nl = leaves_of(numels[i]);
         if (nl <= BLOCK_LEAVES) {
-            n_small_leaves += nl;
+            n_small++;
             slots += nl + 1; /* room for a level's ZERO padding */
         }
     }
     pthread_once(&ZERO_ONCE, init_zero_hashes);
     uint8_t* buf = (uint8_t*)malloc(32 * (slots ? slots : 1));
-    leaf_job_t* jobs = (leaf_job_t*)calloc(n_small_leaves ? n_small_leaves : 1, sizeof(leaf_job_t));
-    if (!buf || !jobs) {
+    small_tree_t* trees = (small_tree_t*)malloc(sizeof(small_tree_t) * (n_small ? n_small : 1));
+    if (!buf || !trees) {
         free(buf);
-        free(jobs);
+        free(trees);
         return -2;
     }
     size_t k = 0, off = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
+        size_t nl = leaves_of(numels[i]);
         if (nl > BLOCK_LEAVES) continue;
-        for (size_t l = 0; l < nl; l++) {
-            leaf_job_t job = {elems[i], numels[i], l, buf + 32 * (off + l)};
-            jobs[k++] = job;
-        }
+        small_tree_t t = {elems[i], numels[i], buf + 32 * off, roots + 32 * i};
+        trees[k++] = t;
         off += nl + 1;
     }
-    hash_leaf_jobs(jobs, k);
-    int rc = 0;
-    off = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        size_t nl = (numels[i] + LEAF_ELEMS - 1) / LEAF_ELEMS;
-        if (nl > BLOCK_LEAVES) {
-            rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
-            continue;
-        }
-        uint8_t* t = buf + 32 * off;
-        size_t count = nl;
-        for (int l = 0, depth = depth_for(nl); l < depth; l++) {
-            if (count & 1) memcpy(t + 32 * count++, ZERO_HASHES[l], 32);
-            hash_level_run(t, count / 2);
-            count /= 2;
-        }
-        memcpy(roots + 32 * i, t, 32);
-        off += nl + 1;
-    }
+    int rc = small_trees_parallel(trees, k, threads);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (leaves_of(numels[i]) > BLOCK_LEAVES) rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
     free(buf);
-    free(jobs);
+    free(trees);
     return rc;
 }
 

@@ -44,6 +44,23 @@ def test_tensor_roots_and_arena_roots_equal_tensor_root(mode: str) -> None:
     assert [tensor_root(t) for t in tensors] == expected
 
 
+def test_tensor_roots_of_many_small_tensors_do_not_depend_on_threads() -> None:
+    """A step's node outputs: hundreds of small trees (leaves and levels hashed across tensor
+    boundaries, the trees shared out among threads) beside a few large ones (threaded alone)."""
+    if native.load_library() is None:
+        pytest.skip("no C compiler: the native library is not built here")
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(1, 128 * 40, size=300)] + [128 * 256, 128 * 256 + 1, 128 * 3000 + 5]
+    tensors = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    expected = [ref_root(t.view(np.uint32)) for t in tensors]
+    for threads in (1, 2, 3):
+        assert [bytes(r) for r in native.tensor_roots(tensors, threads)] == expected, threads
+        # the small trees alone (~6,000 leaves) are shared out among every thread asked for
+        started = native.threads_started()
+        assert [bytes(r) for r in native.tensor_roots(tensors[:300], threads)] == expected[:300], threads
+        assert native.threads_started() - started == threads - 1, threads
+
+
 def test_arena_roots_refuse_slices_outside_the_arena() -> None:
     arena = np.zeros(100, dtype=np.float32)
     for offsets, numels in (([0, 90], [10, 11]), ([-1], [5]), ([0], [0])):
@@ -108,7 +125,8 @@ def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
     code = (
         "import json, numpy as np; from verde_chain.commit import native; "
         "rng = np.random.default_rng(5); "
-        f"roots = [native.tensor_root(rng.standard_normal(n).astype(np.float32)).hex() for n in {SIZES}]; "
+        f"ts = [rng.standard_normal(n).astype(np.float32) for n in {SIZES}]; "
+        "roots = [native.tensor_root(t).hex() for t in ts] + [bytes(r).hex() for r in native.tensor_roots(ts)]; "
         "keys = native.keccak_many(np.arange(23 * 48, dtype=np.uint32).astype(np.uint8).reshape(23, 48)); "
         "print(json.dumps(roots + [bytes(k).hex() for k in keys]))"
     )
@@ -118,7 +136,7 @@ def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         roots[lanes] = json.loads(out.stdout)
     rng = np.random.default_rng(5)
-    expected = [ref_root(rng.standard_normal(n).astype(np.float32).view(np.uint32)).hex() for n in SIZES]
+    expected = [ref_root(rng.standard_normal(n).astype(np.float32).view(np.uint32)).hex() for n in SIZES] * 2
     msgs = np.arange(23 * 48, dtype=np.uint32).astype(np.uint8).reshape(23, 48)
     expected += [keccak256(m.tobytes()).hex() for m in msgs]
     assert roots["4"] == roots["8"] == expected

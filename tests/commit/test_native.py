@@ -69,7 +69,10 @@ def test_large_tensor_many_subtrees() -> None:
     bits = random_bits(n, 7)
     expected = ref_root(bits)
     for threads in (1, 2, 3, 8):
+        started = native.threads_started()
         assert native.tensor_root(bits, threads=threads) == expected, threads
+        # the comparison is only worth something if the extra threads really hashed
+        assert native.threads_started() - started == threads - 1, threads
 
 
 def test_float_inputs_are_taken_bit_for_bit() -> None:

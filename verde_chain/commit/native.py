@@ -116,6 +116,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.keccak256_many.restype = None
     lib.leaf_elems.argtypes = []
     lib.leaf_elems.restype = size
+    lib.keccak_threads_started.argtypes = []
+    lib.keccak_threads_started.restype = size
 
 
 def load_library() -> ctypes.CDLL | None:
@@ -150,6 +152,13 @@ def load_library() -> ctypes.CDLL | None:
 def backend() -> str:
     """'native' or 'python: <why>' — for logs and benchmark reports."""
     return "native" if load_library() is not None else f"python: {_lib_error}"
+
+
+def threads_started() -> int:
+    """Worker threads the native library has started so far (0 without it): a test comparing
+    thread counts reads it before and after to prove that more than one thread hashed."""
+    lib = load_library()
+    return 0 if lib is None else int(lib.keccak_threads_started())
 
 
 def _ptr(a: np.ndarray | ctypes.Array[Any]) -> int | None:
