@@ -289,10 +289,12 @@ class StepPlan {
 
     // Committed runs: plan node i's output is hashed into row rows[i] of run's `roots` (-1: not
     // hashed; a scratch-ring intermediate), by fn_addr, the keccak tree's
-    // tensor_roots(elems, numels, n, roots, threads) (kernels/keccak_tree.c). Call after the last
-    // node is added: it fixes where the hashing goes between the levels (see the top).
-    void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows) {
+    // tensor_roots(elems, numels, n, roots, threads) (kernels/keccak_tree.c), on hash_threads
+    // threads (the hashing's own count, as when the executor hashes an arena). Call after the
+    // last node is added: it fixes where the hashing goes between the levels (see the top).
+    void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows, int64_t hash_threads) {
         TORCH_CHECK(fn_addr != 0, "null tensor_roots function");
+        TORCH_CHECK(hash_threads >= 1, "hash_threads must be >= 1");
         TORCH_CHECK(rows.size() == nodes_.size(), "one root row per plan node");
         int64_t n_rows = 0;
         for (size_t i = 0; i < rows.size(); i++) {
@@ -326,6 +328,7 @@ class StepPlan {
         root_row_ = rows;
         n_rows_ = n_rows;
         roots_fn_ = reinterpret_cast<RootsFn>(fn_addr);
+        hash_threads_ = hash_threads;
     }
 
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
@@ -358,7 +361,7 @@ class StepPlan {
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data()};
         for (size_t l = 0; l < levels_.size(); l++) {
             const Level& lv = levels_[l];
-            if (root_rows) hash_nodes(hash_before_[l], base, root_rows, threads);
+            if (root_rows) hash_nodes(hash_before_[l], base, root_rows);
             for (int64_t i : lv.big) run_node(i, base, threads, node_s);
             const int64_t n_small = (int64_t)lv.small.size();
             // Side by side only if the level's small nodes together are worth a thread's
@@ -366,7 +369,7 @@ class StepPlan {
             parallel_items(n_small, threads_for(threads, n_small, lv.small_worth, 1.0),
                            [&](int64_t j, int64_t) { run_node(lv.small[j], base, 1, node_s); });
         }
-        if (root_rows) hash_nodes(hash_last_, base, root_rows, threads);
+        if (root_rows) hash_nodes(hash_last_, base, root_rows);
         return arena;
     }
 
@@ -403,6 +406,7 @@ class StepPlan {
     // nodes hashed before each level and after the last.
     using RootsFn = int (*)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int);
     RootsFn roots_fn_ = nullptr;
+    int64_t hash_threads_ = 1;
     std::vector<int64_t> root_row_;
     int64_t n_rows_ = 0;
     std::vector<std::vector<int64_t>> hash_before_;
@@ -413,7 +417,7 @@ class StepPlan {
     std::vector<Level> levels_;
 
     // The tensor roots of plan nodes `which` into their rows of `roots`, in one tensor_roots call.
-    void hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots, int64_t threads) const {
+    void hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots) const {
         if (which.empty()) return;
         std::vector<const uint32_t*> elems(which.size());
         std::vector<size_t> numels(which.size());
@@ -423,7 +427,7 @@ class StepPlan {
             elems[j] = reinterpret_cast<const uint32_t*>(base[nd.out_buf] + nd.out_offset);
             numels[j] = (size_t)nd.out_numel;
         }
-        const int rc = roots_fn_(elems.data(), numels.data(), which.size(), out.data(), (int)std::max<int64_t>(1, threads));
+        const int rc = roots_fn_(elems.data(), numels.data(), which.size(), out.data(), (int)hash_threads_);
         TORCH_CHECK(rc == 0, "tensor_roots failed (", rc, ")");
         for (size_t j = 0; j < which.size(); j++)
             std::copy(out.begin() + 32 * j, out.begin() + 32 * (j + 1), roots + 32 * root_row_[which[j]]);

@@ -366,7 +366,8 @@ class TrainingRun:
         self._memory_ckpts: dict[int, StepState] = {0: self.init}
         self._loss = graph.named.get("loss")
         # what a run reads of a step besides the state: the loss (the shared layout keeps it)
-        self.keep: tuple[int, ...] = () if self._loss is None else (self._loss,)
+        # (None: every output, the full layout)
+        self.keep: Collection[int] | None = () if self._loss is None else (self._loss,)
         if self.store is not None and save_initial:
             self.store.save(self.init)
 

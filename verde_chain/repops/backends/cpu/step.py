@@ -23,7 +23,7 @@ from typing import cast
 import numpy as np
 import torch
 
-from verde_chain.commit.native import load_library
+from verde_chain.commit.native import default_threads, load_library
 from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops import windowed
@@ -117,7 +117,7 @@ class StepKernel(ArenaLayout):
         for i, d in enumerate(owner):
             if i + 1 == len(owner) or owner[i + 1] != d:
                 rows[i] = d
-        self._plan.hash_outputs(fn, rows)
+        self._plan.hash_outputs(fn, rows, default_threads())
         self.hashes_outputs = True
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
