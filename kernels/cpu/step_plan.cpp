@@ -33,6 +33,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kernels.h"
@@ -600,8 +601,12 @@ class StepPlan {
             return {RP_SCRATCH, ring_ + w, numel};
         }
         const int64_t end = buf == RP_SCRATCH ? ring_ : size_[buf];
-        TORCH_CHECK(offset + numel <= end, what, " [", offset, ", +", numel, ") leaves buffer ", buf, " of ", end);
-        return {buf, offset, numel};
+        if (offset + numel <= end) return {buf, offset, numel};
+        if (std::string(what) == "output")
+            TORCH_CHECK(false, "output [", offset, ", +", numel, ") leaves ",
+                        buf == RP_SCRATCH ? "the scratch" : "the arena", " of ", end);
+        TORCH_CHECK(false, what, " [", offset, ", +", numel, ") leaves buffer ", buf, " of ", end);
+        return {};
     }
 
     void set_out(PlanNode& nd, int64_t out_offset, int64_t numel, int64_t buf = RP_SOURCE_NODE_OUTPUT) const {
