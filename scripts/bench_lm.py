@@ -24,6 +24,7 @@ memory ratio is reported as a lower bound.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -43,7 +44,6 @@ import verde_chain.graph.executor as ex
 from verde_chain.commit.native import tensor_roots
 from verde_chain.examples.lm import LMConfig, hf_model, lm_job
 from verde_chain.graph.backend import make_runner
-from verde_chain.graph.executor import StepExecutor
 
 GPT2_SMALL = LMConfig("gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq=128, batch=4)
 
@@ -63,21 +63,29 @@ def torch_step(cfg: LMConfig, lr: float, weight_decay: float):  # type: ignore[n
     return step
 
 
-def repops_times(cfg: LMConfig, steps: int, threads: int) -> dict[str, float]:
-    """Median plain and committed step (s) of the RepOps job, and the hashing of the state."""
+def repops_times(cfg: LMConfig, steps: int, threads: int, keep_all: bool = False) -> dict[str, float]:
+    """Median plain and committed step (s) of the RepOps job, and the hashing of the state.
+    ``keep_all``: the steps keep every node output (the full arena layout) instead of the
+    shared layout a run uses (docs/training.md, "The step's memory")."""
     job = lm_job(cfg, steps=steps + 3, checkpoint_interval=0)
     runner = make_runner("cpu", threads)
     plain = job.make_run(None, 0, runner, steps + 3)
+    if keep_all:
+        plain.keep = None
     plain.run()
     plain_s = statistics.median(log.wall_s for log in plain.logs[3:] if log.commitment is None)
     del plain
+    gc.collect()  # a run and its Commitments refer to each other: free its kernel and arenas now
     full = job.make_run(None, 0, runner, steps + 3)
     full.commit_every = True
+    if keep_all:
+        full.keep = None
     full.run()
     committed_s = statistics.median(log.wall_s for log in full.logs[3:])
+    # a state from a plain step on the run's own (shared) layout: its roots not yet taken
+    ex, st = full.exec, full.exec.run_plain(full.state, job.batch(1), keep=full.keep).state
     del full
-    ex = StepExecutor(job.program.graph, runner)
-    st = ex.run_plain(ex.initial_state(job.init_state), job.batch(1)).state  # roots not yet taken
+    gc.collect()
     t0 = time.perf_counter()
     roots = ex.ensure_roots(st)
     hash_s = time.perf_counter() - t0
@@ -168,11 +176,13 @@ def tiny(cfg: LMConfig, steps: int, threads: int) -> dict[str, Any]:
     o = job.spec.optimizer
     torch_s = median_time(torch_step(cfg, o.lr, o.weight_decay), max(steps, 20))
     r = repops_times(cfg, steps, threads)
+    full = repops_times(cfg, steps, threads, keep_all=True)
     # a run as `verde-chain train` does it: C_s at every checkpoint (default interval), plain
     # steps between, checkpoint writes included
     interval = ex.DEFAULT_CHECKPOINT_INTERVAL
     run_steps = 2 * interval
-    wall, _, _ = interval_run(lm_job(cfg, steps=run_steps), make_runner("cpu", threads), interval, run_steps)
+    wall, _, _ = interval_run(lm_job(cfg, steps=run_steps), make_runner("cpu", threads), interval, run_steps,
+                              keep_all=False)
     r["run_s"] = wall / run_steps
     print(f"{cfg.arch} (layers {cfg.layers}, hidden {cfg.hidden}, seq {cfg.seq}, batch {cfg.batch}), {threads} "
           f"thread(s), {r['nodes']} nodes; ms per step")
@@ -180,7 +190,11 @@ def tiny(cfg: LMConfig, steps: int, threads: int) -> dict[str, Any]:
           f"({r['plain_s'] / torch_s:.2f}x)   committed {1e3 * r['committed_s']:8.3f} "
           f"({r['committed_s'] / torch_s:.2f}x)   run at checkpoint interval {interval} "
           f"{1e3 * r['run_s']:8.3f} ({r['run_s'] / torch_s:.2f}x)")
-    return {"threads": threads, "torch_ms": 1e3 * torch_s, **{k: v for k, v in r.items()}}
+    print(f"the same steps keeping every node output (full arena): plain {1e3 * full['plain_s']:8.3f} "
+          f"committed {1e3 * full['committed_s']:8.3f}; shared / full: plain {r['plain_s'] / full['plain_s']:.2f}x "
+          f"committed {r['committed_s'] / full['committed_s']:.2f}x")
+    return {"threads": threads, "torch_ms": 1e3 * torch_s, **{k: v for k, v in r.items()},
+            "full_plain_ms": 1e3 * full["plain_s"], "full_committed_ms": 1e3 * full["committed_s"]}
 
 
 def main() -> None:

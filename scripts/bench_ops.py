@@ -88,7 +88,7 @@ def repops_breakdown(config: str, steps: int, threads: int, backend: str) -> tup
     # run() call is committed: "commitments + executor" holds that one commitment, amortised)
     run = job.make_run(None, 0, runner, steps + 3)
     run.run(until=3)  # warm-up (per-desc preparation, page faults)
-    kernel = run.exec.step_kernel()
+    kernel = run.exec.step_kernel(run.keep)
     spent: dict[str, float] = collections.defaultdict(float)
     if kernel is not None:
         # the whole step runs in one C++ call, which times each node inside it

@@ -10,6 +10,16 @@
 // is the per-node Python, pybind and allocation overhead, which dominated nodes of a few
 // thousand elements. Every address a node can touch is checked when it is added.
 //
+// Memory (docs/training.md, "The step's memory"): the plan's arena addresses [0, arena_numel)
+// are the returned arena (the outputs the caller keeps: the state and what it asked for);
+// addresses [arena_numel, arena_numel + work_numel) are the WORK region, the step's other
+// outputs, whose slots the layout shares by liveness (backends/native.py ArenaLayout). The work
+// region lives in the scratch buffer after the window ring, so it is reused from run to run and
+// never returned. A committed run (hash_outputs, then run(..., roots)) hashes every node output
+// before any later node overwrites its slot: before a level that writes over an output not yet
+// hashed, every pending output is hashed (one call of the keccak tree's tensor_roots), and the
+// rest at the end.
+//
 // Threads: the nodes are grouped into levels when they are added (a node's level is one more
 // than that of the last earlier node it must follow: it reads that node's output, or writes
 // where that node reads or writes); the nodes of one level are independent. A level runs its
@@ -19,9 +29,11 @@
 // worth two threads by its family's minimum (kernels.h). Nodes never share an output element,
 // so the bits are those of running the nodes in order on one thread.
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kernels.h"
@@ -76,12 +88,15 @@ struct Level {
 class StepPlan {
   public:
     StepPlan(int64_t arena_numel, int64_t prev_numel, int64_t batch_numel, int64_t mc, int64_t kc, int64_t nc,
-             int64_t scratch_numel)
-        : size_{arena_numel, prev_numel, batch_numel, scratch_numel},
+             int64_t scratch_numel, int64_t work_numel)
+        : size_{arena_numel, prev_numel, batch_numel, scratch_numel + work_numel},
+          ring_(scratch_numel),
+          work_(work_numel),
           mc_(round_up(std::max<int64_t>(1, mc), GEMM_MR)),
           kc_(std::max<int64_t>(1, kc)),
           nc_(round_up(std::max<int64_t>(1, nc), GEMM_NR)) {
         for (int64_t s : size_) TORCH_CHECK(s >= 0, "buffer sizes must be >= 0");
+        TORCH_CHECK(scratch_numel >= 0 && work_numel >= 0, "buffer sizes must be >= 0");
     }
 
     void add_program(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
@@ -273,12 +288,66 @@ class StepPlan {
 
     int64_t size() const { return (int64_t)nodes_.size(); }
 
+    // Committed runs: plan node i's output is hashed into row rows[i] of run's `roots` (-1: not
+    // hashed; a scratch-ring intermediate), by fn_addr, the keccak tree's
+    // tensor_roots(elems, numels, n, roots, threads) (kernels/keccak_tree.c), on hash_threads
+    // threads (the hashing's own count, as when the executor hashes an arena). Call after the
+    // last node is added: it fixes where the hashing goes between the levels (see the top).
+    void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows, int64_t hash_threads) {
+        TORCH_CHECK(fn_addr != 0, "null tensor_roots function");
+        TORCH_CHECK(hash_threads >= 1, "hash_threads must be >= 1");
+        TORCH_CHECK(rows.size() == nodes_.size(), "one root row per plan node");
+        int64_t n_rows = 0;
+        for (size_t i = 0; i < rows.size(); i++) {
+            if (rows[i] < 0) continue;
+            n_rows++;
+            const PlanNode& nd = nodes_[i];
+            // SAFETY: a ring intermediate is overwritten by later window nodes without a flush.
+            TORCH_CHECK(nd.out_buf == RP_SOURCE_NODE_OUTPUT || nd.out_offset >= ring_,
+                        "plan node ", i, " writes the scratch ring: its output is not a node output");
+        }
+        std::vector<char> seen(n_rows, 0);
+        for (int64_t r : rows) {
+            if (r < 0) continue;
+            TORCH_CHECK(r < n_rows && !seen[r], "root rows must be 0..n-1, each once");
+            seen[r] = 1;
+        }
+        hash_before_.assign(levels_.size(), {});
+        std::vector<int64_t> pending;
+        for (size_t lv = 0; lv < levels_.size(); lv++) {
+            const Level& level = levels_[lv];
+            bool overwrites = false;
+            for (const auto* part : {&level.big, &level.small})
+                for (int64_t i : *part)
+                    for (int64_t p : pending) overwrites = overwrites || same_place(nodes_[i], nodes_[p]);
+            if (overwrites) hash_before_[lv].swap(pending);
+            for (const auto* part : {&level.big, &level.small})
+                for (int64_t i : *part)
+                    if (rows[i] >= 0) pending.push_back(i);
+        }
+        hash_last_ = std::move(pending);
+        root_row_ = rows;
+        n_rows_ = n_rows;
+        roots_fn_ = reinterpret_cast<RootsFn>(fn_addr);
+        hash_threads_ = hash_threads;
+    }
+
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
-    // (profiling: scripts/bench_ops.py files them under op families).
+    // (profiling: scripts/bench_ops.py files them under op families). roots (optional, uint8
+    // (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
     torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
-                      const c10::optional<torch::Tensor>& times) const {
+                      const c10::optional<torch::Tensor>& times, const c10::optional<torch::Tensor>& roots) const {
         check_buffer(prev, size_[RP_SOURCE_PREV_STEP_NODE_OUTPUT], "previous arena");
         check_buffer(batch, size_[RP_SOURCE_BATCH], "batch");
+        uint8_t* root_rows = nullptr;
+        if (roots.has_value()) {
+            TORCH_CHECK(roots_fn_ != nullptr && root_row_.size() == nodes_.size(),
+                        "hash_outputs must be called after the last node, before a committed run");
+            TORCH_CHECK(roots->scalar_type() == torch::kUInt8 && roots->is_contiguous() &&
+                            roots->numel() == 32 * n_rows_,
+                        "roots must be a contiguous uint8 tensor of ", n_rows_, " rows of 32 bytes");
+            root_rows = roots->data_ptr<uint8_t>();
+        }
         double* node_s = nullptr;
         if (times.has_value()) {
             TORCH_CHECK(times->scalar_type() == torch::kFloat64 && times->is_contiguous() &&
@@ -291,7 +360,9 @@ class StepPlan {
         Scratch scratch(*this);
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data()};
-        for (const Level& lv : levels_) {
+        for (size_t l = 0; l < levels_.size(); l++) {
+            const Level& lv = levels_[l];
+            if (root_rows) hash_nodes(hash_before_[l], base, root_rows);
             for (int64_t i : lv.big) run_node(i, base, threads, node_s);
             const int64_t n_small = (int64_t)lv.small.size();
             // Side by side only if the level's small nodes together are worth a thread's
@@ -299,6 +370,7 @@ class StepPlan {
             parallel_items(n_small, threads_for(threads, n_small, lv.small_worth, 1.0),
                            [&](int64_t j, int64_t) { run_node(lv.small[j], base, 1, node_s); });
         }
+        if (root_rows) hash_nodes(hash_last_, base, root_rows);
         return arena;
     }
 
@@ -329,11 +401,44 @@ class StepPlan {
     mutable std::mutex spare_mutex_;
     mutable std::vector<std::vector<float>> spare_;  // scratch buffers of finished runs
 
-    int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch
+    int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch (ring + work)
+    int64_t ring_, work_;           // the scratch: the window ring [0, ring_), then the work region
+    // Committed runs (hash_outputs): tensor_roots, each plan node's root row (-1: none), the
+    // nodes hashed before each level and after the last.
+    using RootsFn = int (*)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int);
+    RootsFn roots_fn_ = nullptr;
+    int64_t hash_threads_ = 1;
+    std::vector<int64_t> root_row_;
+    int64_t n_rows_ = 0;
+    std::vector<std::vector<int64_t>> hash_before_;
+    std::vector<int64_t> hash_last_;
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
     std::vector<Level> levels_;
+
+    // The tensor roots of plan nodes `which` into their rows of `roots`, in one tensor_roots call.
+    void hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots) const {
+        if (which.empty()) return;
+        std::vector<const uint32_t*> elems(which.size());
+        std::vector<size_t> numels(which.size());
+        std::vector<uint8_t> out(32 * which.size());
+        for (size_t j = 0; j < which.size(); j++) {
+            const PlanNode& nd = nodes_[which[j]];
+            elems[j] = reinterpret_cast<const uint32_t*>(base[nd.out_buf] + nd.out_offset);
+            numels[j] = (size_t)nd.out_numel;
+        }
+        const int rc = roots_fn_(elems.data(), numels.data(), which.size(), out.data(), (int)hash_threads_);
+        TORCH_CHECK(rc == 0, "tensor_roots failed (", rc, ")");
+        for (size_t j = 0; j < which.size(); j++)
+            std::copy(out.begin() + 32 * j, out.begin() + 32 * (j + 1), roots + 32 * root_row_[which[j]]);
+    }
+
+    // Whether two nodes' outputs share memory.
+    static bool same_place(const PlanNode& a, const PlanNode& b) {
+        return a.out_buf == b.out_buf && a.out_offset < b.out_offset + b.out_numel &&
+               b.out_offset < a.out_offset + a.out_numel;
+    }
 
     // Node i on `threads` threads (node_s: see run).
     void run_node(int64_t i, float* const* base, int64_t threads, double* node_s) const {
@@ -428,6 +533,7 @@ class StepPlan {
         }
         level_of_.push_back(level);
         nodes_.push_back(std::move(nd));
+        root_row_.clear();  // hash_outputs again: the levels changed
     }
 
     // Whether `later` must run after `earlier`: it reads what `earlier` writes, or writes what
@@ -479,23 +585,36 @@ class StepPlan {
         TORCH_CHECK(refs.dim() == 2, "refs must be (n_inputs, 3)");
         const std::vector<int64_t> rows = int64_rows(refs, refs.size(0), 3, "refs");
         std::vector<Ref> out(refs.size(0));
-        for (size_t t = 0; t < out.size(); t++) {
-            const Ref r{rows[3 * t], rows[3 * t + 1], rows[3 * t + 2]};
-            TORCH_CHECK(r.buf >= RP_SOURCE_NODE_OUTPUT && r.buf <= RP_SCRATCH, "unknown buffer ", r.buf);
-            TORCH_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= size_[r.buf], "input ", t,
-                        " [", r.offset, ", +", r.numel, ") leaves buffer ", r.buf, " of ", size_[r.buf]);
-            out[t] = r;
-        }
+        for (size_t t = 0; t < out.size(); t++) out[t] = locate(rows[3 * t], rows[3 * t + 1], rows[3 * t + 2], "input");
         return out;
+    }
+
+    // Where the plan address (buf, offset, numel) lives: an arena address at or past
+    // arena_numel is the work region (the scratch after the ring); a scratch address must stay
+    // in the ring. A region never straddles two of them.
+    Ref locate(int64_t buf, int64_t offset, int64_t numel, const char* what) const {
+        TORCH_CHECK(buf >= RP_SOURCE_NODE_OUTPUT && buf <= RP_SCRATCH, "unknown buffer ", buf);
+        TORCH_CHECK(offset >= 0 && numel >= 0, what, " has a negative offset or size");
+        if (buf == RP_SOURCE_NODE_OUTPUT && offset >= size_[buf] && work_ > 0) {
+            const int64_t w = offset - size_[buf];
+            TORCH_CHECK(w + numel <= work_, what, " [", offset, ", +", numel, ") leaves the work region of ", work_);
+            return {RP_SCRATCH, ring_ + w, numel};
+        }
+        const int64_t end = buf == RP_SCRATCH ? ring_ : size_[buf];
+        if (offset + numel <= end) return {buf, offset, numel};
+        if (std::string(what) == "output")
+            TORCH_CHECK(false, "output [", offset, ", +", numel, ") leaves ",
+                        buf == RP_SCRATCH ? "the scratch" : "the arena", " of ", end);
+        TORCH_CHECK(false, what, " [", offset, ", +", numel, ") leaves buffer ", buf, " of ", end);
+        return {};
     }
 
     void set_out(PlanNode& nd, int64_t out_offset, int64_t numel, int64_t buf = RP_SOURCE_NODE_OUTPUT) const {
         TORCH_CHECK(buf == RP_SOURCE_NODE_OUTPUT || buf == RP_SCRATCH, "outputs go to the arena or the scratch");
-        const int64_t arena = size_[buf];
-        TORCH_CHECK(out_offset >= 0 && numel >= 1 && out_offset + numel <= arena, "output [", out_offset, ", +", numel,
-                    ") leaves ", buf == RP_SCRATCH ? "the scratch" : "the arena", " of ", arena);
-        nd.out_buf = buf;
-        nd.out_offset = out_offset;
+        TORCH_CHECK(numel >= 1, "an output has at least one element");
+        const Ref at = locate(buf, out_offset, numel, "output");
+        nd.out_buf = at.buf;
+        nd.out_offset = at.offset;
         nd.out_numel = numel;
     }
 
@@ -525,9 +644,10 @@ class StepPlan {
 
 void bind_step_plan(pybind11::module& m) {
     pybind11::class_<StepPlan>(m, "StepPlan", "all nodes of one training step in one call")
-        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(),
+        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(),
              pybind11::arg("arena_numel"), pybind11::arg("prev_numel"), pybind11::arg("batch_numel"),
-             pybind11::arg("mc"), pybind11::arg("kc"), pybind11::arg("nc"), pybind11::arg("scratch_numel") = 0)
+             pybind11::arg("mc"), pybind11::arg("kc"), pybind11::arg("nc"), pybind11::arg("scratch_numel") = 0,
+             pybind11::arg("work_numel") = 0)
         .def("add_program", &StepPlan::add_program)
         .def("add_dot", &StepPlan::add_dot)
         .def("add_fold", &StepPlan::add_fold)
@@ -538,9 +658,11 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_window_gemm", &StepPlan::add_window_gemm)
         .def("add_window_gather", &StepPlan::add_window_gather)
         .def("add_permute", &StepPlan::add_permute)
+        .def("hash_outputs", &StepPlan::hash_outputs)
         .def("__len__", &StepPlan::size)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
-             pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+             pybind11::arg("times") = pybind11::none(), pybind11::arg("roots") = pybind11::none(),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
 }  // namespace repops_cpu

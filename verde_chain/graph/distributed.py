@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from verde_chain.graph.backend import Runner
 from verde_chain.graph.errors import GraphError
-from verde_chain.graph.executor import _NOT_RUN, PlainState, StepExecutor, StepState, Tamper, TrainingRun
+from verde_chain.graph.executor import _NOT_RUN, Executed, PlainState, StepExecutor, StepState, Tamper, TrainingRun
 from verde_chain.graph.structure import SourceKind, TrainingGraph
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -139,7 +139,7 @@ class ShardedExecutor(StepExecutor):
         self.comm_s = 0.0  # seconds spent in collectives (the benchmark's communication share)
         self.comm_bytes = 0  # bytes this rank received from the others
 
-    def step_kernel(self) -> Any:
+    def step_kernel(self, keep: Collection[int] | None = None) -> Any:
         return None  # the whole-step kernel runs every node; a rank runs its shards only
 
     def _gather(self, per_shard: list[list[int]], values: list[np.ndarray], width: int, dtype: Any) -> None:
@@ -167,21 +167,22 @@ class ShardedExecutor(StepExecutor):
                     values[d] = got[pos : pos + n].copy()
                     pos += n
 
-    def _execute(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None) -> tuple[list[np.ndarray], None]:
+    def _execute(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None,
+                 keep: Collection[int] | None = None, commit: bool = False) -> Executed:
         outputs: list[np.ndarray] = [_NOT_RUN] * len(self.graph.nodes)
         if isinstance(self.coll, TorchCollective):
             self.coll.step = prev.step + 1
         self._run_nodes(self._mine, outputs, prev, batch, tamper)
         self._gather(self._exports, outputs, 0, np.float32)
         self._run_nodes(self._tail, outputs, prev, batch, tamper)
-        return outputs, None
+        return Executed(outputs, None, None, None)
 
-    def _roots(self, arena: np.ndarray | None, tensors: list[np.ndarray], nodes: list[int] | None) -> np.ndarray:
+    def _roots(self, arena: np.ndarray | None, layout: Any, tensors: list[np.ndarray], nodes: list[int] | None) -> np.ndarray:
         if nodes is not None:  # state roots: the state is on every rank
-            return super()._roots(arena, tensors, nodes)
+            return super()._roots(arena, layout, tensors, nodes)
         local = [d for d in range(len(tensors)) if tensors[d] is not _NOT_RUN]
         table = np.zeros((len(tensors), 32), dtype=np.uint8)
-        table[local] = super()._roots(None, [tensors[d] for d in local], local)
+        table[local] = super()._roots(None, None, [tensors[d] for d in local], local)
         rows = [table[d] for d in range(len(tensors))]
         self._gather([list(range(lo, hi)) for lo, hi in self.graph.shard_blocks], rows, 32, np.uint8)
         return np.stack(rows)

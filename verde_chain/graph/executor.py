@@ -6,7 +6,10 @@ and the step commitment ``C_s = step_commitment(node hashes)``; ``run_plain`` ru
 kernels (same tensors) with no hashing and returns a ``PlainState`` without roots. With a runner
 that offers ``compile_step`` (the C++ backend) the whole step is ONE native call writing every
 node output into one arena (same bits as node by node; docs/training.md §4), and a committed
-step hashes every root and node hash in two more.
+step hashes every root and node hash in two more. ``keep`` (run_plain, run_step) names the node
+outputs the caller will read: with it the step runs on a SHARED layout (native.ArenaLayout)
+that keeps only those and the state, the other outputs sharing memory by liveness and hashed
+inside the step before their memory is reused; the roots, node hashes and C_s are the same.
 
 ``TrainingRun`` drives steps 1..T. Verde's trainer answers bisection requests by re-executing from
 its nearest stored checkpoint, so C_s of every step is not needed while training: the run commits
@@ -21,10 +24,10 @@ every-step behaviour (tests and tools that want all of C_0..C_T at once).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,6 +64,8 @@ class PlainState:
     # step reads its state straight from it). Not an init field, so ``dataclasses.replace``
     # (which may swap a tensor) drops it instead of carrying a stale buffer along.
     arena: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    # the step kernel (its ArenaLayout) that laid out ``arena``
+    layout: Any = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass
@@ -122,8 +127,9 @@ class StepExecutor:
             for wires in self._wiring
         ])  # fmt: skip
         self._desc_hashes = np.frombuffer(b"".join(node.desc_hash for node in graph.nodes), dtype=np.uint8).reshape(n, 32)
-        self._fused: Any = None  # the runner's whole-step kernel, built on first use
-        self._fused_tried = False
+        # the runner's whole-step kernels, built on first use: key None (every output kept) or
+        # the frozenset of nodes a shared layout keeps
+        self._kernels: dict[frozenset[int] | None, Any] = {}
 
     def initial_state(self, state: Mapping[str, np.ndarray]) -> StepState:
         tensors, roots = {}, {}
@@ -139,18 +145,20 @@ class StepExecutor:
         """The state's tensor roots, computed now (and kept) if a plain step produced it."""
         missing = [p for p in self._producers if p not in st.roots]
         if missing:
-            st.roots.update(zip(missing, _rows(self._roots(st.arena, [st.tensors[p] for p in missing], missing))))
+            rows = self._roots(st.arena, st.layout, [st.tensors[p] for p in missing], missing)
+            st.roots.update(zip(missing, _rows(rows)))
         return st.roots
 
-    def _roots(self, arena: np.ndarray | None, tensors: list[np.ndarray], nodes: list[int] | None) -> np.ndarray:
+    def _roots(self, arena: np.ndarray | None, layout: Any, tensors: list[np.ndarray], nodes: list[int] | None) -> np.ndarray:
         """Roots of ``tensors`` (node ``nodes[i]``'s output each; None: every node's, in order),
-        from the arena when they are its slices (no view per tensor), as an (n, 32) array."""
-        fused = self._fused
-        if arena is None or fused is None:
+        from the arena when they are its slices (no view per tensor; ``layout``: the kernel
+        that laid it out), as an (n, 32) array."""
+        if arena is None or layout is None:
             return tensor_roots(tensors)
         if nodes is None:
-            return arena_roots(arena, fused.offsets_arr, fused.numels_arr)
-        return arena_roots(arena, fused.offsets_arr[nodes], fused.numels_arr[nodes])
+            assert layout.keeps_all  # a shared layout's step hashes its outputs while it runs
+            return arena_roots(arena, layout.offsets_arr, layout.numels_arr)
+        return arena_roots(arena, layout.offsets_arr[nodes], layout.numels_arr[nodes])
 
     def node_inputs(self, d: int, prev: PlainState, outputs: list[np.ndarray], batch: np.ndarray) -> list[np.ndarray]:
         """Node d's input tensors, given the previous state, this step's outputs and its batch."""
@@ -162,34 +170,42 @@ class StepExecutor:
             raise ShapeMismatchError(f"batch has {batch.size} elements, graph expects {self.graph.batch_numel}")
         return batch
 
-    def step_kernel(self) -> Any:
+    def step_kernel(self, keep: Collection[int] | None = None) -> Any:
         """The runner's whole-step kernel (``compile_step``: the C++ backend runs every node of a
-        step in one call), or None: then nodes run one by one. Same bits either way."""
-        if not self._fused_tried:
-            self._fused_tried = True
+        step in one call), or None: then nodes run one by one. Same bits either way. ``keep``:
+        the kernel of the shared layout keeping those outputs and the state (a runner whose
+        kernel keeps every output anyway may return that)."""
+        key = None if keep is None else frozenset(keep)
+        if key not in self._kernels:
             compile_step = getattr(self.runner, "compile_step", None)
-            if compile_step is not None:
-                self._fused = compile_step(
-                    [n.desc for n in self.graph.nodes], self._wiring, self._producers, self.graph.batch_numel
-                )
-        return self._fused
+            self._kernels[key] = None if compile_step is None else compile_step(
+                [n.desc for n in self.graph.nodes], self._wiring, self._producers, self.graph.batch_numel, keep=key
+            )  # fmt: skip
+        return self._kernels[key]
 
-    def _execute(
-        self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None
-    ) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """Every node's flat output, in node order (the kernels; no hashing), and the arena they
-        are views of. Without ``tamper`` the whole-step kernel runs, if the runner has one, and
-        its arena becomes the next state's (the next step reads its inputs from it); otherwise
-        nodes run one by one and the arena is None."""
-        fused = self.step_kernel() if tamper is None else None
+    def _execute(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None,
+                 keep: Collection[int] | None = None, commit: bool = False) -> Executed:
+        """Every node's flat output, in node order, the arena they are views of and, for a
+        ``commit`` step whose kernel hashes while it runs, every output's root. Without
+        ``tamper`` the whole-step kernel runs, if the runner has one, and its arena becomes the
+        next state's (the next step reads its inputs from it); otherwise nodes run one by one
+        and the arena is None. ``keep``: the outputs the caller reads (None: all)."""
+        fused = self.step_kernel(keep) if tamper is None else None
+        if fused is not None and commit and not (fused.keeps_all or fused.hashes_outputs):
+            fused = self.step_kernel()  # no hashing inside this kernel: every output kept, then hashed
         if fused is not None:
-            if prev.arena is None:
-                prev.arena = fused.pack(prev.tensors)
-            arena = fused.run(prev.arena, batch)
-            return fused.views(arena), arena
+            # a state from another layout (or none: C_0, a checkpoint) is packed for this step
+            # only: kept on the state, a packed copy would live as long as a checkpoint does
+            prev_arena = prev.arena if prev.arena is not None and prev.layout is fused else fused.pack(prev.tensors)
+            if commit and fused.hashes_outputs:
+                roots = np.empty((len(self.graph.nodes), 32), dtype=np.uint8)
+                arena = fused.run(prev_arena, batch, roots)
+                return Executed(fused.views(arena), arena, fused, roots)
+            arena = fused.run(prev_arena, batch)
+            return Executed(fused.views(arena), arena, fused, None)
         outputs: list[np.ndarray] = [_NOT_RUN] * len(self.graph.nodes)
         self._run_nodes(range(len(self.graph.nodes)), outputs, prev, batch, tamper)
-        return outputs, None
+        return Executed(outputs, None, None, None)
 
     def _run_nodes(self, nodes: Iterable[int], outputs: list[np.ndarray], prev: PlainState, batch: np.ndarray,
                    tamper: Tamper | None) -> None:
@@ -209,25 +225,31 @@ class StepExecutor:
                 out = tamper(d, out)
             outputs[d] = out
 
-    def run_plain(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None) -> PlainStep:
-        """Run one step's kernels only: the same tensors as ``run_step``, no roots or hashes."""
-        outputs, arena = self._execute(prev, self._batch(batch), tamper)
-        state = PlainState(prev.step + 1, {p: outputs[p] for p in self._producers}, {})
-        state.arena = arena
-        return PlainStep(prev.step + 1, outputs, state)
+    def run_plain(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None,
+                  keep: Collection[int] | None = None) -> PlainStep:
+        """Run one step's kernels only: the same tensors as ``run_step``, no roots or hashes.
+        ``keep``: the outputs the caller reads besides the state (None: all; the others are
+        then empty arrays)."""
+        ex = self._execute(prev, self._batch(batch), tamper, keep)
+        state = PlainState(prev.step + 1, {p: ex.outputs[p] for p in self._producers}, {})
+        state.arena, state.layout = ex.arena, ex.layout
+        return PlainStep(prev.step + 1, ex.outputs, state)
 
-    def run_step(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None) -> StepResult:
+    def run_step(self, prev: PlainState, batch: np.ndarray, tamper: Tamper | None = None,
+                 keep: Collection[int] | None = None) -> StepResult:
         """Run one step with every output root, node hash and C_s. ``tamper(d, output)`` (tests
         and adversarial agents only) may replace a node's output before it is committed and
-        consumed — an honest run never passes it."""
+        consumed — an honest run never passes it. ``keep``: as in ``run_plain`` (the roots
+        cover every output either way)."""
         batch = self._batch(batch)
-        outputs, arena = self._execute(prev, batch, tamper)
+        ex = self._execute(prev, batch, tamper, keep, commit=True)
+        outputs, arena = ex.outputs, ex.arena
         # committing is a pure function of the tensors above, so plain steps followed by one
         # committed step give the same bits as committing every step
         batch_root = tensor_root(batch)
         prev_roots = self.ensure_roots(prev)
         producers = self._producers
-        root_rows = self._roots(arena, outputs, None)
+        root_rows = ex.roots if ex.roots is not None else self._roots(arena, ex.layout, outputs, None)
         # node_hash(d, descHash, inputRoots, [outputRoot]) of every node, then C_s over them
         table = np.concatenate([
             root_rows,
@@ -237,8 +259,19 @@ class StepExecutor:
         c = step_commitment(hash_rows)
         roots, hashes = _rows(root_rows), _rows(hash_rows)
         state = StepState(prev.step + 1, {p: outputs[p] for p in producers}, {p: roots[p] for p in producers}, c)
-        state.arena = arena
+        state.arena, state.layout = arena, ex.layout
         return StepResult(prev.step + 1, outputs, roots, hashes, c, batch_root, state)
+
+
+class Executed(NamedTuple):
+    """What ``StepExecutor._execute`` ran: every node's flat output (empty where the layout did
+    not keep it), the arena they are views of and its kernel (None: node by node), and every
+    output's root if the kernel hashed them while it ran."""
+
+    outputs: list[np.ndarray]
+    arena: np.ndarray | None
+    layout: Any
+    roots: np.ndarray | None
 
 
 def _rows(table: np.ndarray) -> list[bytes]:
@@ -332,6 +365,9 @@ class TrainingRun:
         self.logs: list[StepLog] = []
         self._memory_ckpts: dict[int, StepState] = {0: self.init}
         self._loss = graph.named.get("loss")
+        # what a run reads of a step besides the state: the loss (the shared layout keeps it)
+        # (None: every output, the full layout)
+        self.keep: Collection[int] | None = () if self._loss is None else (self._loss,)
         if self.store is not None and save_initial:
             self.store.save(self.init)
 
@@ -375,11 +411,11 @@ class TrainingRun:
             res: StepResult | PlainStep
             c: bytes | None = None
             if self.commit_every or s == end or self._is_checkpoint(s):
-                res = self.exec.run_step(self.state, self.batches(s))
+                res = self.exec.run_step(self.state, self.batches(s), keep=self.keep)
                 c = res.commitment
                 self.commitments.record(s, c)
             else:
-                res = self.exec.run_plain(self.state, self.batches(s))
+                res = self.exec.run_plain(self.state, self.batches(s), keep=self.keep)
             self.state = res.state
             loss = float(res.outputs[self._loss][0]) if self._loss is not None else float("nan")
             log = StepLog(s, c, loss, time.perf_counter() - t0)
@@ -401,7 +437,7 @@ class TrainingRun:
         for j in steps:
             if st is None or st.step != j - 1:
                 st = self.state_at(j - 1)
-            res = self.exec.run_step(st, self.batches(j))
+            res = self.exec.run_step(st, self.batches(j), keep=self.keep)
             yield j, res.commitment
             st = res.state
 
@@ -420,21 +456,22 @@ class TrainingRun:
             raise GraphError(f"step {step} outside 0..{self.T}")
         st = self._nearest(step)
         while st.step < step:  # plain steps: the caller commits the one it needs
-            st = self.exec.run_plain(st, self.batches(st.step + 1)).state
+            st = self.exec.run_plain(st, self.batches(st.step + 1), keep=self.keep).state
         return st
 
-    def recompute_step(self, step: int) -> StepResult:
-        """Re-execute step ``step`` >= 1 from the nearest checkpoint; every node's tensors."""
+    def recompute_step(self, step: int, keep: Collection[int] | None = None) -> StepResult:
+        """Re-execute step ``step`` >= 1 from the nearest checkpoint; every node's tensors
+        (``keep``: only those and the state, as in ``StepExecutor.run_step``)."""
         if not 1 <= step <= self.T:
             raise GraphError(f"step {step} outside 1..{self.T}")
         prev = self.state_at(step - 1)
-        return self.exec.run_step(prev, self.batches(step))
+        return self.exec.run_step(prev, self.batches(step), keep=keep)
 
     def commitment(self, step: int) -> bytes:
         """C_step, recomputed from the nearest checkpoint (C_0 is the job's)."""
         if step == 0:
             return self.c0
-        return self.recompute_step(step).commitment
+        return self.recompute_step(step, keep=self.keep).commitment
 
     def node_tensors(self, step: int, d: int) -> tuple[list[np.ndarray], np.ndarray]:
         """(inputs, output) of node d at step ``step`` (tensors only: no hashing needed)."""

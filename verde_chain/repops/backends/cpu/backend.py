@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -90,14 +90,15 @@ class CpuBackend:
         """A window descriptor's GEMM operand tables or dewindowed form, made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
-                     producers: Sequence[int], batch_numel: int) -> StepKernel | None:
-        """One C++ call per training step for these nodes (see ``StepKernel``); None (nodes one
-        by one) if a window node has no form the plan runs (``step.in_plan``)."""
+                     producers: Sequence[int], batch_numel: int, keep: Collection[int] | None = None) -> StepKernel | None:
+        """One C++ call per training step for these nodes (see ``StepKernel``; ``keep``: the
+        shared layout, ``native.ArenaLayout``); None (nodes one by one) if a window node has no
+        form the plan runs (``step.in_plan``)."""
         from verde_chain.repops.backends.cpu.step import StepKernel, in_plan
 
         if not all(in_plan(self, desc) for desc in descs):
             return None
-        return StepKernel(self, descs, wiring, producers, batch_numel)
+        return StepKernel(self, descs, wiring, producers, batch_numel, keep)
 
     def plan(self, desc: KernelDesc) -> Plan:
         return self.prepare(desc).plan

@@ -14,13 +14,16 @@ its previous contents (the plan's rule: a node that writes where an earlier one 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import cast
 
 import numpy as np
 import torch
 
+from verde_chain.commit.native import default_threads, load_library
 from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops import windowed
@@ -83,13 +86,13 @@ class StepKernel(ArenaLayout):
     previous step's, the batch), as the C++ plan reads them (generated RP_SOURCE_*)."""
 
     def __init__(self, backend: CpuBackend, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
-                 producers: Sequence[int], batch_numel: int) -> None:
-        super().__init__(descs, producers, batch_numel)
+                 producers: Sequence[int], batch_numel: int, keep: Collection[int] | None = None) -> None:
+        super().__init__(descs, producers, batch_numel, wiring, keep)
         self.backend = backend
         need = max((_scratch_need(backend, desc) for desc in descs), default=0)
         self._ring = _Ring(max(_SCRATCH_MIN, 2 * need) if need else 0)
         self._plan = backend.extension.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ext.DEFAULT_TILE,
-                                                self._ring.numel)
+                                                self._ring.numel, self.work_numel)
         self._keep: list[object] = []  # compiled maps the plan calls by address
         self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, "gemm, output order", gemm+permute, dewindowed
         owner: list[int] = []  # per plan node, the node it belongs to (a window node adds several)
@@ -101,6 +104,21 @@ class StepKernel(ArenaLayout):
                 self._add(desc, refs, self.offsets[d])
             owner += [d] * (len(self._plan) - len(owner))
         self._owner = np.array(owner, dtype=np.int64)
+        self._hash_in_plan(owner)
+
+    def _hash_in_plan(self, owner: list[int]) -> None:
+        """Let a committed run hash every node output inside the plan, before its slot is
+        reused (``run(..., roots)``): a node's output is its last plan node's (the window
+        nodes' first plan nodes write scratch intermediates)."""
+        fn = roots_function()
+        if fn is None:
+            return
+        rows = [-1] * len(owner)
+        for i, d in enumerate(owner):
+            if i + 1 == len(owner) or owner[i + 1] != d:
+                rows[i] = d
+        self._plan.hash_outputs(fn, rows, default_threads())
+        self.hashes_outputs = True
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
         rows = []
@@ -190,16 +208,28 @@ class StepKernel(ArenaLayout):
             return
         self._plan.add_program(refs, *code)
 
-    def run(self, prev_arena: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    def run(self, prev_arena: np.ndarray, batch: np.ndarray, roots: np.ndarray | None = None) -> np.ndarray:
+        """The new arena; with ``roots`` ((n_nodes, 32) uint8, ``hashes_outputs``), every node
+        output's tensor root written into its row as well."""
         threads = self.backend.threads_now()
         prev = torch.from_numpy(writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(writable(batch))
+        rows = None if roots is None else torch.from_numpy(roots)
         if self.node_times is None:
-            return self._plan.run(prev, b, threads).numpy()
+            return self._plan.run(prev, b, threads, None, rows).numpy()
         times = np.zeros(len(self._owner))
-        arena = self._plan.run(prev, b, threads, torch.from_numpy(times)).numpy()
+        arena = self._plan.run(prev, b, threads, torch.from_numpy(times), rows).numpy()
         np.add.at(self.node_times, self._owner, times)
         return arena
+
+
+@functools.cache
+def roots_function() -> int | None:
+    """The address of the keccak tree's ``tensor_roots`` (kernels/keccak_tree.c), which the plan
+    calls to hash outputs in a committed run; None without the native library (then committed
+    steps take their roots from a whole arena: ``keep=None``)."""
+    lib = load_library()
+    return None if lib is None else ctypes.cast(lib.tensor_roots, ctypes.c_void_p).value
 
 
 

@@ -26,7 +26,7 @@ Without CUDA (a CPU build of torch, or no device), constructing :class:`CudaBack
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,9 +81,12 @@ class CudaBackend:
         wiring: Sequence[Sequence[tuple[int, int]]],
         producers: Sequence[int],
         batch_numel: int,
+        keep: Collection[int] | None = None,
     ) -> CudaStepKernel | None:
         """A whole training step on device tensors (see :class:`CudaStepKernel`); None (nodes one
-        by one) while a node uses the window extension, which the device kernels do not read yet."""
+        by one) while a node uses the window extension, which the device kernels do not read yet.
+        ``keep`` is accepted and ignored: the device kernel keeps every node output (the full
+        ``ArenaLayout``), which the executor handles like any full layout."""
         from verde_chain.repops.backends.cuda.step import CudaStepKernel
 
         if any(desc.extended for desc in descs):
@@ -158,9 +161,9 @@ class CudaRunner:
     def __call__(self, desc: KernelDesc, inputs: list[np.ndarray]) -> np.ndarray:
         return default_backend()(desc, inputs)
 
-    def compile_step(self, *args: Any) -> CudaStepKernel | None:
+    def compile_step(self, *args: Any, **kw: Any) -> CudaStepKernel | None:
         """:meth:`CudaBackend.compile_step` of the shared backend."""
-        return default_backend().compile_step(*args)
+        return default_backend().compile_step(*args, **kw)
 
 
 @functools.cache

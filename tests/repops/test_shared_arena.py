@@ -1,0 +1,98 @@
+"""The shared step arena (``native.ArenaLayout`` with ``keep``): dead intermediates share memory
+by liveness, a committed step hashes each output inside the plan before its slot is reused,
+and every root, node hash, C_s and state tensor is that of the layout that keeps every output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from verde_chain.errors import RepOpsError
+from verde_chain.examples import EXAMPLES
+from verde_chain.graph.executor import StepExecutor, StepResult
+from verde_chain.repops.backends import native
+from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.step import StepKernel
+
+JOBS = {"transformer": {}, "digits_cnn": {"batch_size": 4}}
+STEPS = 3
+
+
+def _job(name: str):  # type: ignore[no-untyped-def]
+    return EXAMPLES[name](steps=STEPS, **JOBS[name])
+
+
+def _steps(job, keep):  # type: ignore[no-untyped-def]
+    """Plain steps 1..STEPS-1, then a committed step STEPS, keeping ``keep`` (None: all)."""
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=2))
+    st = ex.initial_state(job.init_state)
+    for s in range(1, STEPS):
+        st = ex.run_plain(st, job.batch(s), keep=keep).state
+    return ex, ex.run_step(st, job.batch(STEPS), keep=keep)
+
+
+def _assert_same(a: StepResult, b: StepResult) -> None:
+    assert a.roots == b.roots
+    assert a.node_hashes == b.node_hashes
+    assert a.commitment == b.commitment
+    for p, t in a.state.tensors.items():
+        assert np.array_equal(t.view(np.uint32), b.state.tensors[p].view(np.uint32))
+
+
+def _loss(job) -> tuple[int, ...]:  # type: ignore[no-untyped-def]
+    return (job.program.graph.named["loss"],)
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_shared_arena_is_smaller_and_commits_the_same(name: str) -> None:
+    job = _job(name)
+    ex_full, full = _steps(job, None)
+    ex_shared, shared = _steps(job, _loss(job))
+    kernel = ex_shared.step_kernel(_loss(job))
+    assert isinstance(kernel, StepKernel) and not kernel.keeps_all and kernel.hashes_outputs
+    assert ex_full.step_kernel().keeps_all
+    # the memory really is shared: arena + work region under the sum of the node outputs,
+    # and some outputs of the step occupy the same addresses
+    total = sum(kernel.numels)
+    assert kernel.arena_numel + kernel.work_numel < total, (kernel.arena_numel, kernel.work_numel, total)
+    work = [d for d in range(len(kernel.numels)) if kernel.offsets[d] >= kernel.arena_numel]
+    starts = [kernel.offsets[d] for d in work]
+    assert len(set(starts)) < len(starts)
+    _assert_same(full, shared)
+    # the outputs not kept are not handed out; the loss is
+    loss = _loss(job)[0]
+    assert np.array_equal(full.outputs[loss], shared.outputs[loss])
+    assert sum(o.size == 0 for o in shared.outputs) == len(work)
+
+
+def test_a_wrong_slot_assignment_is_refused_and_would_change_the_commitment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutation: each slot handed back one node early (its last reader may then find
+    another node's data there)."""
+    job = _job("transformer")
+    _, full = _steps(job, None)
+    real = native.shared_slots
+
+    def early(numels, last, kept):  # type: ignore[no-untyped-def]
+        return real(numels, [max(d, e - 1) for d, e in enumerate(last)], kept)
+
+    monkeypatch.setattr(native, "shared_slots", early)
+    with pytest.raises(RepOpsError, match="still read later in the step"):
+        _steps(job, _loss(job))
+    # without the check, the equality above is what catches it
+    monkeypatch.setattr(native, "check_slots", lambda *a: None)
+    _, wrong = _steps(job, _loss(job))
+    assert wrong.commitment != full.commitment
+
+
+def test_training_runs_on_the_shared_layout() -> None:
+    """A run's steps use the shared layout (state and loss kept) and reach the C_T of a run
+    whose steps keep every output."""
+    job = _job("transformer")
+    runner = CpuBackend(threads=1)
+    run = job.make_run(None, 0, runner, STEPS)
+    c_t = run.run()
+    assert list(run.exec._kernels) == [frozenset(run.keep)]  # only the shared layout was built
+    kernel = run.exec.step_kernel(run.keep)
+    assert isinstance(kernel, StepKernel) and not kernel.keeps_all
+    _, full = _steps(job, None)
+    assert c_t == full.commitment
