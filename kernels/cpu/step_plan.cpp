@@ -20,6 +20,7 @@
 // so the bits are those of running the nodes in order on one thread.
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -71,6 +72,61 @@ struct PlanNode {
 struct Level {
     std::vector<int64_t> big, small;
     double small_worth = 0;
+};
+
+// Float32 buffers of one size, recycled: a buffer whose last tensor died is handed to the next
+// take() instead of going back to the allocator. A fresh buffer of megabytes is mapped by the
+// kernel page by page on first touch (a fault and a zeroed 4 KiB page each), a cost the first
+// node writing each region paid in every run: on digits-wide (9 MiB arena) ~1,900 faults a step,
+// which made its big elementwise nodes several times slower at 1 thread than at 2 (the faults
+// then split between the threads). A run's arena outlives the run (it becomes the next run's
+// previous arena), so it comes back when Python drops it; at most kKeep idle buffers are kept.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+  public:
+    static std::shared_ptr<BufferPool> make(int64_t numel) { return std::make_shared<BufferPool>(numel); }
+    explicit BufferPool(int64_t numel) : numel_(numel) {}
+    ~BufferPool() {
+        for (void* p : idle_) std::free(p);
+    }
+    BufferPool(const BufferPool&) = delete;
+    BufferPool& operator=(const BufferPool&) = delete;
+
+    // A tensor of numel float32 elements (contents unspecified, as torch::empty's).
+    torch::Tensor take() {
+        void* p = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (!idle_.empty()) {
+                p = idle_.back();
+                idle_.pop_back();
+            }
+        }
+        if (!p) p = std::aligned_alloc(kAlign, round_up(std::max<int64_t>(1, numel_) * (int64_t)sizeof(float), kAlign));
+        TORCH_CHECK(p, "step plan: out of memory for a buffer of ", numel_, " float32 elements");
+        std::weak_ptr<BufferPool> pool = weak_from_this();
+        return torch::from_blob(
+            p, {numel_},
+            [pool](void* q) {
+                if (auto live = pool.lock()) return live->give(q);
+                std::free(q);
+            },
+            torch::TensorOptions().dtype(torch::kFloat32));
+    }
+
+  private:
+    static constexpr int64_t kAlign = 64;
+    static constexpr size_t kKeep = 2;
+    void give(void* p) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (idle_.size() < kKeep) {
+            idle_.push_back(p);
+            return;
+        }
+        std::free(p);
+    }
+    int64_t numel_;
+    std::mutex mutex_;
+    std::vector<void*> idle_;
 };
 
 class StepPlan {
@@ -286,11 +342,10 @@ class StepPlan {
                         "times must be a contiguous float64 tensor with one entry per node");
             node_s = times->data_ptr<double>();
         }
-        torch::Tensor arena =
-            torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
-        Scratch scratch(*this);
+        torch::Tensor arena = arena_pool_->take();
+        const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
-                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data()};
+                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         for (const Level& lv : levels_) {
             for (int64_t i : lv.big) run_node(i, base, threads, node_s);
             const int64_t n_small = (int64_t)lv.small.size();
@@ -303,33 +358,10 @@ class StepPlan {
     }
 
   private:
-    // The scratch of one run: a buffer a finished run gave back (its pages are mapped already,
-    // which a fresh buffer's first touch costs, a large share of a gather), else a new one.
-    class Scratch {
-      public:
-        explicit Scratch(const StepPlan& plan) : plan_(plan) {
-            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
-            if (!plan_.spare_.empty()) {
-                buf_ = std::move(plan_.spare_.back());
-                plan_.spare_.pop_back();
-            } else {
-                buf_.resize(std::max<int64_t>(1, plan_.size_[RP_SCRATCH]));
-            }
-        }
-        ~Scratch() {
-            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
-            plan_.spare_.push_back(std::move(buf_));
-        }
-        float* data() { return buf_.data(); }
-
-      private:
-        const StepPlan& plan_;
-        std::vector<float> buf_;
-    };
-    mutable std::mutex spare_mutex_;
-    mutable std::vector<std::vector<float>> spare_;  // scratch buffers of finished runs
-
     int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch
+    // The arena and scratch of each run, recycled (BufferPool).
+    std::shared_ptr<BufferPool> arena_pool_ = BufferPool::make(size_[RP_SOURCE_NODE_OUTPUT]);
+    std::shared_ptr<BufferPool> scratch_pool_ = BufferPool::make(std::max<int64_t>(1, size_[RP_SCRATCH]));
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
