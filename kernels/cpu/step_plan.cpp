@@ -2,7 +2,7 @@
 //
 // step_plan.cpp — StepPlan: all nodes of one training step in one call (built once per graph by
 // verde_chain/repops/backends/cpu/step.py, StepKernel). Every node output lives in one arena
-// tensor allocated per run, at offsets fixed when the plan is built; node inputs are
+// tensor per run (BufferPool), at offsets fixed when the plan is built; node inputs are
 // (source, offset, numel) references, the source a graph.structure.SourceKind (generated
 // RP_SOURCE_*): this step's arena (outputs of earlier nodes), the previous step's arena (state
 // tensors) or the batch. Each node runs the same kernel as the per-node path (GEMM, fold,
@@ -12,13 +12,15 @@
 //
 // Threads: the nodes are grouped into levels when they are added (a node's level is one more
 // than that of the last earlier node it must follow: it reads that node's output, or writes
-// where that node reads or writes); the nodes of one level are independent. A level runs its
-// big nodes one after another, each on all threads (its kernel splits its output), then its
-// small nodes side by side, one thread each (a node is an item of parallel_items; the kernel
-// it calls runs on that thread alone). "Big" is the kernels' own rule: a node whose work is
-// worth two threads by its family's minimum (kernels.h). Nodes never share an output element,
-// so the bits are those of running the nodes in order on one thread.
+// where that node reads or writes); the nodes of one level are independent. A level whose
+// nodes are each at most a thread's share of its work runs them all side by side, one thread
+// each (a node is an item of parallel_items; the kernel it calls runs on that thread alone);
+// any other level runs its big nodes one after another, each on all threads (its kernel splits
+// its output), then its small nodes side by side (run_level). "Big" is the kernels' own rule: a
+// node whose work is worth two threads by its family's minimum (kernels.h). Nodes never share an
+// output element, so the bits are those of running the nodes in order on one thread.
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -36,7 +38,7 @@ enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3
 // The window nodes (window_plan.h): windowed GEMM, gather into scratch, permuting copy (+ epilogue).
 enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18 };
 // A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
-// intermediates (a gathered operand, a GEMM result before its permutation), allocated per run.
+// intermediates (a gathered operand, a GEMM result before its permutation), one per run (BufferPool).
 constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 
 struct Ref {
@@ -68,10 +70,11 @@ struct PlanNode {
 };
 
 // The nodes of one level (see the top): big ones in order, small ones by decreasing work (the
-// longest start first, so the threads finish together).
+// longest start first, so the threads finish together); all of them by decreasing work, and the
+// level's total and largest work (run_level).
 struct Level {
-    std::vector<int64_t> big, small;
-    double small_worth = 0;
+    std::vector<int64_t> big, small, all;
+    double small_worth = 0, worth = 0, max_worth = 0;
 };
 
 // Float32 buffers of one size, recycled: a buffer whose last tensor died is handed to the next
@@ -329,6 +332,23 @@ class StepPlan {
 
     int64_t size() const { return (int64_t)nodes_.size(); }
 
+    // The schedule as run() follows it, for tests that check it against the nodes' buffers:
+    // (levels: per level, its node indices in run order, big ones first; io: per node, its
+    // output then its inputs as (buffer, offset, numel)).
+    std::pair<std::vector<std::vector<int64_t>>, std::vector<std::vector<std::array<int64_t, 3>>>> schedule() const {
+        std::vector<std::vector<int64_t>> order;
+        for (const Level& lv : levels_) {
+            order.push_back(lv.big);
+            order.back().insert(order.back().end(), lv.small.begin(), lv.small.end());
+        }
+        std::vector<std::vector<std::array<int64_t, 3>>> io;
+        for (const PlanNode& nd : nodes_) {
+            io.push_back({{nd.out_buf, nd.out_offset, nd.out_numel}});
+            for (const Ref& r : nd.ins) io.back().push_back({r.buf, r.offset, r.numel});
+        }
+        return {order, io};
+    }
+
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
     // (profiling: scripts/bench_ops.py files them under op families).
     torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
@@ -346,14 +366,7 @@ class StepPlan {
         const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
-        for (const Level& lv : levels_) {
-            for (int64_t i : lv.big) run_node(i, base, threads, node_s);
-            const int64_t n_small = (int64_t)lv.small.size();
-            // Side by side only if the level's small nodes together are worth a thread's
-            // minimum work; otherwise the wake-ups would cost more than they save.
-            parallel_items(n_small, threads_for(threads, n_small, lv.small_worth, 1.0),
-                           [&](int64_t j, int64_t) { run_node(lv.small[j], base, 1, node_s); });
-        }
+        for (const Level& lv : levels_) run_level(lv, base, threads, node_s);
         return arena;
     }
 
@@ -366,6 +379,27 @@ class StepPlan {
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
     std::vector<Level> levels_;
+
+    // One level's nodes (independent of each other) on `threads` threads. When no node has more
+    // than a thread's share of the level's work, all of them run side by side, one thread each,
+    // the longest first: the threads then finish about together without any node being split
+    // (a split node costs a wake-up and a wait for its slowest item; a few-hundred-microsecond
+    // GEMM hardly gains from it). Otherwise the big nodes run one after another, each on all
+    // threads, then the small ones side by side. Side by side only if the nodes together are
+    // worth a thread's minimum work each; otherwise the wake-ups would cost more than they save.
+    void run_level(const Level& lv, float* const* base, int64_t threads, double* node_s) const {
+        const std::vector<int64_t>* side = &lv.small;
+        double side_worth = lv.small_worth;
+        if (lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth) {
+            side = &lv.all;
+            side_worth = lv.worth;
+        } else {
+            for (int64_t i : lv.big) run_node(i, base, threads, node_s);
+        }
+        const int64_t n = (int64_t)side->size();
+        parallel_items(n, threads_for(threads, n, side_worth, 1.0),
+                       [&](int64_t j, int64_t) { run_node((*side)[j], base, 1, node_s); });
+    }
 
     // Node i on `threads` threads (node_s: see run).
     void run_node(int64_t i, float* const* base, int64_t threads, double* node_s) const {
@@ -450,12 +484,18 @@ class StepPlan {
         const int64_t index = (int64_t)nodes_.size();
         if ((int64_t)levels_.size() <= level) levels_.resize(level + 1);
         Level& lv = levels_[level];
+        const auto by_work = [&](std::vector<int64_t>& list) {
+            list.insert(std::find_if(list.begin(), list.end(),
+                                     [&](int64_t j) { return nodes_[j].threads_worth < nd.threads_worth; }),
+                        index);
+        };
+        by_work(lv.all);
+        lv.worth += nd.threads_worth;
+        lv.max_worth = std::max(lv.max_worth, nd.threads_worth);
         if (nd.threads_worth >= 2.0) {
             lv.big.push_back(index);
         } else {
-            auto at = std::find_if(lv.small.begin(), lv.small.end(),
-                                   [&](int64_t j) { return nodes_[j].threads_worth < nd.threads_worth; });
-            lv.small.insert(at, index);
+            by_work(lv.small);
             lv.small_worth += nd.threads_worth;
         }
         level_of_.push_back(level);
@@ -571,6 +611,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_window_gather", &StepPlan::add_window_gather)
         .def("add_permute", &StepPlan::add_permute)
         .def("__len__", &StepPlan::size)
+        .def("schedule", &StepPlan::schedule)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
 }
