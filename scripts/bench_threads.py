@@ -1,16 +1,19 @@
 """Training-step scaling of the RepOps C++ backend from 1 to more threads, against torch eager.
 
-    .venv/bin/python scripts/bench_threads.py [--configs digits-wide transformer digits_cnn]
-                                              [--threads 1 2] [--steps 20]
+    .venv/bin/python scripts/bench_threads.py [--configs digits-wide transformer digits_cnn resnet18 llama-h256]
+                                              [--threads 1 2] [--steps 20] [--nodes 0]
 
 Per example and thread count, in one process: the median plain step (the whole-step kernel, no
 hashing: what a run does between checkpoints) with ``torch.set_num_threads`` and the backend's
 count both set to that number, the process's CPU utilisation over those steps (CPU time / wall
 time: 2.0 = two cores busy throughout), and the median step of the same model in plain torch
-eager FP32 at the same count (``bench_training.torch_step_fn``). Then the speed-up over the
+eager FP32 at the same count (``bench_training.torch_step_fn``, ``bench_lm.torch_step``, or the
+vision twin below). Then the speed-up over the
 smallest thread count (goal >= 1.6x from 1 to 2 threads) and the ratio to torch at equal threads
 (goal <= 1.5x), and whether the final commitment C_T of the runs is the same at every thread
 count (it must be). Prints the load average first: figures from a busy machine do not compare.
+``--nodes N`` also prints, per thread count, the N plan nodes that took longest (the whole-step
+kernel's own per-node times, summed over the timed steps, ms per step) and the page faults per step.
 """
 
 from __future__ import annotations
@@ -18,34 +21,64 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script bench_training
+from bench_lm import torch_step as lm_torch_step
 from bench_training import CONFIGS as TRAINING_CONFIGS
 from bench_training import median_time, torch_step_fn
 
 from verde_chain.examples import EXAMPLES
+from verde_chain.examples.lm import LMConfig, lm_job
+from verde_chain.examples.vision import input_shape, vision_module
+from verde_chain.job import Job
 from verde_chain.repops.backends.cpu.backend import CpuBackend
 
-# the largest shipped jobs of each family: bench_training's configs plus the digits CNN
-CONFIGS: dict[str, tuple[str, dict[str, int]]] = {**TRAINING_CONFIGS, "digits_cnn": ("digits_cnn", {})}
+# name -> (the job of `steps` steps, its torch eager twin: a plain step of the same model, batch
+# and optimizer). bench_training's configs; the CNNs of the vision issue (the digits CNN as
+# shipped, resnet18 at batch 32 on 3x32x32 images) and the language model of the LM issue at
+# hidden 256 (examples/lm.py LMConfig's other sizes: 2 layers, 4 heads, sequence 16, batch 2).
+LM_H256 = LMConfig("llama", hidden=256)
+VISION_BATCH = {"digits_cnn": 32, "resnet18": 32}
 
 
-def torch_step(example: str, job: Any) -> Any:
-    """bench_training's torch twin, and the digits CNN's (same module, batch and optimizer)."""
-    if example != "digits_cnn":
-        return torch_step_fn(example, job)
-    from verde_chain.examples.vision import input_shape, vision_module
+def _example(example: str, kw: dict[str, int]) -> tuple[Callable[[int], Job], Callable[[Job], Any]]:
+    return (lambda steps: EXAMPLES[example](steps=steps, checkpoint_interval=0, **kw),
+            lambda job: torch_step_fn(example, job))
 
-    model = vision_module(example)
+
+def _vision(name: str) -> tuple[Callable[[int], Job], Callable[[Job], Any]]:
+    return (lambda steps: EXAMPLES[name](steps=steps, checkpoint_interval=0, batch_size=VISION_BATCH[name]),
+            lambda job: vision_torch_step(name, job))
+
+
+def _lm(cfg: LMConfig) -> tuple[Callable[[int], Job], Callable[[Job], Any]]:
+    return (lambda steps: lm_job(cfg, steps=steps, checkpoint_interval=0),
+            lambda job: lm_torch_step(cfg, job.spec.optimizer.lr, job.spec.optimizer.weight_decay))
+
+
+CONFIGS: dict[str, tuple[Callable[[int], Job], Callable[[Job], Any]]] = {
+    **{name: _example(example, kw) for name, (example, kw) in TRAINING_CONFIGS.items()},
+    "digits_cnn": _vision("digits_cnn"),
+    "resnet18": _vision("resnet18"),
+    "llama-h256": _lm(LM_H256),
+}
+
+
+def vision_torch_step(name: str, job: Job) -> Any:
+    """The vision job's torch twin: same module, batch and optimizer."""
+    model = vision_module(name)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(job.spec.batch_size, *input_shape(example), generator=gen)
+    x = torch.randn(job.spec.batch_size, *input_shape(name), generator=gen)
     y = torch.randint(0, 10, (job.spec.batch_size,), generator=gen)
     o = job.spec.optimizer
     opt = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum)
@@ -58,35 +91,50 @@ def torch_step(example: str, job: Any) -> Any:
     return step
 
 
-def measure(config: str, threads: int, steps: int) -> dict[str, Any]:
-    example, kw = CONFIGS[config]
+def measure(config: str, threads: int, steps: int, nodes: int) -> dict[str, Any]:
+    make_job, make_torch_step = CONFIGS[config]
     torch.set_num_threads(threads)
-    job = EXAMPLES[example](steps=steps + 3, checkpoint_interval=0, **kw)
-    run = job.make_run(None, 0, CpuBackend(threads=threads), steps + 3)
-    cpu_at: list[tuple[float, float]] = []
-    final = run.run(progress=lambda log: cpu_at.append((time.perf_counter(), time.process_time())))
+    job = make_job(steps + 3)
+    backend = CpuBackend(threads=threads)
+    run = job.make_run(None, 0, backend, steps + 3)
+    run.run(until=3)  # warm-up: preparation, compiled maps, the plan, first-touch of its buffers
+    kernel = run.exec.step_kernel()
+    if nodes and kernel is not None:
+        kernel.node_times = np.zeros(len(job.program.graph.nodes))
+    w0, c0, f0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    final = run.run()
+    w1, c1, f1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     walls = [log.wall_s for log in run.logs[3:]]
-    (w0, c0), (w1, c1) = cpu_at[2], cpu_at[-1]  # the timed steps: after the 3 warm-up steps
+    if nodes and kernel is not None and kernel.node_times is not None:
+        print(f"{config} at {threads} threads, the {nodes} longest nodes (ms per step):")
+        graph_nodes = job.program.graph.nodes
+        for i in np.argsort(-kernel.node_times)[:nodes]:
+            desc = graph_nodes[i].desc
+            path = "window" if desc.extended else backend.path(desc)
+            print(f"  {1e3 * kernel.node_times[i] / steps:8.3f}  {path:7s} {desc.label or '?'} "
+                  f"{tuple(desc.out_shape)} K={desc.K}")
     return {
         "example": config,
         "threads": threads,
         "repops_ms/step": round(1e3 * statistics.median(walls), 2),
         "repops_cpu": round((c1 - c0) / (w1 - w0), 2),
-        "torch_ms/step": round(1e3 * median_time(torch_step(example, job), max(steps, 20)), 2),
+        "faults/step": round((f1 - f0) / steps),
+        "torch_ms/step": round(1e3 * median_time(make_torch_step(job), steps), 2),
         "_final": final,
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", nargs="+", default=["digits-wide", "transformer", "digits_cnn"], choices=list(CONFIGS))
+    p.add_argument("--configs", nargs="+", default=["digits-wide", "transformer", "digits_cnn", "resnet18", "llama-h256"], choices=list(CONFIGS))
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--nodes", type=int, default=0, help="print the N longest plan nodes per thread count")
     args = p.parse_args()
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     rows = []
     for config in args.configs:
-        per = [measure(config, t, args.steps) for t in args.threads]
+        per = [measure(config, t, args.steps, args.nodes) for t in args.threads]
         base = per[0]
         for r in per:
             r["speedup"] = round(base["repops_ms/step"] / r["repops_ms/step"], 2)

@@ -2,7 +2,7 @@
 //
 // step_plan.cpp — StepPlan: all nodes of one training step in one call (built once per graph by
 // verde_chain/repops/backends/cpu/step.py, StepKernel). Every node output lives in one arena
-// tensor allocated per run, at offsets fixed when the plan is built; node inputs are
+// tensor per run (BufferPool), at offsets fixed when the plan is built; node inputs are
 // (source, offset, numel) references, the source a graph.structure.SourceKind (generated
 // RP_SOURCE_*): this step's arena (outputs of earlier nodes), the previous step's arena (state
 // tensors) or the batch. Each node runs the same kernel as the per-node path (GEMM, fold,
@@ -22,15 +22,18 @@
 //
 // Threads: the nodes are grouped into levels when they are added (a node's level is one more
 // than that of the last earlier node it must follow: it reads that node's output, or writes
-// where that node reads or writes); the nodes of one level are independent. A level runs its
-// big nodes one after another, each on all threads (its kernel splits its output), then its
-// small nodes side by side, one thread each (a node is an item of parallel_items; the kernel
-// it calls runs on that thread alone). "Big" is the kernels' own rule: a node whose work is
-// worth two threads by its family's minimum (kernels.h). Nodes never share an output element,
-// so the bits are those of running the nodes in order on one thread.
+// where that node reads or writes); the nodes of one level are independent. A level whose
+// nodes are each at most a thread's share of its work runs them all side by side, one thread
+// each (a node is an item of parallel_items; the kernel it calls runs on that thread alone);
+// any other level runs its big nodes one after another, each on all threads (its kernel splits
+// its output), then its small nodes side by side (run_level). "Big" is the kernels' own rule: a
+// node whose work is worth two threads by its family's minimum (kernels.h). Nodes never share an
+// output element, so the bits are those of running the nodes in order on one thread.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,7 +50,7 @@ enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3
 // The window nodes (window_plan.h): windowed GEMM, gather into scratch, permuting copy (+ epilogue).
 enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18 };
 // A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
-// intermediates (a gathered operand, a GEMM result before its permutation), allocated per run.
+// intermediates (a gathered operand, a GEMM result before its permutation), one per run (BufferPool).
 constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 
 struct Ref {
@@ -79,10 +82,68 @@ struct PlanNode {
 };
 
 // The nodes of one level (see the top): big ones in order, small ones by decreasing work (the
-// longest start first, so the threads finish together).
+// longest start first, so the threads finish together); all of them by decreasing work, and the
+// level's total and largest work (run_level).
 struct Level {
-    std::vector<int64_t> big, small;
-    double small_worth = 0;
+    std::vector<int64_t> big, small, all;
+    double small_worth = 0, worth = 0, max_worth = 0;
+};
+
+// Float32 buffers of one size, recycled: a buffer whose last tensor died is handed to the next
+// take() instead of going back to the allocator. A fresh buffer of megabytes is mapped by the
+// kernel page by page on first touch (a fault and a zeroed 4 KiB page each), a cost the first
+// node writing each region paid in every run: on digits-wide (9 MiB arena) ~1,900 faults a step,
+// which made its big elementwise nodes several times slower at 1 thread than at 2 (the faults
+// then split between the threads). A run's arena outlives the run (it becomes the next run's
+// previous arena), so it comes back when Python drops it. One idle buffer is kept: a run of steps
+// holds two arenas (the one it reads, the one it writes) and gives one back per step, and every
+// buffer kept idle is resident memory (a GPT-2 small arena is 1.4 GiB).
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+  public:
+    static std::shared_ptr<BufferPool> make(int64_t numel) { return std::make_shared<BufferPool>(numel); }
+    explicit BufferPool(int64_t numel) : numel_(numel) {}
+    ~BufferPool() {
+        for (void* p : idle_) std::free(p);
+    }
+    BufferPool(const BufferPool&) = delete;
+    BufferPool& operator=(const BufferPool&) = delete;
+
+    // A tensor of numel float32 elements (contents unspecified, as torch::empty's).
+    torch::Tensor take() {
+        void* p = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (!idle_.empty()) {
+                p = idle_.back();
+                idle_.pop_back();
+            }
+        }
+        if (!p) p = std::aligned_alloc(kAlign, round_up(std::max<int64_t>(1, numel_) * (int64_t)sizeof(float), kAlign));
+        TORCH_CHECK(p, "step plan: out of memory for a buffer of ", numel_, " float32 elements");
+        std::weak_ptr<BufferPool> pool = weak_from_this();
+        return torch::from_blob(
+            p, {numel_},
+            [pool](void* q) {
+                if (auto live = pool.lock()) return live->give(q);
+                std::free(q);
+            },
+            torch::TensorOptions().dtype(torch::kFloat32));
+    }
+
+  private:
+    static constexpr int64_t kAlign = 64;
+    static constexpr size_t kKeep = 1;
+    void give(void* p) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (idle_.size() < kKeep) {
+            idle_.push_back(p);
+            return;
+        }
+        std::free(p);
+    }
+    int64_t numel_;
+    std::mutex mutex_;
+    std::vector<void*> idle_;
 };
 
 class StepPlan {
@@ -332,6 +393,23 @@ class StepPlan {
         hash_threads_ = hash_threads;
     }
 
+    // The schedule as run() follows it, for tests that check it against the nodes' buffers:
+    // (levels: per level, its node indices in run order, big ones first; io: per node, its
+    // output then its inputs as (buffer, offset, numel)).
+    std::pair<std::vector<std::vector<int64_t>>, std::vector<std::vector<std::array<int64_t, 3>>>> schedule() const {
+        std::vector<std::vector<int64_t>> order;
+        for (const Level& lv : levels_) {
+            order.push_back(lv.big);
+            order.back().insert(order.back().end(), lv.small.begin(), lv.small.end());
+        }
+        std::vector<std::vector<std::array<int64_t, 3>>> io;
+        for (const PlanNode& nd : nodes_) {
+            io.push_back({{nd.out_buf, nd.out_offset, nd.out_numel}});
+            for (const Ref& r : nd.ins) io.back().push_back({r.buf, r.offset, r.numel});
+        }
+        return {order, io};
+    }
+
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
     // (profiling: scripts/bench_ops.py files them under op families). roots (optional, uint8
     // (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
@@ -355,52 +433,19 @@ class StepPlan {
                         "times must be a contiguous float64 tensor with one entry per node");
             node_s = times->data_ptr<double>();
         }
-        torch::Tensor arena =
-            torch::empty({size_[RP_SOURCE_NODE_OUTPUT]}, torch::TensorOptions().dtype(torch::kFloat32));
-        Scratch scratch(*this);
+        torch::Tensor arena = arena_pool_->take();
+        const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
-                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data()};
+                                       const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         for (size_t l = 0; l < levels_.size(); l++) {
-            const Level& lv = levels_[l];
             if (root_rows) hash_nodes(hash_before_[l], base, root_rows);
-            for (int64_t i : lv.big) run_node(i, base, threads, node_s);
-            const int64_t n_small = (int64_t)lv.small.size();
-            // Side by side only if the level's small nodes together are worth a thread's
-            // minimum work; otherwise the wake-ups would cost more than they save.
-            parallel_items(n_small, threads_for(threads, n_small, lv.small_worth, 1.0),
-                           [&](int64_t j, int64_t) { run_node(lv.small[j], base, 1, node_s); });
+            run_level(levels_[l], base, threads, node_s);
         }
         if (root_rows) hash_nodes(hash_last_, base, root_rows);
         return arena;
     }
 
   private:
-    // The scratch of one run: a buffer a finished run gave back (its pages are mapped already,
-    // which a fresh buffer's first touch costs, a large share of a gather), else a new one.
-    class Scratch {
-      public:
-        explicit Scratch(const StepPlan& plan) : plan_(plan) {
-            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
-            if (!plan_.spare_.empty()) {
-                buf_ = std::move(plan_.spare_.back());
-                plan_.spare_.pop_back();
-            } else {
-                buf_.resize(std::max<int64_t>(1, plan_.size_[RP_SCRATCH]));
-            }
-        }
-        ~Scratch() {
-            std::lock_guard<std::mutex> lock(plan_.spare_mutex_);
-            plan_.spare_.push_back(std::move(buf_));
-        }
-        float* data() { return buf_.data(); }
-
-      private:
-        const StepPlan& plan_;
-        std::vector<float> buf_;
-    };
-    mutable std::mutex spare_mutex_;
-    mutable std::vector<std::vector<float>> spare_;  // scratch buffers of finished runs
-
     int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch (ring + work)
     int64_t ring_, work_;           // the scratch: the window ring [0, ring_), then the work region
     // Committed runs (hash_outputs): tensor_roots, each plan node's root row (-1: none), the
@@ -412,6 +457,10 @@ class StepPlan {
     int64_t n_rows_ = 0;
     std::vector<std::vector<int64_t>> hash_before_;
     std::vector<int64_t> hash_last_;
+    // The arena and scratch (ring + work region) of each run, recycled (BufferPool); declared
+    // after size_, which their initialisers read.
+    std::shared_ptr<BufferPool> arena_pool_ = BufferPool::make(size_[RP_SOURCE_NODE_OUTPUT]);
+    std::shared_ptr<BufferPool> scratch_pool_ = BufferPool::make(std::max<int64_t>(1, size_[RP_SCRATCH]));
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
@@ -438,6 +487,27 @@ class StepPlan {
     static bool same_place(const PlanNode& a, const PlanNode& b) {
         return a.out_buf == b.out_buf && a.out_offset < b.out_offset + b.out_numel &&
                b.out_offset < a.out_offset + a.out_numel;
+    }
+
+    // One level's nodes (independent of each other) on `threads` threads. When no node has more
+    // than a thread's share of the level's work, all of them run side by side, one thread each,
+    // the longest first: the threads then finish about together without any node being split
+    // (a split node costs a wake-up and a wait for its slowest item; a few-hundred-microsecond
+    // GEMM hardly gains from it). Otherwise the big nodes run one after another, each on all
+    // threads, then the small ones side by side. Side by side only if the nodes together are
+    // worth a thread's minimum work each; otherwise the wake-ups would cost more than they save.
+    void run_level(const Level& lv, float* const* base, int64_t threads, double* node_s) const {
+        const std::vector<int64_t>* side = &lv.small;
+        double side_worth = lv.small_worth;
+        if (lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth) {
+            side = &lv.all;
+            side_worth = lv.worth;
+        } else {
+            for (int64_t i : lv.big) run_node(i, base, threads, node_s);
+        }
+        const int64_t n = (int64_t)side->size();
+        parallel_items(n, threads_for(threads, n, side_worth, 1.0),
+                       [&](int64_t j, int64_t) { run_node((*side)[j], base, 1, node_s); });
     }
 
     // Node i on `threads` threads (node_s: see run).
@@ -523,12 +593,18 @@ class StepPlan {
         const int64_t index = (int64_t)nodes_.size();
         if ((int64_t)levels_.size() <= level) levels_.resize(level + 1);
         Level& lv = levels_[level];
+        const auto by_work = [&](std::vector<int64_t>& list) {
+            list.insert(std::find_if(list.begin(), list.end(),
+                                     [&](int64_t j) { return nodes_[j].threads_worth < nd.threads_worth; }),
+                        index);
+        };
+        by_work(lv.all);
+        lv.worth += nd.threads_worth;
+        lv.max_worth = std::max(lv.max_worth, nd.threads_worth);
         if (nd.threads_worth >= 2.0) {
             lv.big.push_back(index);
         } else {
-            auto at = std::find_if(lv.small.begin(), lv.small.end(),
-                                   [&](int64_t j) { return nodes_[j].threads_worth < nd.threads_worth; });
-            lv.small.insert(at, index);
+            by_work(lv.small);
             lv.small_worth += nd.threads_worth;
         }
         level_of_.push_back(level);
@@ -660,6 +736,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_permute", &StepPlan::add_permute)
         .def("hash_outputs", &StepPlan::hash_outputs)
         .def("__len__", &StepPlan::size)
+        .def("schedule", &StepPlan::schedule)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::arg("roots") = pybind11::none(),
              pybind11::call_guard<pybind11::gil_scoped_release>());

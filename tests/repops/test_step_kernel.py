@@ -18,10 +18,11 @@ from tests.support.threads import THREAD_COUNTS, engaged
 from verde_chain.examples import EXAMPLES
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.executor import StepExecutor
+from verde_chain.graph.structure import SourceKind
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
-from verde_chain.repops.backends.cpu.step import SCRATCH, StepKernel
+from verde_chain.repops.backends.cpu.step import SCRATCH, StepKernel, plain_copy
 from verde_chain.repops.program import KernelDesc
 
 STEPS = 3
@@ -129,24 +130,121 @@ def test_transformer_every_kernel_kind_and_every_isa_and_thread_count(transforme
     backend = CpuBackend(threads=1)
     kinds = {backend.path(n.desc) for n in graph.nodes}
     assert kinds == {"dot", "fold", "binary", "scatter", "rowdot", "jit", "program"}  # every node kind of the plan
+    assert any(plain_copy(n.desc) for n in graph.nodes)  # transposes: the plan's permuting copy
     base = run_steps(graph, job.init_state, job.batch, node_by_node(backend))
     for isa in cpu_ext.available_isas():
-        for threads in (1, 2):
-            assert_same_steps(run_steps(graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=threads)), base)
+        for threads in THREAD_COUNTS:
+            fused = engaged(isa, threads, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                                            CpuBackend(isa=isa, threads=threads)))
+            assert_same_steps(fused, base)
 
 
 def test_digits_wide_parallel_maps_and_gemm_equal_one_thread() -> None:
-    """Nodes big enough that the plan splits GEMMs, folds and compiled maps across threads."""
+    """Nodes big enough that the plan splits GEMMs, folds and compiled maps across threads: every
+    thread count gives the 1-thread bits (and the nodes' one by one), more than one thread engaged."""
     job = EXAMPLES["digits"](steps=2, hidden=512, batch_size=256)
-    one = run_steps(job.program.graph, job.init_state, job.batch, CpuBackend(threads=1), steps=2)
+    graph = job.program.graph
+    one = run_steps(graph, job.init_state, job.batch, CpuBackend(threads=1), steps=2)
+    assert_same_steps(one, run_steps(graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), 2))
+    isa = cpu_ext.best_isa()
     with_threads = torch.get_num_threads()
-    torch.set_num_threads(2)
     try:
-        two = run_steps(job.program.graph, job.init_state, job.batch, CpuBackend(threads=2), steps=2)
+        for threads in THREAD_COUNTS[1:]:
+            torch.set_num_threads(threads)
+            assert_same_steps(one, engaged(isa, threads, functools.partial(
+                run_steps, graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=threads), steps=2)))
     finally:
         torch.set_num_threads(with_threads)
-    assert_same_steps(one, two)
-    assert_same_steps(one, run_steps(job.program.graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), 2))
+
+
+@pytest.mark.slow
+def test_llama_h256_every_thread_count_equals_one_thread() -> None:
+    """The language model at hidden 256 (bench_threads.py's job): batched GEMMs with one weight
+    (one GEMM over every entry's rows in the plan), transposes as permuting copies."""
+    from verde_chain.examples.lm import LMConfig, lm_job
+
+    job = lm_job(LMConfig("llama", hidden=256), steps=2, checkpoint_interval=0)
+    graph = job.program.graph
+    isa = cpu_ext.best_isa()
+    one = run_steps(graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=1), steps=2)
+    assert_same_steps(one, run_steps(graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), 2))
+    for threads in THREAD_COUNTS[1:]:
+        assert_same_steps(one, engaged(isa, threads, functools.partial(
+            run_steps, graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=threads), steps=2)))
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+WRITABLE = (int(SourceKind.NODE_OUTPUT), SCRATCH)  # the buffers a plan node writes
+
+
+def schedule_errors(levels: list[list[int]], io: list[list[tuple[int, int, int]]]) -> list[str]:
+    """What is wrong with a plan's schedule (StepPlan.schedule()): every node must run exactly
+    once, and after every earlier node it depends on (it reads what that one writes, or writes
+    what that one reads or writes), in a later level: the nodes of one level run side by side."""
+    errors = []
+    level_of: dict[int, int] = {}
+    for lv, nodes in enumerate(levels):
+        for i in nodes:
+            if i in level_of:
+                errors.append(f"node {i} runs twice")
+            level_of[i] = lv
+    errors += [f"node {i} never runs" for i in range(len(io)) if i not in level_of]
+
+    def hit(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+        return a[0] == b[0] and a[0] in WRITABLE and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
+
+    for j, (out_j, *ins_j) in enumerate(io):
+        for i in range(j):
+            out_i, *ins_i = io[i]
+            if (hit(out_j, out_i) or any(hit(r, out_i) for r in ins_j) or any(hit(r, out_j) for r in ins_i)) \
+                    and level_of.get(j, -1) <= level_of.get(i, -1):
+                errors.append(f"node {j} (level {level_of.get(j)}) depends on node {i} (level {level_of.get(i)})")
+    return errors
+
+
+def _plan_of(job) -> object:  # type: ignore[no-untyped-def]
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=2))
+    ex.run_plain(ex.initial_state(job.init_state), job.batch(1))
+    kernel = ex.step_kernel()
+    assert isinstance(kernel, StepKernel)
+    return kernel._plan
+
+
+@pytest.mark.parametrize("name,kw", [("transformer", {}), ("digits", {"hidden": 512, "batch_size": 256}),
+                                     ("digits_cnn", {"batch_size": 16})])
+def test_the_plan_runs_every_node_after_what_it_depends_on(name: str, kw: dict[str, int]) -> None:
+    levels, io = _plan_of(EXAMPLES[name](steps=1, **kw)).schedule()  # type: ignore[attr-defined]
+    assert schedule_errors(levels, io) == []
+    # the schedule really runs nodes side by side: a level of several nodes
+    assert max(len(nodes) for nodes in levels) > 1
+    assert len(levels) < len(io)
+
+
+def test_the_schedule_check_catches_a_node_run_before_its_input(transformer) -> None:  # type: ignore[no-untyped-def]
+    """Each mutation of a real schedule that would change bits is caught: a node moved into the
+    level of the node whose output it reads, a writer moved before a reader of the same place,
+    a node dropped, a node run twice."""
+    levels, io = _plan_of(transformer).schedule()  # type: ignore[attr-defined]
+    assert schedule_errors(levels, io) == []
+
+    def moved(node: int, to: int) -> list[list[int]]:
+        out = [[i for i in nodes if i != node] for nodes in levels]
+        out[to].append(node)
+        return out
+
+    level_of = {i: lv for lv, nodes in enumerate(levels) for i in nodes}
+
+    def reads(j: int, i: int) -> bool:
+        (buf, at, n), *_ = io[i]
+        return any(r[0] == buf and r[1] < at + n and at < r[1] + r[2] for r in io[j][1:])
+
+    reader = next(j for j in range(len(io)) if any(reads(j, i) for i in range(j)))
+    writer = max((i for i in range(reader) if reads(reader, i)), key=lambda i: level_of[i])
+    assert schedule_errors(moved(reader, level_of[writer]), io)  # side by side with its input's writer
+    assert schedule_errors(moved(writer, level_of[reader]), io)  # its writer after it
+    assert schedule_errors([[i for i in nodes if i != reader] for nodes in levels], io)
+    assert schedule_errors([*levels, [reader]], io)
 
 
 def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) -> None:  # type: ignore[no-untyped-def]

@@ -179,6 +179,17 @@ class StepKernel(ArenaLayout):
             self._keep.append(prep.jit)
             self._plan.add_jit(refs, prep.lin, out, desc.numel, map_address(prep.jit), map_work(desc))
             return
+        copy = plain_copy(desc)
+        if copy is not None and plan.kind == "program":
+            # a transpose or other strided copy: the permuting copy, not the interpreter
+            t, m = copy
+            buf, at, n = (int(v) for v in refs[t])
+            n -= m.offset
+            empty = torch.from_numpy(encode_program(()))
+            self._plan.add_permute(torch.tensor([[buf, at + m.offset, n]]),
+                                   torch.from_numpy(encode_maps([InputMap(n, (0,) * len(desc.out_shape))], len(desc.out_shape))),
+                                   list(desc.out_shape), 1, empty, empty, empty, out, list(m.strides))
+            return
         code = (prep.maps, prep.out_shape, desc.K, *prep.programs, out)
         if plan.kind == "dot":
             (a_size, a_st, a_off), (b_size, b_st, b_off) = plan.views
@@ -186,6 +197,11 @@ class StepKernel(ArenaLayout):
             aoff = a_off + _grid_offsets(bshape, a_st[:-2])
             boff = b_off + _grid_offsets(bshape, b_st[:-2])
             M, N = a_size[-2], b_size[-1]
+            if len(aoff) > 1 and bool((boff == boff[0]).all()) and bool(
+                    (aoff == aoff[0] + torch.arange(len(aoff)) * (M * a_st[-2])).all()):
+                # one B for every batch entry and A's entries one after another: one GEMM of
+                # batch x M rows (the same dot chain per element), B packed once, not per entry
+                aoff, boff, M = aoff[:1], boff[:1], M * len(aoff)
             self._plan.add_dot(refs, *code, *plan.slots, M, N, aoff, a_st[-2], a_st[-1], boff, b_st[-2], b_st[-1])
             return
         if plan.kind == "fold":
@@ -231,6 +247,20 @@ def roots_function() -> int | None:
     lib = load_library()
     return None if lib is None else ctypes.cast(lib.tensor_roots, ctypes.c_void_p).value
 
+
+
+def plain_copy(desc: KernelDesc) -> tuple[int, InputMap] | None:
+    """(t, input t's map) if ``desc`` only copies input t's bits (out = in[map], a LOAD into
+    r0: LOAD keeps the bits as they are) through non-negative strides, else None."""
+    if desc.extended or desc.K != 1 or desc.body or desc.epilogue or len(desc.prologue) != 1 or not desc.out_shape:
+        return None
+    ins = desc.prologue[0]
+    if ins.op != Op.LOAD or ins.dst != 0:
+        return None
+    m = desc.inputs[ins.imm]
+    if m.idx_stride or m.windows or any(s < 0 for s in m.strides):
+        return None
+    return ins.imm, m
 
 
 def _grid_offsets(shape: Sequence[int], strides: Sequence[int]) -> torch.Tensor:
