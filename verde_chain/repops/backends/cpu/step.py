@@ -248,7 +248,6 @@ def roots_function() -> int | None:
     return None if lib is None else ctypes.cast(lib.tensor_roots, ctypes.c_void_p).value
 
 
-
 def plain_copy(desc: KernelDesc) -> tuple[int, InputMap] | None:
     """(t, input t's map) if ``desc`` only copies input t's bits (out = in[map], a LOAD into
     r0: LOAD keeps the bits as they are) through non-negative strides, else None."""
