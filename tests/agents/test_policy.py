@@ -158,13 +158,14 @@ def test_shipped_challenger_will_not_dispute_on_a_trap_clock(loose: World) -> No
     jobs = [client.post(replace(TERMS, clock_seconds=1, slots=1), loose.job), client.post(replace(TERMS, slots=1), loose.job)]
     f = loose.market.contract.functions
     wrong, salt = b"\x66" * 32, b"\x01" * 32
+    mined = loose.w3.eth.wait_for_transaction_receipt  # automine mines just after a send returns
     for jid in jobs:
-        f.join(jid).transact({"from": sybil, "value": TERMS.trainer_stake})
-        f.commit(jid, commitment(wrong, ZERO32, salt, sybil)).transact({"from": sybil})
+        mined(f.join(jid).transact({"from": sybil, "value": TERMS.trainer_stake}))
+        mined(f.commit(jid, commitment(wrong, ZERO32, salt, sybil)).transact({"from": sybil}))
     last = max(loose.market.job(j).terms.submission_deadline for j in jobs)
     increase_time(loose.w3, last - int(loose.w3.eth.get_block("latest")["timestamp"]) + 1)
     for jid in jobs:
-        f.reveal(jid, wrong, ZERO32, salt).transact({"from": sybil})
+        mined(f.reveal(jid, wrong, ZERO32, salt).transact({"from": sybil}))
     for _ in range(3):
         ch.tick()
     trap, sound = jobs

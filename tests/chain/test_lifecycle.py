@@ -127,7 +127,9 @@ def test_compile_reports_solc_errors(tmp_path: Path) -> None:
 
 def test_snapshot_isolation_part1(w3) -> None:  # type: ignore[no-untyped-def]
     a, b = w3.eth.accounts[:2]
-    w3.eth.send_transaction({"from": a, "to": b, "value": 10**18})
+    # Anvil's automine mines just after eth_sendTransaction returns, not before: wait for it
+    # (under load the balance read can otherwise come first; this failed CI twice).
+    w3.eth.wait_for_transaction_receipt(w3.eth.send_transaction({"from": a, "to": b, "value": 10**18}))
     assert w3.eth.get_balance(b) == 10_001 * 10**18
 
 

@@ -77,7 +77,8 @@ def sybils(env: Env, n: int) -> list[str]:
         env.w3.provider.make_request("anvil_setBalance", [addr, hex(10**22)])  # type: ignore[arg-type]
         env.w3.provider.make_request("anvil_impersonateAccount", [addr])  # type: ignore[arg-type]
         if env.token_contract is not None:
-            env.token_contract.functions.mint(addr, 10**24).transact({"from": env.w3.eth.accounts[0]})
+            env.w3.eth.wait_for_transaction_receipt(
+                env.token_contract.functions.mint(addr, 10**24).transact({"from": env.w3.eth.accounts[0]}))
         out.append(addr)
     env.extra += out
     return out
