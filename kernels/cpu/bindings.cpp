@@ -84,6 +84,19 @@ torch::Tensor gather_operand(const torch::Tensor& data, const torch::Tensor& row
     return out;
 }
 
+// max_pool_backward in scatter form (window_plan.h): dx as float32 (planes x prod S).
+torch::Tensor pool_backward(const torch::Tensor& arg, const torch::Tensor& dy, const torch::Tensor& axes,
+                            const torch::Tensor& plane_off, int64_t K, int64_t threads) {
+    for (const torch::Tensor* t : {&arg, &dy})
+        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kInt32 && t->is_contiguous(),
+                    "pool_backward: arg and dy must be contiguous CPU int32 bits");
+    const PoolBackward g = read_pool_backward(axes, plane_off, K, arg.numel(), dy.numel());
+    torch::Tensor dx = torch::empty({g.numel()}, torch::TensorOptions().dtype(torch::kFloat32));
+    pool_backward_into(g, reinterpret_cast<const uint32_t*>(arg.data_ptr<int32_t>()),
+                       reinterpret_cast<const uint32_t*>(dy.data_ptr<int32_t>()), dx.data_ptr<float>(), threads);
+    return dx;
+}
+
 torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
     check_f32_cpu(x, "x");
     TORCH_CHECK(x.dim() == 2, "reduce_last takes a 2-D (rows, K) view");
@@ -218,6 +231,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("windowed_gather", &gather_operand, "every element of a windowed operand (explicit im2col)",
           pybind11::arg("data"), pybind11::arg("rows"), pybind11::arg("ks"), pybind11::arg("wins"),
           pybind11::arg("fill"), pybind11::arg("threads"));
+    m.def("pool_backward", &pool_backward, "max-pool backward in scatter form, the spec's chains",
+          pybind11::arg("arg"), pybind11::arg("dy"), pybind11::arg("axes"), pybind11::arg("plane_off"),
+          pybind11::arg("K"), pybind11::arg("threads"));
     m.def("reduce_last", &reduce_last, "sequential reduction over the last axis", pybind11::arg("x"),
           pybind11::arg("op"), pybind11::arg("threads"));
     m.def("binary", &binary, "elementwise IEEE op with canonical NaN", pybind11::arg("a"), pybind11::arg("b"),

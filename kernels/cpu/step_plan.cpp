@@ -47,8 +47,9 @@ namespace repops_cpu {
 namespace {
 
 enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3, NK_JIT = 4, NK_SCATTER = 5, NK_ROWDOT = 6 };
-// The window nodes (window_plan.h): windowed GEMM, gather into scratch, permuting copy (+ epilogue).
-enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18 };
+// The window nodes (window_plan.h): windowed GEMM, gather into scratch, permuting copy (+ epilogue),
+// max-pool backward.
+enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18, NK_POOLBACK = 19 };
 // A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
 // intermediates (a gathered operand, a GEMM result before its permutation), one per run (BufferPool).
 constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
@@ -347,6 +348,21 @@ class StepPlan {
         add_node(std::move(nd));
     }
 
+    // max_pool_backward in scatter form (read_pool_backward): refs (arg, dy).
+    void add_pool_backward(const torch::Tensor& refs, const torch::Tensor& axes, const torch::Tensor& plane_off,
+                           int64_t K, int64_t out_offset) {
+        PlanNode nd;
+        nd.kind = NK_POOLBACK;
+        nd.ins = read_refs(refs);
+        TORCH_CHECK(nd.ins.size() == 2, "a max-pool backward reads two inputs");
+        auto w = std::make_shared<WindowParts>();
+        w->pool = read_pool_backward(axes, plane_off, K, nd.ins[0].numel, nd.ins[1].numel);
+        w->K = K;
+        set_out(nd, out_offset, w->pool.numel());
+        nd.win = std::move(w);
+        add_node(std::move(nd));
+    }
+
     int64_t size() const { return (int64_t)nodes_.size(); }
 
     // Committed runs: plan node i's output is hashed into row rows[i] of run's `roots` (-1: not
@@ -556,7 +572,8 @@ class StepPlan {
                 break;
             case NK_WGEMM:
             case NK_GATHER:
-            case NK_PERMUTE: run_window_node(nd, data, out, threads); break;
+            case NK_PERMUTE:
+            case NK_POOLBACK: run_window_node(nd, data, out, threads); break;
             default:
                 map_into(nd.fn, reinterpret_cast<const void* const*>(data), out_bits, nd.out_numel, nd.work, threads);
                 break;
@@ -584,6 +601,7 @@ class StepPlan {
                 break;
             case NK_GATHER:
             case NK_PERMUTE: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
+            case NK_POOLBACK: nd.threads_worth = (double)nd.out_numel * (double)nd.win->K / BINARY_MIN_ELEMS; break;
             default: nd.threads_worth = (double)nd.work / MAP_MIN_INSTRS; break;
         }
         nd.threads_worth += epi;
@@ -643,6 +661,7 @@ class StepPlan {
             case NK_GATHER:
                 ok = windowed_gather(w.a.on(data[0], nd.ins[0].numel), w.K, reinterpret_cast<uint32_t*>(out), threads);
                 break;
+            case NK_POOLBACK: pool_backward_into(w.pool, data[0], data[1], out, threads); break;
             default:
                 permute_into(reinterpret_cast<const float*>(data[nd.ins.size() - 1]), w.shape, w.src_strides, out,
                              threads);
@@ -734,6 +753,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_window_gemm", &StepPlan::add_window_gemm)
         .def("add_window_gather", &StepPlan::add_window_gather)
         .def("add_permute", &StepPlan::add_permute)
+        .def("add_pool_backward", &StepPlan::add_pool_backward)
         .def("hash_outputs", &StepPlan::hash_outputs)
         .def("__len__", &StepPlan::size)
         .def("schedule", &StepPlan::schedule)

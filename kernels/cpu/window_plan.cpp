@@ -4,6 +4,7 @@
 
 #include "window_plan.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "pool.h"
@@ -77,6 +78,85 @@ void permute_into(const float* src, const std::vector<int64_t>& shape, const std
                            }
                        }
                    });
+}
+
+PoolBackward read_pool_backward(const torch::Tensor& axes, const torch::Tensor& plane_off, int64_t K,
+                                int64_t arg_numel, int64_t dy_numel) {
+    for (const torch::Tensor* t : {&axes, &plane_off})
+        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kInt64 && t->is_contiguous(),
+                    "max-pool backward: tables must be contiguous CPU int64 tensors");
+    TORCH_CHECK(axes.dim() == 2 && axes.size(1) == 8 && axes.size(0) >= 1 && axes.size(0) <= 3,
+                "max-pool backward: axes must be (r, 8), r in 1..3");
+    TORCH_CHECK(plane_off.dim() == 1 && plane_off.numel() >= 1, "max-pool backward: plane offsets must be 1-D");
+    TORCH_CHECK(K >= 1 && K < (1 << 24), "max-pool backward: K in 1 .. 2^24 - 1");
+    PoolBackward g;
+    g.r = axes.size(0);
+    g.K = K;
+    const int64_t* a = axes.data_ptr<int64_t>();
+    int64_t box = 0;  // the largest entry offset inside a plane
+    for (int64_t i = 0; i < g.r; i++) {
+        const int64_t* row = a + 8 * i;
+        g.S[i] = row[0], g.O[i] = row[1], g.div[i] = row[2], g.kmul[i] = row[3], g.off[i] = row[4];
+        g.st[i] = row[5], g.dstride[i] = row[6], g.dsize[i] = row[7];
+        TORCH_CHECK(g.S[i] >= 1 && g.O[i] >= 1 && g.div[i] >= 1 && g.st[i] >= 0 && g.dstride[i] >= 1 && g.dsize[i] >= 1,
+                    "max-pool backward: bad axis ", i);
+        g.plane *= g.S[i];
+        box += (g.O[i] - 1) * g.st[i];
+    }
+    g.plane_off.assign(plane_off.data_ptr<int64_t>(), plane_off.data_ptr<int64_t>() + plane_off.numel());
+    for (int64_t p : g.plane_off)
+        TORCH_CHECK(p >= 0 && p + box < std::min(arg_numel, dy_numel), "max-pool backward: an entry leaves its input");
+    return g;
+}
+
+void pool_backward_into(const PoolBackward& g, const uint32_t* arg, const uint32_t* dy, float* dx, int64_t threads) {
+    const int64_t planes = (int64_t)g.plane_off.size(), plane = g.plane, K = g.K;
+    const int64_t per_item = std::max<int64_t>(1, (1 << 14) / (plane * K));  // planes per item
+    const int64_t n_items = ceil_div(planes, per_item);
+    const float fK = (float)K;
+    const uint32_t one = RP_ONE_BITS, zero = 0u;  // EQ's true, SELECT's +0
+    parallel_items(n_items, threads_for(threads, n_items, (double)(planes * plane * K), BINARY_MIN_ELEMS),
+                   [&](int64_t item, int64_t) {
+        // slots[t * plane + x]: the term of position x at tap t
+        thread_local std::vector<float> slots;
+        slots.resize(K * plane);
+        float* sl = slots.data();
+        for (int64_t p = item * per_item; p < std::min(planes, (item + 1) * per_item); p++) {
+            std::fill(slots.begin(), slots.begin() + K * plane, from_bits(zero));
+            const int64_t base = g.plane_off[p];
+            for (int64_t q0 = 0; q0 < g.O[0]; q0++)
+                for (int64_t q1 = 0; q1 < g.O[1]; q1++)
+                    for (int64_t q2 = 0; q2 < g.O[2]; q2++) {
+                        const int64_t at = base + q0 * g.st[0] + q1 * g.st[1] + q2 * g.st[2];
+                        const float a = from_bits(arg[at]);
+                        if (!(a >= 0.0f && a < fK)) continue;  // NaN too: EQ(arg, t) holds for no t
+                        const int64_t t = (int64_t)a;
+                        if ((float)t != a) continue;
+                        const int64_t q[3] = {q0, q1, q2};
+                        int64_t x = 0;
+                        bool inside = true;
+                        for (int64_t i = 0; i < 3; i++) {
+                            const int64_t xi = q[i] * g.div[i] - g.kmul[i] * ((t / g.dstride[i]) % g.dsize[i]) - g.off[i];
+                            inside &= xi >= 0 && xi < g.S[i];
+                            x = x * g.S[i] + xi;
+                        }
+                        if (inside) sl[t * plane + x] = from_bits(rp_select(one, dy[at], zero));
+                    }
+            // the chains, W positions at a time: ADD in t order, canonical NaN per step
+            float* out = dx + p * plane;
+            int64_t x = 0;
+            for (; x + W <= plane; x += W) {
+                Vec acc = vload(sl + x);
+                for (int64_t t = 1; t < K; t++) acc = vcanon(vadd(acc, vload(sl + t * plane + x)));
+                vstore(out + x, acc);
+            }
+            for (; x < plane; x++) {
+                uint32_t acc = to_bits(sl[x]);
+                for (int64_t t = 1; t < K; t++) acc = rp_add(acc, to_bits(sl[t * plane + x]));
+                out[x] = from_bits(acc);
+            }
+        }
+    });
 }
 
 }  // namespace repops_cpu

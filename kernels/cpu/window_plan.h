@@ -25,14 +25,38 @@ struct WinTables {
     }
 };
 
+// The max-pool backward in scatter form (repops/windowed.py MaxPoolBackward): per windowed
+// (trailing) output axis i < r, S (output extent), O (entries), div, k_mul, offset, stride (of an
+// entry in both inputs), and the tap digit kd_i(t) = (t / dstride) % dsize; plane p's entries
+// start at plane_off[p]. Checked: every entry of the (planes x O) box lies inside both inputs.
+struct PoolBackward {
+    int64_t r = 0, K = 0, plane = 1;  // plane: prod S, the output elements per plane
+    int64_t S[3] = {1, 1, 1}, O[3] = {1, 1, 1}, div[3] = {1, 1, 1}, kmul[3] = {}, off[3] = {}, st[3] = {},
+            dstride[3] = {1, 1, 1}, dsize[3] = {1, 1, 1};
+    std::vector<int64_t> plane_off;
+    int64_t numel() const { return (int64_t)plane_off.size() * plane; }
+};
+
+// axes: (r, 8) int64 rows `S, O, div, k_mul, offset, stride, digit stride, digit size`, r in
+// 1..3; plane_off: (planes,) int64; the inputs' sizes arg_numel / dy_numel. Checked as above.
+PoolBackward read_pool_backward(const torch::Tensor& axes, const torch::Tensor& plane_off, int64_t K,
+                                int64_t arg_numel, int64_t dy_numel);
+
+// dx (numel() elements) of max_pool_backward (docs/repops-spec.md): per plane, each entry's
+// term (the spec's SELECT of dy) goes to the input position and tap its arg names, every other
+// term is +0, then each position's chain (the term of tap 0, ADD the rest, t ascending). Items
+// are whole planes: any thread count gives the same bits.
+void pool_backward_into(const PoolBackward& g, const uint32_t* arg, const uint32_t* dy, float* dx, int64_t threads);
+
 // What a window node of the plan keeps: NK_WGEMM reads a and b (C (nb, M, N) over K), NK_GATHER
 // reads a (R x K), NK_PERMUTE copies its last input into the output's order (shape,
-// src_strides: permute_into).
+// src_strides: permute_into), NK_POOLBACK reads (arg, dy) (pool).
 struct WindowParts {
     WinTables a, b;
     int64_t nb = 0, M = 0, N = 0, K = 0;
     ColumnSplit split;
     std::vector<int64_t> shape, src_strides;
+    PoolBackward pool;
 };
 
 // Checks one operand's tables: rows (1 + c, R), ks (K, 1 + c), wins (c, 3) contiguous CPU int64,

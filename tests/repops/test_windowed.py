@@ -266,6 +266,95 @@ def test_native_gather_on_several_os_threads(isa: str, threads: int) -> None:
             assert (ck.windowed_gather(bad, bits, isa, threads).numpy().view(np.uint32) != want).any()
 
 
+# ----------------------------------------------------------------------------- max-pool backward
+
+_POOL_GEOMETRIES = [  # (x shape, kernel, strides, dilations, pads, ceil_mode)
+    ((2, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False),  # resnet's stem pool
+    ((2, 2, 7, 8), (2, 3), (1, 2), (2, 1), (0, 1, 1, 0), True),  # dilated, asymmetric pads, ceil
+    ((2, 2, 8, 8), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), False),  # LeNet's: no overlap
+    ((3, 2, 11), (3,), (2,), (1,), (1, 0), False),  # 1-D
+    ((1, 2, 5, 6, 7), (2, 2, 3), (2, 1, 2), (1, 1, 1), (0, 0, 1, 1, 0, 1), True),  # 3-D
+    ((2, 2, 5, 5), (1, 1), (2, 2), (1, 1), (0, 0, 0, 0), False),  # K = 1: no ADD at all
+]
+
+
+def _pool_backward_inputs(desc: KernelDesc, seed: int) -> list[np.ndarray]:
+    """(arg, dy): arg mostly taps (as the argmax writes them), with -0 (EQ to tap 0), a
+    non-integral value, NaN, K and -1 sprinkled in (no tap); dy with edge values (-0, NaN
+    payloads, subnormals, infinities)."""
+    rng = np.random.default_rng(seed)
+    n, K = desc.inputs[0].numel, desc.K
+    arg = rng.integers(0, K, n).astype(np.float32)
+    for value in (-0.0, 0.5, np.nan, float(K), -1.0):
+        arg[rng.random(n) < 0.06] = value
+    return [arg, edges.edge_array((desc.inputs[1].numel,), seed + 1, 0.3, 3.0)]
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_max_pool_backward_scatter_form_equals_the_reference(isa: str) -> None:
+    """The scatter form (kernels/cpu/window_plan.cpp pool_backward_into) of every pool geometry:
+    the reference's bits, with the -0, NaN and no-tap edge cases; both entry points (the backend
+    call and the extension's own) run it."""
+    be = CpuBackend(isa=isa, threads=2)
+    for i, spec in enumerate(_POOL_GEOMETRIES):
+        desc = library.max_pool_backward(ConvGeometry.make(*spec))
+        form = windowed.max_pool_backward_plan(desc)
+        assert form is not None and be.windowed_prepare(desc).pool_backward is not None, spec
+        ins = _pool_backward_inputs(desc, 10 + i)
+        want = reference.run(desc, ins).view(np.uint32)
+        assert (be(desc, ins).view(np.uint32) == want).all(), (isa, spec)
+        flat = [x.view(np.uint32) for x in ins]
+        assert (ck.pool_backward(form, *flat, isa, 1).numpy().view(np.uint32) == want.reshape(-1)).all()
+
+
+@functools.cache
+def _big_pool_backward() -> tuple[KernelDesc, windowed.MaxPoolBackward, list[np.ndarray], np.ndarray]:
+    desc = library.max_pool_backward(ConvGeometry.make((8, 16, 32, 32), (3, 3), (2, 2), None, (1, 1, 1, 1)))
+    form = windowed.max_pool_backward_plan(desc)
+    assert form is not None
+    ins = _pool_backward_inputs(desc, 5)
+    return desc, form, [x.view(np.uint32) for x in ins], reference.run(desc, ins).view(np.uint32).reshape(-1)
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+@pytest.mark.parametrize("threads", THREAD_COUNTS)
+def test_max_pool_backward_on_several_os_threads(isa: str, threads: int) -> None:
+    """Whole planes are the items: more than one OS thread at threads > 1, the reference's bits
+    whatever ran them; a form with the taps of the two axes swapped (the digits' strides) or the
+    planes shifted is caught."""
+    _, form, flat, want = _big_pool_backward()
+    got = engaged(isa, threads, functools.partial(ck.pool_backward, form, *flat, isa, threads)).numpy()
+    assert (got.view(np.uint32) == want).all(), (isa, threads)
+    swapped = form.axes.copy()
+    swapped[:, 6] = swapped[::-1, 6]
+    shifted = np.ascontiguousarray(np.roll(form.plane_off, 1))
+    for bad in (dataclasses.replace(form, axes=swapped), dataclasses.replace(form, plane_off=shifted)):
+        assert (ck.pool_backward(bad, *flat, isa, threads).numpy().view(np.uint32) != want).any()
+
+
+def test_max_pool_backward_with_another_rule_is_not_the_scatter_form() -> None:
+    """Only max_pool_backward's exact program (and maps) takes the scatter form: a different
+    routing rule (LT for EQ), the chain from tap 1 (t counted from 1.0) or an argmax fill that is
+    a tap (the padding then routes dy's fill to tap 0) run as written, on the dewindowed path, and give other bits than the original."""
+    desc, _, flat, want = _big_pool_backward()
+    pro = list(desc.prologue)
+    lt = [dataclasses.replace(i, op=Op.LT) if i.op == Op.EQ else i for i in pro]
+    from_one = [pro[0], Instr(Op.MOV, 4, 3), *pro[1:]]  # r4 = t starts at 1.0
+    mutants = [
+        dataclasses.replace(desc, prologue=tuple(lt)),
+        dataclasses.replace(desc, prologue=tuple(from_one)),
+        dataclasses.replace(desc, inputs=(dataclasses.replace(desc.inputs[0], fill=0),  # padding routes dy's fill
+                                          dataclasses.replace(desc.inputs[1], fill=0x3F800000))),
+    ]
+    be = CpuBackend(threads=2)
+    ins = [x.view(np.float32) for x in flat]
+    for bad in mutants:
+        assert windowed.max_pool_backward_plan(bad) is None
+        got = be(bad, ins).view(np.uint32).reshape(-1)
+        assert (got == reference.run(bad, ins).view(np.uint32).reshape(-1)).all()
+        assert (got != want).any()
+
+
 def test_loadidx_of_a_windowed_input_is_not_dewindowed() -> None:
     from verde_chain.repops.program import InputMap, Window
 

@@ -254,21 +254,79 @@ def dewindow_plan(desc: KernelDesc) -> Dewindowed | None:
 
 
 @dataclass(frozen=True)
+class MaxPoolBackward:
+    """``max_pool_backward``'s descriptor (docs/repops-spec.md) in scatter form, for a kernel that
+    visits each (arg, dy) entry once instead of gathering every (input position, tap): entry q of
+    plane p (``plane_off[p] + sum q_i*stride_i`` in both inputs) whose arg is a tap t (the one
+    value EQ(arg, t) holds for: an integral float in [0, K), -0 included) is the term of input
+    position ``x_i = q_i*div_i - k_mul_i*kd_i(t) - offset_i`` at tap t, if x lies inside the
+    plane; every other term is +0. The chain per input position (the term of tap 0, then ADD
+    the others, t ascending) then runs over those terms: the spec's bits, -0 and NaN included.
+
+    ``axes`` rows, one per windowed (last) output axis: ``S, O, div, k_mul, offset, stride,
+    digit stride, digit size`` (``kd_i(t) = (t // digit stride) % digit size``); the output is
+    ``planes x prod(S)`` in C order."""
+
+    axes: np.ndarray  # int64 (r, 8)
+    plane_off: np.ndarray  # int64 (planes,)
+    K: int
+
+
+def max_pool_backward_plan(desc: KernelDesc) -> MaxPoolBackward | None:
+    """The scatter form of ``desc`` if it is ``library.max_pool_backward``'s program over two
+    maps that read the same (arg, dy) entry per (position, tap), every window on its own
+    trailing axis with ``out_mul == 1``, the arg's fill never a tap, and every entry of the
+    (planes x O) box inside both inputs; else None."""
+    from verde_chain.repops.library.conv import MAX_POOL_BACKWARD_BODY, MAX_POOL_BACKWARD_PROLOGUE
+
+    K, rank = desc.K, len(desc.out_shape)
+    if (len(desc.inputs) != 2 or desc.epilogue or desc.prologue != MAX_POOL_BACKWARD_PROLOGUE
+            or desc.body != (MAX_POOL_BACKWARD_BODY if K > 1 else ())):
+        return None
+    arg, dy = desc.inputs
+    if (arg.strides, arg.offset, arg.windows) != (dy.strides, dy.offset, dy.windows) or arg.kstride or dy.kstride:
+        return None
+    fill = float(np.uint32(arg.fill).view(np.float32))
+    if not math.isnan(fill) and 0 <= fill < K and fill == int(fill):  # EQ(fill, t) would hold for t = fill
+        return None
+    r = len(arg.windows)
+    if not 1 <= r <= 3 or r > rank:
+        return None
+    dstride = c_strides(desc.digit_dims)
+    rows = []
+    for i, w in enumerate(arg.windows):
+        axis = rank - r + i
+        if w.axis != axis or w.out_mul != 1 or arg.strides[axis] != 0 or not 0 <= w.digit < len(desc.digit_dims):
+            return None
+        rows.append((desc.out_shape[axis], w.size, w.div, w.k_mul, w.offset, w.stride, dstride[w.digit],
+                     desc.digit_dims[w.digit]))
+    outer = desc.out_shape[:rank - r]
+    grid = np.indices(outer, dtype=np.int64).reshape(len(outer), -1) if outer else np.zeros((0, 1), np.int64)
+    plane_off = arg.offset + np.asarray(arg.strides[:rank - r], dtype=np.int64) @ grid
+    axes = np.asarray(rows, dtype=np.int64).reshape(r, 8)
+    last = int(plane_off.max()) + int(((axes[:, 1] - 1) * axes[:, 5]).sum())
+    if int(plane_off.min()) < 0 or int(axes[:, 5].min()) < 0 or last >= min(arg.numel, dy.numel):
+        return None
+    return MaxPoolBackward(axes, np.ascontiguousarray(plane_off), K)
+
+
+@dataclass(frozen=True)
 class Prepared:
     """What a backend keeps per descriptor: its GEMM plan and operand tables (None if it is not
-    a windowed dot chain), else its dewindowed form (None if it has none); they depend on the
-    descriptor alone (and a backend that caches its plain descriptors by identity sees the same
-    one every call)."""
+    a windowed dot chain), else its dewindowed form (None if it has none) and its max-pool
+    backward scatter form (None if it is not one); they depend on the descriptor alone (and a
+    backend that caches its plain descriptors by identity sees the same one every call)."""
 
     gemm: WindowedGemm | None
     operands: tuple[Operand, Operand, int, int, int] | None
     dewindowed: Dewindowed | None = None
+    pool_backward: MaxPoolBackward | None = None
 
 
 def prepare(desc: KernelDesc) -> Prepared:
     g = plan(desc)
     if g is None:
-        return Prepared(None, None, dewindow_plan(desc))
+        return Prepared(None, None, dewindow_plan(desc), max_pool_backward_plan(desc))
     return Prepared(g, gemm_operands(desc, g))
 
 
@@ -287,15 +345,24 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None
     return dw.plain, data
 
 
+PoolBackwardFn = Callable[[MaxPoolBackward, np.ndarray, np.ndarray], np.ndarray]
+"""``(form, arg bits, dy bits) -> dx`` (float32, any shape of ``numel`` elements): a native
+max-pool backward in scatter form."""
+
+
 def run(desc: KernelDesc, inputs: Sequence[np.ndarray], gemm: WindowedGemmFn, plain: Runner | None = None,
-        gather: Gather | None = None, prepared: Prepared | None = None, ordered: bool = False) -> np.ndarray:
+        gather: Gather | None = None, prepared: Prepared | None = None, ordered: bool = False,
+        pool_backward: PoolBackwardFn | None = None) -> np.ndarray:
     """Execute ``desc``: with ``gemm`` if it is a windowed dot chain, else dewindowed (by
     ``gather``) on ``plain`` (a runner of plain descriptors), else on the reference; float32 of
     ``out_shape``, the reference's bits either way. ``prepared``: ``prepare(desc)``, if the
-    caller keeps it; ``ordered``: ``gemm`` returns the output's order already (column_split)."""
+    caller keeps it; ``ordered``: ``gemm`` returns the output's order already (column_split);
+    ``pool_backward``: runs a max-pool backward's scatter form (``Prepared.pool_backward``)."""
     prep = prepare(desc) if prepared is None else prepared
     g = prep.gemm
     flat = check_inputs(desc, inputs)
+    if prep.pool_backward is not None and pool_backward is not None:
+        return np.asarray(pool_backward(prep.pool_backward, flat[0], flat[1]), dtype=np.float32).reshape(desc.out_shape)
     if g is None:
         dense = dewindow(desc, flat, gather, prep.dewindowed) if plain is not None else None
         if dense is None or plain is None:

@@ -349,28 +349,34 @@ def max_pool_argmax(geo: ConvGeometry) -> KernelDesc:
     return _pool_desc(geo, out, (_pool_map(geo, NEG_INF),), pro, body, (I(Op.MOV, 0, 1),), "max_pool_argmax")
 
 
+# max_pool_backward's program (inputs: 0 = the argmax tap, 1 = dy, both read at the output o the
+# input position takes at tap t): the one definition, which backends match to run its scatter form
+# (repops/windowed.py max_pool_backward_plan).
+MAX_POOL_BACKWARD_PROLOGUE = (
+    const(3, 1.0),  # r3 = 1.0 (r4 = t = +0.0, r5 = +0.0)
+    load(1, 0),  # r1 = arg[o(x, t)]
+    load(2, 1),  # r2 = dy[o(x, t)]
+    I(Op.EQ, 6, 1, 4),  # r6 = arg == t
+    I(Op.SELECT, 0, 6, 2, 5),  # r0 = r6 ? dy : +0
+)
+MAX_POOL_BACKWARD_BODY = (
+    I(Op.ADD, 4, 4, 3),  # r4 = t
+    load(1, 0),
+    load(2, 1),
+    I(Op.EQ, 6, 1, 4),
+    I(Op.SELECT, 6, 6, 2, 5),  # r6 = arg == t ? dy : +0
+    I(Op.ADD, 0, 0, 6),
+)
+
+
 def max_pool_backward(geo: ConvGeometry) -> KernelDesc:
     """dx ``(N, C, *S)`` from (argmax tap, dy) of ``(N, C, *O)``: the sum over taps t ascending of
     ``dy[o]`` where output o = ``(x + p - t*d)/s`` exists and took tap t (``SELECT(EQ(arg, t),
     dy, +0)``; the first term starts the chain, the others are ADDed). The argmax reads NaN
     outside (never equal to a tap)."""
-    pro = (
-        const(3, 1.0),  # r3 = 1.0 (r4 = t = +0.0, r5 = +0.0)
-        load(1, 0),  # r1 = arg[o(x, t)]
-        load(2, 1),  # r2 = dy[o(x, t)]
-        I(Op.EQ, 6, 1, 4),  # r6 = arg == t
-        I(Op.SELECT, 0, 6, 2, 5),  # r0 = r6 ? dy : +0
-    )
-    body = (
-        I(Op.ADD, 4, 4, 3),  # r4 = t
-        load(1, 0),
-        load(2, 1),
-        I(Op.EQ, 6, 1, 4),
-        I(Op.SELECT, 6, 6, 2, 5),  # r6 = arg == t ? dy : +0
-        I(Op.ADD, 0, 0, 6),
-    )
     maps = (_pool_grad_map(geo, CANONICAL_NAN), _pool_grad_map(geo))
-    return _pool_desc(geo, geo.x_shape, maps, pro, body, (), "max_pool_backward")
+    return _pool_desc(geo, geo.x_shape, maps, MAX_POOL_BACKWARD_PROLOGUE, MAX_POOL_BACKWARD_BODY, (),
+                      "max_pool_backward")
 
 
 def _window_count(geo: ConvGeometry, include_pad: bool) -> tuple:

@@ -146,7 +146,8 @@ class CpuBackend:
             wp = self.windowed_prepare(desc)
             split = None if wp.gemm is None else self.column_split(desc, wp.gemm)
             gemm = functools.partial(self._windowed_gemm, split=split) if split else self._windowed_gemm
-            return windowed.run(desc, inputs, gemm, self, self._windowed_gather, wp, ordered=split is not None)
+            return windowed.run(desc, inputs, gemm, self, self._windowed_gather, wp, ordered=split is not None,
+                                pool_backward=self._pool_backward)
         prep = self.prepare(desc)
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
@@ -184,6 +185,10 @@ class CpuBackend:
     def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray) -> np.ndarray:
         """Every element of a windowed operand (kernels/cpu/conv.cpp), for dewindowed nodes."""
         return ext.windowed_gather(op, bits, self.isa, self.threads).numpy().view(np.uint32)
+
+    def _pool_backward(self, form: windowed.MaxPoolBackward, arg: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """A max-pool backward in scatter form (kernels/cpu/window_plan.cpp)."""
+        return ext.pool_backward(form, arg, dy, self.isa, self.threads).numpy()
 
     def _views(self, plan: Plan, flat: list[np.ndarray]) -> list[torch.Tensor]:
         # reshape keeps stride-0 (broadcast) batches as views where it can; a copy changes no value

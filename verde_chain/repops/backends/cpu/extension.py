@@ -294,6 +294,14 @@ def windowed_gather(op: Any, bits: Any, isa: str | None = None, threads: int | N
     return _ext(isa).windowed_gather(*_operand_args(op, bits), _threads(threads))
 
 
+def pool_backward(form: Any, arg_bits: Any, dy_bits: Any, isa: str | None = None,
+                  threads: int | None = None) -> torch.Tensor:
+    """dx (float32, flat) of a ``repops.windowed.MaxPoolBackward`` over the (arg, dy) bits."""
+    arg, dy = (torch.from_numpy(writable(np.ascontiguousarray(b)).view(np.int32)) for b in (arg_bits, dy_bits))
+    return _ext(isa).pool_backward(arg, dy, torch.from_numpy(form.axes), torch.from_numpy(form.plane_off), form.K,
+                                   _threads(threads))
+
+
 def _operand_args(op: Any, bits: Any) -> list[Any]:
     return [torch.from_numpy(writable(np.ascontiguousarray(bits)).view(np.int32)), torch.from_numpy(op.rows),
             torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]

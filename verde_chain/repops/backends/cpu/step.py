@@ -49,7 +49,7 @@ def in_plan(backend: CpuBackend, desc: KernelDesc) -> bool:
         return True
     prep = backend.windowed_prepare(desc)
     if prep.gemm is None:
-        return prep.dewindowed is not None
+        return prep.dewindowed is not None or prep.pool_backward is not None
     return not any(i.op in (Op.LOAD, Op.LOADIDX) and desc.inputs[i.imm].windows for i in desc.epilogue)
 
 
@@ -58,6 +58,8 @@ def _scratch_need(backend: CpuBackend, desc: KernelDesc) -> int:
     if not desc.extended:
         return 0
     prep = backend.windowed_prepare(desc)
+    if prep.pool_backward is not None:
+        return 0
     if prep.dewindowed is not None:
         return sum(op.rows.shape[1] * desc.K for op in prep.dewindowed.operands.values())
     return desc.numel
@@ -135,6 +137,11 @@ class StepKernel(ArenaLayout):
     def _add_windowed(self, desc: KernelDesc, refs: torch.Tensor, out: int) -> None:
         prep = self.backend.windowed_prepare(desc)
         g = prep.gemm
+        pb = prep.pool_backward
+        if pb is not None:  # max-pool backward: its scatter form reads (arg, dy) in place
+            self._plan.add_pool_backward(refs, torch.from_numpy(pb.axes), torch.from_numpy(pb.plane_off), pb.K, out)
+            self.window_forms["max-pool backward"] += 1
+            return
         if g is None:  # dewindowed: each windowed operand gathered into the scratch, then the plain node
             dw = prep.dewindowed
             assert dw is not None  # in_plan
