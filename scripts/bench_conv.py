@@ -2,7 +2,7 @@
 against torch at the same thread count.
 
 Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
-       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32]
+       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile]] [--families]
 
 Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
 ``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
@@ -13,7 +13,10 @@ rotation of the order (``best_rotated``). Prints a table and one JSON line. ``--
 instead, one committed training step of a vision job (``examples/vision.py``, SGD with
 momentum) against torch eager's forward, backward and SGD step on the same module and batch. ``--step MODEL --profile``: where the plain step's time goes,
 per node label (the whole-step plan's ``node_times``), beside torch's per-op self CPU time
-(``torch.profiler``), same thread count.
+(``torch.profiler``), same thread count. ``--families``: CPU time per call of the non-GEMM
+window families on resnet18's shapes (batch 32), each new path beside the one it replaced, in
+one process: max-pool backward in scatter form vs its two gathers and the interpreter, and the
+channel statistics read k-major vs row-major (the layout before; its descriptor rebuilt here).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import collections
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,71 @@ def profile_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> 
             "torch_self_ms": round(sum(ops.values()), 1), "torch_ms": top}
 
 
+def _cpu_best(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t)
+    return best
+
+
+def _row_major(desc: Any, be: CpuBackend) -> Callable[[list[np.ndarray]], object]:
+    """The dewindowed path as it was before the k-major gathers (a fold still reads row-major):
+    each windowed input gathered ``(R, K)``, the plain descriptor reading it with stride K per
+    output, kstride 1."""
+    from verde_chain.repops.library.shapes import c_strides
+    from verde_chain.repops.program import InputMap, KernelDesc
+
+    dw = windowed.dewindow_plan(desc)
+    assert dw is not None
+    rank, maps = len(desc.out_shape), []
+    for t, m in enumerate(desc.inputs):
+        if t not in dw.operands:
+            maps.append(m)
+            continue
+        axes = tuple(d for d in range(rank) if windowed._depends(m, d))
+        dims = (*[desc.out_shape[a] for a in axes], desc.K)
+        st = c_strides(dims)
+        maps.append(InputMap(int(np.prod(dims)), tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank)),
+                             kstride=1))
+    plain = KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue)
+
+    def run(flat: list[np.ndarray]) -> object:
+        data = [x if t not in dw.operands else
+                cpu_ext.windowed_gather(dw.operands[t], x, be.isa, be.threads).numpy().reshape(-1).view(np.uint32)
+                for t, x in enumerate(flat)]
+        return be(plain, [d.view(np.float32) for d in data])
+
+    return run
+
+
+def families(threads: int, isa: str, repeat: int) -> dict[str, object]:
+    """ms of CPU per call (best of ``repeat``), new path and the one it replaced, same process."""
+    be = CpuBackend(isa=isa, threads=threads)
+    r = np.random.default_rng(0)
+    rows: dict[str, object] = {}
+    g = ConvGeometry.make((32, 64, 16, 16), (3, 3), (2, 2), None, (1, 1, 1, 1))
+    desc = library.max_pool_backward(g)
+    out = (32, 64, *g.out_spatial)
+    ins = [r.integers(0, 9, out).astype(np.float32), r.standard_normal(out, dtype=np.float32)]
+    wp = be.windowed_prepare(desc)
+    new = functools.partial(windowed.run, desc, ins, be._windowed_gemm, be, be._windowed_gather, wp,
+                            pool_backward=be._pool_backward)
+    old = functools.partial(windowed.run, desc, ins, be._windowed_gemm, be, be._windowed_gather, wp)
+    assert (new().view(np.uint32) == old().view(np.uint32)).all()
+    rows["max_pool_backward 32x64x16x16"] = (round(1e3 * _cpu_best(new, repeat), 2), round(1e3 * _cpu_best(old, repeat), 2))
+    for xs in ((32, 64, 16, 16), (32, 128, 4, 4)):
+        for desc in (library.channel_dot_xhat(xs), library.channel_centered_meansq(xs), library.channel_mean(xs)):
+            ins = [r.standard_normal(m.numel, dtype=np.float32) for m in desc.inputs]
+            flat = [x.view(np.uint32) for x in ins]
+            now, before = functools.partial(be, desc, ins), functools.partial(_row_major(desc, be), flat)
+            assert (np.asarray(before()).view(np.uint32) == now().view(np.uint32)).all()
+            rows[f"{desc.label} {'x'.join(map(str, xs))}"] = (round(1e3 * _cpu_best(now, repeat), 2),
+                                                             round(1e3 * _cpu_best(before, repeat), 2))
+    return {"threads": threads, "isa": isa, "ms_cpu_new_vs_before": rows}
+
+
 def best_rotated(fns: list[Callable[[], object]], repeat: int) -> list[float]:
     """Best wall time of each function over ``best_of`` runs in every rotation of their order:
     in a fixed round-robin the function after torch's convolution always ran on the cache and
@@ -130,10 +199,15 @@ def main() -> None:
     ap.add_argument("--step", default=None, help="a vision model (resnet18, mobilenet_v2): time a training step")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--profile", action="store_true", help="with --step: per node label / per aten op times")
+    ap.add_argument("--families", action="store_true", help="pooling backward / channel statistics, new vs before")
     args = ap.parse_args()
     n, c, h, w, m, kh, kw, pad, stride = args.shape
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings
+    if args.families:
+        for t in args.threads:
+            print(json.dumps(families(t, isa, args.repeat)))
+        return
     if args.step:
         for t in args.threads:
             fn = profile_step if args.profile else bench_step

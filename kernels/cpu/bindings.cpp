@@ -73,13 +73,14 @@ torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& 
     return c;
 }
 
-// Every element (R, K) of one windowed operand, int32 bits.
+// Every element (R, K) of one windowed operand, int32 bits; (K, R) if kmajor.
 torch::Tensor gather_operand(const torch::Tensor& data, const torch::Tensor& rows, const torch::Tensor& ks,
-                             const torch::Tensor& wins, int64_t fill, int64_t threads) {
+                             const torch::Tensor& wins, int64_t fill, int64_t threads, bool kmajor) {
     const int64_t K = ks.size(0);
     const WinOperand o = win_operand(data, rows, ks, wins, fill, K, "operand");
-    torch::Tensor out = torch::empty({o.R, K}, torch::TensorOptions().dtype(torch::kInt32));
-    TORCH_CHECK(windowed_gather(o, K, reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), threads),
+    torch::Tensor out = kmajor ? torch::empty({K, o.R}, torch::TensorOptions().dtype(torch::kInt32))
+                               : torch::empty({o.R, K}, torch::TensorOptions().dtype(torch::kInt32));
+    TORCH_CHECK(windowed_gather(o, K, reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), threads, kmajor),
                 "windowed_gather: an operand address fell outside its input");
     return out;
 }
@@ -230,7 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("GEMM_NR") = GEMM_NR;  // micro-tile width: windowed_matmul's n_inner is a multiple of it
     m.def("windowed_gather", &gather_operand, "every element of a windowed operand (explicit im2col)",
           pybind11::arg("data"), pybind11::arg("rows"), pybind11::arg("ks"), pybind11::arg("wins"),
-          pybind11::arg("fill"), pybind11::arg("threads"));
+          pybind11::arg("fill"), pybind11::arg("threads"), pybind11::arg("kmajor") = false);
     m.def("pool_backward", &pool_backward, "max-pool backward in scatter form, the spec's chains",
           pybind11::arg("arg"), pybind11::arg("dy"), pybind11::arg("axes"), pybind11::arg("plane_off"),
           pybind11::arg("K"), pybind11::arg("threads"));

@@ -223,10 +223,12 @@ void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc
     }
 }
 
-// Rows [r0, r1) of the (R, K) gather, NCHK div == 1 windows: runs of evenly stepping entries
-// (along k, else along rows) copied as intervals, the fill outside them, as the GEMM's panels are.
+// Rows [r0, r1) of the gather, NCHK div == 1 windows: runs of evenly stepping entries (along k,
+// else along rows) copied as intervals, the fill outside them, as the GEMM's panels are. Layout
+// (R, K) (out[r*K + k]) or k-major (K, R) (out[k*R + r]: an interpreter reading it has its lanes,
+// the rows, contiguous at every k).
 template <int NCHK>
-void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool& ok) {
+void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool kmajor, bool& ok) {
     uint64_t size[MAX_CHECKED] = {};
     for (int w = 0; w < NCHK; w++) size[w] = (uint64_t)o.wins[3 * w + 1];
     const int64_t cols = 1 + NCHK;
@@ -245,6 +247,17 @@ void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_
         k += u.len;
     }
     if ((int64_t)kruns.size() * 4 <= K) {
+        if (kmajor) {
+            // a tiled transpose: KT k of a run (a part of a run steps evenly too) for every row
+            // of the block, so the lines written (each k's rows) stay in L1 until full
+            constexpr int64_t KT = 64;
+            for (const KRun& u : kruns)
+                for (int64_t c0 = 0; c0 < u.len; c0 += KT)
+                    for (int64_t r = r0; r < r1; r++)
+                        pack_steps_row<NCHK, uint32_t>(o, r, std::min(KT, u.len - c0), o.ks + (u.k0 + c0) * cols,
+                                                       u.step, u.delta, size, out + (u.k0 + c0) * o.R + r, o.R, ok);
+            return;
+        }
         for (int64_t r = r0; r < r1; r++)
             for (const KRun& u : kruns)
                 pack_steps_row<NCHK, uint32_t>(o, r, u.len, o.ks + u.k0 * cols, u.step, u.delta, size,
@@ -255,23 +268,24 @@ void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_
     for (int64_t r = r0; r < r1;) {
         const int64_t len = run_length(o, r, r1 - r, step, delta);
         for (int64_t k = 0; k < K; k++)
-            pack_steps_row<NCHK, uint32_t>(o, r, len, o.ks + k * cols, step, delta, size, out + r * K + k, K, ok);
+            pack_steps_row<NCHK, uint32_t>(o, r, len, o.ks + k * cols, step, delta, size,
+                                           kmajor ? out + k * o.R + r : out + r * K + k, kmajor ? 1 : K, ok);
         r += len;
     }
 }
 
-void gather_block(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool& ok) {
+void gather_block(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool kmajor, bool& ok) {
     if (all_div1(o)) {
         switch (o.nchk) {
-            case 0: return gather_runs<0>(o, r0, r1, K, out, ok);
-            case 1: return gather_runs<1>(o, r0, r1, K, out, ok);
-            case 2: return gather_runs<2>(o, r0, r1, K, out, ok);
-            default: return gather_runs<3>(o, r0, r1, K, out, ok);
+            case 0: return gather_runs<0>(o, r0, r1, K, out, kmajor, ok);
+            case 1: return gather_runs<1>(o, r0, r1, K, out, kmajor, ok);
+            case 2: return gather_runs<2>(o, r0, r1, K, out, kmajor, ok);
+            default: return gather_runs<3>(o, r0, r1, K, out, kmajor, ok);
         }
     }
     const int64_t cols = 1 + o.nchk;
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t k = 0; k < K; k++) out[r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
+        for (int64_t k = 0; k < K; k++) out[kmajor ? k * o.R + r : r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
 }
 
 }  // namespace
@@ -329,13 +343,14 @@ const char* column_split_error(const ColumnSplit& s, int64_t batch, int64_t M, i
     return last < batch * M * N ? nullptr : "the split layout leaves the output";
 }
 
-bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads) {
+bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads, bool kmajor) {
     std::atomic<bool> all_ok{true};
-    const int64_t per_item = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, K));  // rows per item
+    // rows per item; k-major: at least 16, a cache line of each k's rows
+    const int64_t per_item = std::max<int64_t>(kmajor ? 16 : 1, (1 << 16) / std::max<int64_t>(1, K));
     if ((double)o.R * (double)K < (double)(1 << 18)) threads = 1;
     parallel_items(ceil_div(o.R, per_item), threads, [&](int64_t item, int64_t) {
         bool ok = true;
-        gather_block(o, item * per_item, std::min(o.R, (item + 1) * per_item), K, out, ok);
+        gather_block(o, item * per_item, std::min(o.R, (item + 1) * per_item), K, out, kmajor, ok);
         if (!ok) all_ok = false;
     });
     return all_ok;

@@ -90,9 +90,10 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
 // Whether `split` is usable for a (batch, M, N) GEMM writing numel == batch*M*N elements: the
 // reason it is not, else nullptr.
 const char* column_split_error(const ColumnSplit& split, int64_t batch, int64_t M, int64_t N);
-// Every element of one operand, out (R, K) raw bits (im2col made explicit: the dewindowed
-// descriptors of pooling and per-channel statistics read it). False if an address fell outside.
-bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads);
+// Every element of one operand, out (R, K) raw bits, or (K, R) if kmajor (im2col made explicit:
+// the dewindowed descriptors of pooling and per-channel statistics read it, k-major). False if
+// an address fell outside.
+bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads, bool kmajor = false);
 // Distinct OS threads that ran the last windowed_gemm's items.
 
 // ---------------------------------------------------------------------------- folds (reduce.cpp)

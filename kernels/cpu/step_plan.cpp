@@ -315,9 +315,10 @@ class StepPlan {
         add_node(std::move(nd));
     }
 
-    // Every element (R, K) of the windowed operand over its one input (refs), raw bits.
+    // Every element (R, K) of the windowed operand over its one input (refs), raw bits; (K, R) if kmajor.
     void add_window_gather(const torch::Tensor& refs, const torch::Tensor& rows, const torch::Tensor& ks,
-                           const torch::Tensor& wins, int64_t fill, int64_t K, int64_t out_buf, int64_t out_offset) {
+                           const torch::Tensor& wins, int64_t fill, int64_t K, int64_t out_buf, int64_t out_offset,
+                           bool kmajor) {
         PlanNode nd;
         nd.kind = NK_GATHER;
         nd.ins = read_refs(refs);
@@ -325,6 +326,7 @@ class StepPlan {
         auto w = std::make_shared<WindowParts>();
         w->a = read_win_tables(rows, ks, wins, fill, K, "operand");
         w->K = K;
+        w->kmajor = kmajor;
         set_out(nd, out_offset, w->a.R * K, out_buf);
         nd.win = std::move(w);
         add_node(std::move(nd));
@@ -659,7 +661,8 @@ class StepPlan {
                                    w.N, w.K, threads, mc_, kc_, nc_, w.split);
                 break;
             case NK_GATHER:
-                ok = windowed_gather(w.a.on(data[0], nd.ins[0].numel), w.K, reinterpret_cast<uint32_t*>(out), threads);
+                ok = windowed_gather(w.a.on(data[0], nd.ins[0].numel), w.K, reinterpret_cast<uint32_t*>(out), threads,
+                                     w.kmajor);
                 break;
             case NK_POOLBACK: pool_backward_into(w.pool, data[0], data[1], out, threads); break;
             default:
@@ -751,7 +754,9 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_scatter", &StepPlan::add_scatter)
         .def("add_rowdot", &StepPlan::add_rowdot)
         .def("add_window_gemm", &StepPlan::add_window_gemm)
-        .def("add_window_gather", &StepPlan::add_window_gather)
+        .def("add_window_gather", &StepPlan::add_window_gather, pybind11::arg("refs"), pybind11::arg("rows"),
+             pybind11::arg("ks"), pybind11::arg("wins"), pybind11::arg("fill"), pybind11::arg("K"),
+             pybind11::arg("out_buf"), pybind11::arg("out_offset"), pybind11::arg("kmajor") = false)
         .def("add_permute", &StepPlan::add_permute)
         .def("add_pool_backward", &StepPlan::add_pool_backward)
         .def("hash_outputs", &StepPlan::hash_outputs)

@@ -49,12 +49,13 @@ PoolBackward read_pool_backward(const torch::Tensor& axes, const torch::Tensor& 
 void pool_backward_into(const PoolBackward& g, const uint32_t* arg, const uint32_t* dy, float* dx, int64_t threads);
 
 // What a window node of the plan keeps: NK_WGEMM reads a and b (C (nb, M, N) over K), NK_GATHER
-// reads a (R x K), NK_PERMUTE copies its last input into the output's order (shape,
+// reads a (R x K, or K x R if kmajor), NK_PERMUTE copies its last input into the output's order (shape,
 // src_strides: permute_into), NK_POOLBACK reads (arg, dy) (pool).
 struct WindowParts {
     WinTables a, b;
     int64_t nb = 0, M = 0, N = 0, K = 0;
     ColumnSplit split;
+    bool kmajor = false;
     std::vector<int64_t> shape, src_strides;
     PoolBackward pool;
 };

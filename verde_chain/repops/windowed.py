@@ -16,11 +16,13 @@ reference afterwards with ``r0`` preset, when it reads no register but r0 and it
 depend on k.
 
 Every other window descriptor (pooling, per-channel statistics, pad) is *dewindowed*
-(:func:`dewindow`): each windowed input is gathered at every (output coordinate it reads, k),
-fill included, into a dense tensor that a plain map reads with the same coordinates and k — the
-same program then reads the same bits from it, on any backend's interpreter. (A LOADIDX of a
-windowed input adds its index to the original address, which the dense copy has lost: such a
-descriptor stays on the reference.)
+(:func:`dewindow`): each windowed input is gathered at every (k, output coordinate it reads),
+fill included, into a dense k-major tensor that a plain map reads with the same coordinates and
+k — the same program then reads the same bits from it, on any backend's interpreter. (A LOADIDX
+of a windowed input adds its index to the original address, which the dense copy has lost: such
+a descriptor stays on the reference.) MaxPool's backward has a scatter form besides
+(:func:`max_pool_backward_plan`): each (argmax, dy) entry visited once instead of every
+(position, tap) gathered.
 """
 
 from __future__ import annotations
@@ -208,8 +210,9 @@ def explicit(gemm: Gemm) -> WindowedGemmFn:
     return run
 
 
-Gather = Callable[[Operand, np.ndarray], np.ndarray]
-"""``(operand, bits) -> (R, K)`` raw bits: every element (``Operand.gather``, or a native one)."""
+Gather = Callable[[Operand, np.ndarray, bool], np.ndarray]
+"""``(operand, bits, kmajor) -> (R, K)`` raw bits, ``(K, R)`` if ``kmajor``: every element
+(``Operand.gather``, or a native one)."""
 
 
 def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, int, int, int]:
@@ -223,34 +226,52 @@ def gemm_operands(desc: KernelDesc, g: WindowedGemm) -> tuple[Operand, Operand, 
 @dataclass(frozen=True)
 class Dewindowed:
     """``desc`` over plain maps: ``plain`` reads, in place of each windowed input ``slot``, the
-    dense ``(R, K)`` gather of ``operands[slot]`` (C order); every other input as it is."""
+    dense ``(R, K)`` gather of ``operands[slot]`` (C order), ``(K, R)`` if ``kmajor``; every
+    other input as it is."""
 
     plain: KernelDesc
     operands: dict[int, Operand]
+    kmajor: bool = False
 
 
 def dewindow_plan(desc: KernelDesc) -> Dewindowed | None:
     """The structure of :func:`dewindow` (it depends on the descriptor alone); None if a LOADIDX
-    reads a windowed input."""
+    reads a windowed input. The gathers are k-major unless the plain descriptor is a fold: an
+    interpreter's lanes (consecutive outputs) then read consecutive entries at each k (row-major,
+    a channel statistic's rows lie K apart, a power of two that mapped every lane's load to one
+    cache set), while a fold (plan.classify) streams each output's row along k."""
+    from verde_chain.repops.backends.plan import classify
+
     programs = desc.prologue + desc.body + desc.epilogue
     if any(i.op == Op.LOADIDX and desc.inputs[i.imm].windows for i in programs):
         return None
+    operands = {t: operand(desc, t, _read_axes(desc, m)) for t, m in enumerate(desc.inputs) if m.windows}
+    row_major = _dense(desc, operands, False)
+    if classify(row_major).kind == "fold":
+        return Dewindowed(row_major, operands)
+    return Dewindowed(_dense(desc, operands, True), operands, kmajor=True)
+
+
+def _read_axes(desc: KernelDesc, m: InputMap) -> tuple[int, ...]:
+    return tuple(d for d in range(len(desc.out_shape)) if _depends(m, d))
+
+
+def _dense(desc: KernelDesc, operands: dict[int, Operand], kmajor: bool) -> KernelDesc:
+    """``desc`` reading each gathered operand: ``(*dims of its axes, K)``, or ``(K, *dims)``."""
     rank = len(desc.out_shape)
     maps: list[InputMap] = []
-    operands: dict[int, Operand] = {}
     for t, m in enumerate(desc.inputs):
-        if not m.windows:
+        if t not in operands:
             maps.append(m)
             continue
-        axes = tuple(d for d in range(rank) if _depends(m, d))
-        operands[t] = operand(desc, t, axes)
-        dims = (*[desc.out_shape[a] for a in axes], desc.K)  # the gather (R, K) as (*dims of axes, K)
-        st = c_strides(dims)
-        strides = tuple(st[axes.index(d)] if d in axes else 0 for d in range(rank))
-        maps.append(InputMap(math.prod(dims), strides, kstride=1 if desc.K > 1 else 0))
-    plain = KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue,
-                       label=f"{desc.label}/dewindowed")
-    return Dewindowed(plain, operands)
+        axes = _read_axes(desc, m)
+        dims = [desc.out_shape[a] for a in axes]
+        st = c_strides((desc.K, *dims) if kmajor else (*dims, desc.K))
+        ax_st, k_st = (st[1:], st[0]) if kmajor else (st[:-1], st[-1])
+        strides = tuple(ax_st[axes.index(d)] if d in axes else 0 for d in range(rank))
+        maps.append(InputMap(desc.K * math.prod(dims), strides, kstride=k_st if desc.K > 1 else 0))
+    return KernelDesc(desc.out_shape, desc.K, tuple(maps), desc.prologue, desc.body, desc.epilogue,
+                      label=f"{desc.label}/dewindowed")
 
 
 @dataclass(frozen=True)
@@ -333,7 +354,7 @@ def prepare(desc: KernelDesc) -> Prepared:
 def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None = None,
              dw: Dewindowed | None = None) -> tuple[KernelDesc, list[np.ndarray]] | None:
     """The same program over plain maps: each windowed input gathered densely at (the output axes
-    it reads, k), by ``gather`` if given; None if a LOADIDX reads a windowed input. ``dw``:
+    it reads, k), k-major if ``dw.kmajor``, by ``gather`` if given; None if a LOADIDX reads a windowed input. ``dw``:
     ``dewindow_plan(desc)``, if the caller keeps it."""
     dw = dewindow_plan(desc) if dw is None else dw
     if dw is None:
@@ -341,7 +362,9 @@ def dewindow(desc: KernelDesc, flat: Sequence[np.ndarray], gather: Gather | None
     data = []
     for t, x in enumerate(flat):
         op = dw.operands.get(t)
-        data.append(x if op is None else np.ascontiguousarray(op.gather(x) if gather is None else gather(op, x)).reshape(-1))
+        if op is not None:
+            x = gather(op, x, dw.kmajor) if gather is not None else op.gather(x).T if dw.kmajor else op.gather(x)
+        data.append(np.ascontiguousarray(x).reshape(-1))
     return dw.plain, data
 
 

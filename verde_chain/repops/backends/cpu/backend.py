@@ -182,9 +182,9 @@ class CpuBackend:
         if ``split`` (``column_split``)."""
         return ext.windowed_matmul(a, a_bits, b, b_bits, nb, M, N, self.isa, self.threads, split=split).numpy()
 
-    def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray) -> np.ndarray:
+    def _windowed_gather(self, op: windowed.Operand, bits: np.ndarray, kmajor: bool) -> np.ndarray:
         """Every element of a windowed operand (kernels/cpu/conv.cpp), for dewindowed nodes."""
-        return ext.windowed_gather(op, bits, self.isa, self.threads).numpy().view(np.uint32)
+        return ext.windowed_gather(op, bits, self.isa, self.threads, kmajor).numpy().view(np.uint32)
 
     def _pool_backward(self, form: windowed.MaxPoolBackward, arg: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """A max-pool backward in scatter form (kernels/cpu/window_plan.cpp)."""

@@ -289,9 +289,11 @@ def windowed_matmul(
                                      _threads(threads), mc, kc, nc, list(split or ()))
 
 
-def windowed_gather(op: Any, bits: Any, isa: str | None = None, threads: int | None = None) -> torch.Tensor:
-    """Every element ``(R, K)`` (int32 bits) of a ``repops.windowed.Operand`` over its input's bits."""
-    return _ext(isa).windowed_gather(*_operand_args(op, bits), _threads(threads))
+def windowed_gather(op: Any, bits: Any, isa: str | None = None, threads: int | None = None,
+                    kmajor: bool = False) -> torch.Tensor:
+    """Every element ``(R, K)`` (int32 bits) of a ``repops.windowed.Operand`` over its input's bits;
+    ``(K, R)`` if ``kmajor``."""
+    return _ext(isa).windowed_gather(*_operand_args(op, bits), _threads(threads), kmajor)
 
 
 def pool_backward(form: Any, arg_bits: Any, dy_bits: Any, isa: str | None = None,

@@ -149,7 +149,7 @@ class StepKernel(ArenaLayout):
             for t, op in dw.operands.items():
                 n = op.rows.shape[1] * desc.K
                 at = self._ring.take(n)
-                self._plan.add_window_gather(refs[t:t + 1], *_tables(op), desc.K, SCRATCH, at)
+                self._plan.add_window_gather(refs[t:t + 1], *_tables(op), desc.K, SCRATCH, at, kmajor=dw.kmajor)
                 dense[t] = torch.tensor((SCRATCH, at, n))
             self._add(dw.plain, dense, out)
             self.window_forms["dewindowed"] += 1
