@@ -179,6 +179,32 @@ def test_dewindowed_descriptors_equal_the_reference(isa: str) -> None:
         assert (got == want).all(), (isa, desc.label)
 
 
+def test_dewindowed_gathers_are_k_major_unless_the_plain_node_is_a_fold() -> None:
+    """A fold (channel sum / mean, max pool) streams each output's row along k: row-major; an
+    interpreter program (variance, dscale, argmax) reads k-major, its lanes consecutive at each k. Both give
+    the reference's bits (test_dewindowed_descriptors_equal_the_reference); reading a k-major
+    gather as row-major (the layout flag lost) is caught."""
+    from verde_chain.repops.backends.plan import classify
+
+    xs = (4, 8, 3, 5)
+    for desc, kmajor in ((library.channel_sum(xs), False), (library.channel_mean(xs), False),
+                         (library.channel_centered_meansq(xs), True), (library.channel_dot_xhat(xs), True),
+                         (library.max_pool(ConvGeometry.make(xs, (2, 2))), False),
+                         (library.max_pool_argmax(ConvGeometry.make(xs, (2, 2))), True)):
+        dw = windowed.dewindow_plan(desc)
+        assert dw is not None and dw.kmajor == kmajor, desc.label
+        assert (classify(dw.plain).kind == "fold") == (not kmajor), desc.label
+    desc = library.channel_centered_meansq(xs)
+    dw = windowed.dewindow_plan(desc)
+    assert dw is not None
+    ins = [edges.edge_array((m.numel,), 9 + t, 0.0, 3.0) for t, m in enumerate(desc.inputs)]
+    want = reference.run(desc, ins).view(np.uint32)
+    lost = dataclasses.replace(dw, kmajor=False)  # row-major gathers under k-major maps
+    plain, data = windowed.dewindow(desc, [x.view(np.uint32) for x in ins], dw=lost) or (None, [])
+    assert plain is not None
+    assert (reference.run(plain, [d.view(np.float32) for d in data]).view(np.uint32) != want).any()
+
+
 def _k_runs(op: windowed.Operand) -> int:
     """How many runs of evenly stepping k (conv.cpp's table_run over the k table) ``op`` has."""
     ks, n, k = op.ks, 0, 0
@@ -228,6 +254,8 @@ def test_native_gather_equals_the_operand_tables(isa: str, threads: int,
     for op, bits, want, path in _gather_cases(script("gpu_check")):
         got = ck.windowed_gather(op, bits, isa, threads).numpy().view(np.uint32)
         assert (got == want).all(), (isa, path)
+        kmajor = ck.windowed_gather(op, bits, isa, threads, kmajor=True).numpy().view(np.uint32)
+        assert (kmajor == want.T).all(), (isa, path, "k-major")
         paths.append(path)
     assert {"k runs", "row runs", "any"} <= set(paths), paths
 
@@ -259,6 +287,8 @@ def test_native_gather_on_several_os_threads(isa: str, threads: int) -> None:
         got = engaged(isa, threads, functools.partial(ck.windowed_gather, op, bits, isa, threads)).numpy()
         got = got.view(np.uint32)
         assert (got == want).all(), (isa, threads)
+        kmajor = engaged(isa, threads, functools.partial(ck.windowed_gather, op, bits, isa, threads, True)).numpy()
+        assert (kmajor.view(np.uint32) == want.T).all(), (isa, threads, "k-major")
         mutants = [dataclasses.replace(op, ks=np.ascontiguousarray(op.ks[::-1]))]  # k in the wrong order
         if len(op.wins):
             mutants.append(dataclasses.replace(op, wins=op.wins - np.array([0, 1, 0])))  # narrower windows
