@@ -18,9 +18,9 @@
 // parallel_items.
 //
 // windowed_gather writes every (row, k) of one operand densely (the dewindowed nodes: pooling,
-// batch-norm statistics): div == 1 windows as the panels are packed (runs of k, or of rows,
-// copied as intervals), others by fetch_any. A copy of bits: which path reads an element
-// changes nothing but the time.
+// batch-norm statistics), (R, K) or k-major (K, R): div == 1 windows as the panels are packed
+// (runs of k, or of rows, copied as intervals), others by fetch_any. A copy of bits: which path
+// reads an element, and the layout, change nothing but the time.
 
 #include <algorithm>
 #include <cstring>
