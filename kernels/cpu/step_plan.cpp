@@ -410,11 +410,29 @@ class StepPlan {
         return {order, io};
     }
 
+    // Per plan node: (kind, level, threads' worth), for profiles (scripts/bench_threads.py
+    // --families) that file node and level times under families. Kinds: NodeKind, WindowNodeKind.
+    std::vector<std::array<double, 3>> describe() const {
+        std::vector<std::array<double, 3>> out;
+        for (size_t i = 0; i < nodes_.size(); i++)
+            out.push_back({(double)nodes_[i].kind, (double)level_of_[i], nodes_[i].threads_worth});
+        return out;
+    }
+
+    // Whether level l runs all its nodes side by side at `threads` threads (run_level's rule).
+    bool side_by_side(int64_t l, int64_t threads) const {
+        TORCH_CHECK(l >= 0 && l < (int64_t)levels_.size(), "no level ", l);
+        return all_side_by_side(levels_[l], threads);
+    }
+
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
-    // (profiling: scripts/bench_ops.py files them under op families). roots (optional, uint8
-    // (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
+    // (profiling: scripts/bench_ops.py files them under op families); level_times (optional,
+    // float64, one per level): each level's wall seconds, added likewise (at several threads a
+    // level's nodes' times add up to more than its wall when they ran side by side). roots
+    // (optional, uint8 (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
     torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
-                      const c10::optional<torch::Tensor>& times, const c10::optional<torch::Tensor>& roots) const {
+                      const c10::optional<torch::Tensor>& times, const c10::optional<torch::Tensor>& roots,
+                      const c10::optional<torch::Tensor>& level_times) const {
         check_buffer(prev, size_[RP_SOURCE_PREV_STEP_NODE_OUTPUT], "previous arena");
         check_buffer(batch, size_[RP_SOURCE_BATCH], "batch");
         uint8_t* root_rows = nullptr;
@@ -433,13 +451,22 @@ class StepPlan {
                         "times must be a contiguous float64 tensor with one entry per node");
             node_s = times->data_ptr<double>();
         }
+        double* level_s = nullptr;
+        if (level_times.has_value()) {
+            TORCH_CHECK(level_times->scalar_type() == torch::kFloat64 && level_times->is_contiguous() &&
+                            level_times->numel() == (int64_t)levels_.size(),
+                        "level_times must be a contiguous float64 tensor with one entry per level");
+            level_s = level_times->data_ptr<double>();
+        }
         torch::Tensor arena = arena_pool_->take();
         const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         for (size_t l = 0; l < levels_.size(); l++) {
             if (root_rows) hash_nodes(hash_before_[l], base, root_rows);
+            const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
+            if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
         if (root_rows) hash_nodes(hash_last_, base, root_rows);
         return arena;
@@ -499,7 +526,7 @@ class StepPlan {
     void run_level(const Level& lv, float* const* base, int64_t threads, double* node_s) const {
         const std::vector<int64_t>* side = &lv.small;
         double side_worth = lv.small_worth;
-        if (lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth) {
+        if (all_side_by_side(lv, threads)) {
             side = &lv.all;
             side_worth = lv.worth;
         } else {
@@ -508,6 +535,10 @@ class StepPlan {
         const int64_t n = (int64_t)side->size();
         parallel_items(n, threads_for(threads, n, side_worth, 1.0),
                        [&](int64_t j, int64_t) { run_node((*side)[j], base, 1, node_s); });
+    }
+
+    static bool all_side_by_side(const Level& lv, int64_t threads) {
+        return lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth;
     }
 
     // Node i on `threads` threads (node_s: see run).
@@ -737,8 +768,11 @@ void bind_step_plan(pybind11::module& m) {
         .def("hash_outputs", &StepPlan::hash_outputs)
         .def("__len__", &StepPlan::size)
         .def("schedule", &StepPlan::schedule)
+        .def("describe", &StepPlan::describe)
+        .def("side_by_side", &StepPlan::side_by_side)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::arg("roots") = pybind11::none(),
+             pybind11::arg("level_times") = pybind11::none(),
              pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
