@@ -444,20 +444,8 @@ class StepPlan {
                         "roots must be a contiguous uint8 tensor of ", n_rows_, " rows of 32 bytes");
             root_rows = roots->data_ptr<uint8_t>();
         }
-        double* node_s = nullptr;
-        if (times.has_value()) {
-            TORCH_CHECK(times->scalar_type() == torch::kFloat64 && times->is_contiguous() &&
-                            times->numel() == (int64_t)nodes_.size(),
-                        "times must be a contiguous float64 tensor with one entry per node");
-            node_s = times->data_ptr<double>();
-        }
-        double* level_s = nullptr;
-        if (level_times.has_value()) {
-            TORCH_CHECK(level_times->scalar_type() == torch::kFloat64 && level_times->is_contiguous() &&
-                            level_times->numel() == (int64_t)levels_.size(),
-                        "level_times must be a contiguous float64 tensor with one entry per level");
-            level_s = level_times->data_ptr<double>();
-        }
+        double* node_s = seconds(times, (int64_t)nodes_.size(), "times", "node");
+        double* level_s = seconds(level_times, (int64_t)levels_.size(), "level_times", "level");
         torch::Tensor arena = arena_pool_->take();
         const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
@@ -537,6 +525,14 @@ class StepPlan {
                        [&](int64_t j, int64_t) { run_node((*side)[j], base, 1, node_s); });
     }
 
+    // The float64 entries (one per node or level) of an optional profile tensor of run().
+    static double* seconds(const c10::optional<torch::Tensor>& t, int64_t n, const char* what, const char* per) {
+        if (!t.has_value()) return nullptr;
+        TORCH_CHECK(t->scalar_type() == torch::kFloat64 && t->is_contiguous() && t->numel() == n, what,
+                    " must be a contiguous float64 tensor with one entry per ", per);
+        return t->data_ptr<double>();
+    }
+
     static bool all_side_by_side(const Level& lv, int64_t threads) {
         return lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth;
     }
@@ -613,8 +609,8 @@ class StepPlan {
             case NK_WGEMM:
                 nd.threads_worth = (double)nd.out_numel * (double)nd.win->K / GEMM_MIN_FMAS;
                 break;
-            case NK_GATHER:
-            case NK_PERMUTE: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
+            case NK_GATHER: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
+            case NK_PERMUTE: nd.threads_worth = (double)nd.out_numel / PERMUTE_MIN_ELEMS; break;
             default: nd.threads_worth = (double)nd.work / MAP_MIN_INSTRS; break;
         }
         nd.threads_worth += epi;
