@@ -14,6 +14,12 @@ smallest thread count (goal >= 1.6x from 1 to 2 threads) and the ratio to torch 
 count (it must be). Prints the load average first: figures from a busy machine do not compare.
 ``--nodes N`` also prints, per thread count, the N plan nodes that took longest (the whole-step
 kernel's own per-node times, summed over the timed steps, ms per step) and the page faults per step.
+``--families N`` prints, per example, the N families (plan node kind and node label) with the
+most wall time at the first thread count, beside the others: each level's wall time (the plan's
+``level_times``) shared among its nodes by their own times, so a family's figures add up to the
+plan's wall at every thread count; its nodes' own time (CPU time: side by side, nodes of one
+level run at once), its work in threads' worth (the plan's estimate) and how its levels ran
+(side by side or each node on all threads); then the plan's levels by how they ran.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from verde_chain.examples.lm import LMConfig, lm_job
 from verde_chain.examples.vision import input_shape, vision_module
 from verde_chain.job import Job
 from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.step import PlanProfile
 
 # name -> (the job of `steps` steps, its torch eager twin: a plain step of the same model, batch
 # and optimizer). bench_training's configs; the CNNs of the vision issue (the digits CNN as
@@ -91,28 +98,34 @@ def vision_torch_step(name: str, job: Job) -> Any:
     return step
 
 
-def measure(config: str, threads: int, steps: int, nodes: int) -> dict[str, Any]:
+def measure(config: str, threads: int, steps: int, nodes: int, families: int = 0) -> dict[str, Any]:
     make_job, make_torch_step = CONFIGS[config]
     torch.set_num_threads(threads)
     job = make_job(steps + 3)
     backend = CpuBackend(threads=threads)
     run = job.make_run(None, 0, backend, steps + 3)
     run.run(until=3)  # warm-up: preparation, compiled maps, the plan, first-touch of its buffers
-    kernel = run.exec.step_kernel()
-    if nodes and kernel is not None:
-        kernel.node_times = np.zeros(len(job.program.graph.nodes))
+    # every whole-step kernel the run has compiled (a plain step's keeps fewer outputs than C_0's)
+    kernels = [k for k in run.exec._kernels.values() if k is not None]
+    for kernel in kernels:
+        if nodes:
+            kernel.node_times = np.zeros(len(job.program.graph.nodes))
+        if families:
+            kernel.profile()
     w0, c0, f0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     final = run.run()
     w1, c1, f1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     walls = [log.wall_s for log in run.logs[3:]]
-    if nodes and kernel is not None and kernel.node_times is not None:
+    if nodes and kernels:
         print(f"{config} at {threads} threads, the {nodes} longest nodes (ms per step):")
         graph_nodes = job.program.graph.nodes
-        for i in np.argsort(-kernel.node_times)[:nodes]:
+        node_times = sum(k.node_times for k in kernels)
+        for i in np.argsort(-node_times)[:nodes]:
             desc = graph_nodes[i].desc
             path = "window" if desc.extended else backend.path(desc)
-            print(f"  {1e3 * kernel.node_times[i] / steps:8.3f}  {path:7s} {desc.label or '?'} "
+            print(f"  {1e3 * node_times[i] / steps:8.3f}  {path:7s} {desc.label or '?'} "
                   f"{tuple(desc.out_shape)} K={desc.K}")
+    profiles = [k.plan_profile for k in kernels if k.plan_profile is not None and k.plan_profile.runs]
     return {
         "example": config,
         "threads": threads,
@@ -121,7 +134,55 @@ def measure(config: str, threads: int, steps: int, nodes: int) -> dict[str, Any]
         "faults/step": round((f1 - f0) / steps),
         "torch_ms/step": round(1e3 * median_time(make_torch_step(job), steps), 2),
         "_final": final,
+        "_families": family_times(job, profiles, threads) if families else None,
     }
+
+
+def family_times(job: Job, profiles: list[PlanProfile], threads: int) -> dict[str, Any]:
+    """ms per step per family (plan node kind and node label): wall (each level's wall shared
+    among its nodes by their own times), own (the nodes' own times), worth (threads' worth per
+    node, the largest), side (levels run side by side / all), plus per level mode the wall."""
+    labels = [n.desc.label or "?" for n in job.program.graph.nodes]
+    fam: dict[str, dict[str, float]] = {}
+    modes = {"side by side": [0, 0.0], "node by node": [0, 0.0]}
+    for p in profiles:
+        per_level = np.zeros(len(p.level_s))
+        np.add.at(per_level, p.level, p.node_s)
+        side = [p.side_by_side(lv, threads) for lv in range(len(p.level_s))]
+        for lv, wall in enumerate(p.level_s):
+            m = modes["side by side" if side[lv] else "node by node"]
+            m[0] += 1
+            m[1] += 1e3 * wall / p.runs
+        for i, kind in enumerate(p.kinds):
+            lv = int(p.level[i])
+            share = p.level_s[lv] * p.node_s[i] / per_level[lv] if per_level[lv] > 0 else 0.0
+            f = fam.setdefault(f"{kind} {labels[p.owner[i]]}", {"wall": 0.0, "own": 0.0, "worth": 0.0, "nodes": 0,
+                                                               "side": 0})
+            f["wall"] += 1e3 * share / p.runs
+            f["own"] += 1e3 * p.node_s[i] / p.runs
+            f["worth"] = max(f["worth"], float(p.worth[i]))
+            f["nodes"] += 1
+            f["side"] += int(side[lv])
+    return {"families": fam, "levels": {k: (int(n), round(ms, 3)) for k, (n, ms) in modes.items()}}
+
+
+def print_families(config: str, per: list[dict[str, Any]], top: int) -> None:
+    fams = [r["_families"] for r in per]
+    first = fams[0]["families"]
+    print(f"{config}: per family, ms per step (wall: levels' wall shared by own time; own: the nodes' own time)")
+    head = " | ".join(f"wall {r['threads']}t | own {r['threads']}t" for r in per)
+    print(f"  family | plan nodes | worth (threads) | side by side | {head} | wall speed-up")
+    for name in sorted(first, key=lambda n: -first[n]["wall"])[:top]:
+        cells = []
+        for f in fams:
+            got = f["families"].get(name, {"wall": 0.0, "own": 0.0})
+            cells.append(f"{got['wall']:.3f} | {got['own']:.3f}")
+        last = fams[-1]["families"].get(name, {"wall": 0.0})["wall"]
+        up = first[name]["wall"] / last if last > 0 else float("nan")
+        print(f"  {name} | {first[name]['nodes']} | {first[name]['worth']:.2f} | "
+              f"{fams[-1]['families'].get(name, {'side': 0})['side']} | {' | '.join(cells)} | {up:.2f}x")
+    for r, f in zip(per, fams):
+        print(f"  levels at {r['threads']} threads (count, ms per step): {f['levels']}")
 
 
 def main() -> None:
@@ -130,11 +191,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--nodes", type=int, default=0, help="print the N longest plan nodes per thread count")
+    p.add_argument("--families", type=int, default=0, help="print the N families with most wall time")
     args = p.parse_args()
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     rows = []
     for config in args.configs:
-        per = [measure(config, t, args.steps, args.nodes) for t in args.threads]
+        per = [measure(config, t, args.steps, args.nodes, args.families) for t in args.threads]
         base = per[0]
         for r in per:
             r["speedup"] = round(base["repops_ms/step"] / r["repops_ms/step"], 2)
@@ -142,6 +204,8 @@ def main() -> None:
             r["ratio/torch"] = round(r["repops_ms/step"] / r["torch_ms/step"], 2)
             r["same_C_T"] = r["_final"] == base["_final"]
             print(" | ".join(f"{k} {v}" for k, v in r.items() if not k.startswith("_")), flush=True)
+        if args.families:
+            print_families(config, per, args.families)
         rows += per
     print(json.dumps({"threads": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
                       "load": os.getloadavg(), "torch_version": torch.__version__}))

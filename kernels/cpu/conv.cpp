@@ -288,6 +288,46 @@ void gather_block(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32
         for (int64_t k = 0; k < K; k++) out[kmajor ? k * o.R + r : r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
 }
 
+// The column blocks of the windowed GEMM's items: block j is columns [begin(j), begin(j + 1)).
+// With enough items (row blocks x column blocks of at most nc) for the threads, nc-wide blocks;
+// otherwise (the weight gradient: one batch entry of few rows) n blocks of whole NR panels, as
+// even as panels allow, n chosen for the shortest estimated makespan: rounds x the largest
+// item, an item costing rows x cols FMAs per k plus PACK_FMAS per element it packs (its A rows
+// and B columns, per k). Every item packs its own operands, so each extra column block packs A
+// once more: on a 64 x 576 x 32768 weight gradient (2 threads, 2026-12-02) four blocks of
+// 160, 160, 160, 96 columns took 30% more CPU time than one thread's two blocks and 1.47x less
+// wall; two blocks of 288 pack as much as one thread does, and split evenly.
+struct ColumnBlocks {
+    int64_t n, N, nc, panels;  // nc > 0: nc-wide blocks; 0: n blocks of whole panels
+    int64_t begin(int64_t j) const {
+        if (nc > 0) return std::min(N, j * nc);
+        return std::min(N, (j * panels / n) * GEMM_NR);
+    }
+};
+
+// Packing one operand element through its windows costs about as much as this many FMAs
+// (perf, the 64 x 576 x 32768 weight gradient at one thread, AVX-512: micro-kernel 14.4%, the
+// windowed B panels 14.4% for 18.9 M elements, the A panels 5.1% for 4.2 M, against 1.2 G FMAs:
+// 64 and ~100). Only the choice of blocks depends on it, never a bit.
+constexpr double PACK_FMAS = 64;
+
+ColumnBlocks column_blocks(int64_t row_items, int64_t rows, int64_t N, int64_t nc, int64_t threads) {
+    const int64_t by_nc = ceil_div(N, nc);
+    if (threads <= 1 || row_items * by_nc >= 2 * threads) return {by_nc, N, nc, 0};
+    const int64_t panels = ceil_div(N, GEMM_NR);
+    const double r = (double)round_up(rows, GEMM_MR);
+    const int64_t lo = std::min(by_nc, panels);
+    ColumnBlocks best{lo, N, 0, panels};
+    double best_cost = -1;
+    for (int64_t n = lo; n <= std::min(panels, lo + 4 * threads); n++) {
+        const double cols = (double)(ceil_div(panels, n) * GEMM_NR);
+        const double rounds = (double)ceil_div(row_items * n, threads);
+        const double cost = rounds * (r * cols + PACK_FMAS * (r + cols));
+        if (best_cost < 0 || cost < best_cost) best.n = n, best_cost = cost;
+    }
+    return best;
+}
+
 }  // namespace
 
 bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
@@ -302,21 +342,15 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
                        : C + bi * M * N + i * N + j;
     };
     if ((double)batch * (double)M * (double)N * (double)K < (double)(1 << 20)) threads = 1;
-    int64_t mblocks = ceil_div(M, mc), nblocks = ceil_div(N, nc);
-    // Too few items for the threads (the weight gradient: one batch entry): narrower column
-    // blocks, whole NR panels, about two items per thread.
-    if (threads > 1 && batch * mblocks * nblocks < 2 * threads) {
-        const int64_t want = ceil_div(2 * threads, batch * mblocks);
-        nc = std::max<int64_t>(GEMM_NR, round_up(ceil_div(N, want), GEMM_NR));
-        nblocks = ceil_div(N, nc);
-    }
+    const int64_t mblocks = ceil_div(M, mc);
+    const ColumnBlocks cb = column_blocks(batch * mblocks, std::min(mc, M), N, nc, threads);
     std::atomic<bool> all_ok{true};
-    const int64_t n_items = batch * nblocks * mblocks;
+    const int64_t nblocks = cb.n, n_items = batch * nblocks * mblocks;
     parallel_items(n_items, threads, [&](int64_t item, int64_t) {
         thread_local std::vector<float> abuf, bbuf;
         const int64_t bi = item / (nblocks * mblocks), rest = item % (nblocks * mblocks);
-        const int64_t j0 = (rest / mblocks) * nc, i0 = (rest % mblocks) * mc;
-        const int64_t cols = std::min(nc, N - j0), rows = std::min(mc, M - i0);
+        const int64_t j0 = cb.begin(rest / mblocks), i0 = (rest % mblocks) * mc;
+        const int64_t cols = cb.begin(rest / mblocks + 1) - j0, rows = std::min(mc, M - i0);
         bool ok = true;
         for (int64_t p0 = 0; p0 < K; p0 += kc) {
             const int64_t kcur = std::min(kc, K - p0);
@@ -347,8 +381,12 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
     std::atomic<bool> all_ok{true};
     // rows per item; k-major: at least 16, a cache line of each k's rows
     const int64_t per_item = std::max<int64_t>(kmajor ? 16 : 1, (1 << 16) / std::max<int64_t>(1, K));
-    if ((double)o.R * (double)K < (double)(1 << 18)) threads = 1;
-    parallel_items(ceil_div(o.R, per_item), threads, [&](int64_t item, int64_t) {
+    const int64_t n_items = ceil_div(o.R, per_item);
+    // The plan's rule for a gather node (step_plan.cpp add_node): BINARY_MIN_ELEMS per thread.
+    // A fixed 2^18 here left a node the plan runs alone on every thread (worth 2-4 threads, e.g.
+    // the digits CNN's max-pool backward gathers of 2^17 elements) on one thread.
+    threads = threads_for(threads, n_items, (double)o.R * (double)K, BINARY_MIN_ELEMS);
+    parallel_items(n_items, threads, [&](int64_t item, int64_t) {
         bool ok = true;
         gather_block(o, item * per_item, std::min(o.R, (item + 1) * per_item), K, out, kmajor, ok);
         if (!ok) all_ok = false;

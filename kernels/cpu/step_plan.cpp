@@ -428,11 +428,29 @@ class StepPlan {
         return {order, io};
     }
 
+    // Per plan node: (kind, level, threads' worth), for profiles (scripts/bench_threads.py
+    // --families) that file node and level times under families. Kinds: NodeKind, WindowNodeKind.
+    std::vector<std::array<double, 3>> describe() const {
+        std::vector<std::array<double, 3>> out;
+        for (size_t i = 0; i < nodes_.size(); i++)
+            out.push_back({(double)nodes_[i].kind, (double)level_of_[i], nodes_[i].threads_worth});
+        return out;
+    }
+
+    // Whether level l runs all its nodes side by side at `threads` threads (run_level's rule).
+    bool side_by_side(int64_t l, int64_t threads) const {
+        TORCH_CHECK(l >= 0 && l < (int64_t)levels_.size(), "no level ", l);
+        return all_side_by_side(levels_[l], threads);
+    }
+
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
-    // (profiling: scripts/bench_ops.py files them under op families). roots (optional, uint8
-    // (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
+    // (profiling: scripts/bench_ops.py files them under op families); level_times (optional,
+    // float64, one per level): each level's wall seconds, added likewise (at several threads a
+    // level's nodes' times add up to more than its wall when they ran side by side). roots
+    // (optional, uint8 (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
     torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
-                      const c10::optional<torch::Tensor>& times, const c10::optional<torch::Tensor>& roots) const {
+                      const c10::optional<torch::Tensor>& times, const c10::optional<torch::Tensor>& roots,
+                      const c10::optional<torch::Tensor>& level_times) const {
         check_buffer(prev, size_[RP_SOURCE_PREV_STEP_NODE_OUTPUT], "previous arena");
         check_buffer(batch, size_[RP_SOURCE_BATCH], "batch");
         uint8_t* root_rows = nullptr;
@@ -444,20 +462,17 @@ class StepPlan {
                         "roots must be a contiguous uint8 tensor of ", n_rows_, " rows of 32 bytes");
             root_rows = roots->data_ptr<uint8_t>();
         }
-        double* node_s = nullptr;
-        if (times.has_value()) {
-            TORCH_CHECK(times->scalar_type() == torch::kFloat64 && times->is_contiguous() &&
-                            times->numel() == (int64_t)nodes_.size(),
-                        "times must be a contiguous float64 tensor with one entry per node");
-            node_s = times->data_ptr<double>();
-        }
+        double* node_s = seconds(times, (int64_t)nodes_.size(), "times", "node");
+        double* level_s = seconds(level_times, (int64_t)levels_.size(), "level_times", "level");
         torch::Tensor arena = arena_pool_->take();
         const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         for (size_t l = 0; l < levels_.size(); l++) {
             if (root_rows) hash_nodes(hash_before_[l], base, root_rows);
+            const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
+            if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
         if (root_rows) hash_nodes(hash_last_, base, root_rows);
         return arena;
@@ -517,7 +532,7 @@ class StepPlan {
     void run_level(const Level& lv, float* const* base, int64_t threads, double* node_s) const {
         const std::vector<int64_t>* side = &lv.small;
         double side_worth = lv.small_worth;
-        if (lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth) {
+        if (all_side_by_side(lv, threads)) {
             side = &lv.all;
             side_worth = lv.worth;
         } else {
@@ -526,6 +541,18 @@ class StepPlan {
         const int64_t n = (int64_t)side->size();
         parallel_items(n, threads_for(threads, n, side_worth, 1.0),
                        [&](int64_t j, int64_t) { run_node((*side)[j], base, 1, node_s); });
+    }
+
+    // The float64 entries (one per node or level) of an optional profile tensor of run().
+    static double* seconds(const c10::optional<torch::Tensor>& t, int64_t n, const char* what, const char* per) {
+        if (!t.has_value()) return nullptr;
+        TORCH_CHECK(t->scalar_type() == torch::kFloat64 && t->is_contiguous() && t->numel() == n, what,
+                    " must be a contiguous float64 tensor with one entry per ", per);
+        return t->data_ptr<double>();
+    }
+
+    static bool all_side_by_side(const Level& lv, int64_t threads) {
+        return lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth;
     }
 
     // Node i on `threads` threads (node_s: see run).
@@ -601,8 +628,8 @@ class StepPlan {
             case NK_WGEMM:
                 nd.threads_worth = (double)nd.out_numel * (double)nd.win->K / GEMM_MIN_FMAS;
                 break;
-            case NK_GATHER:
-            case NK_PERMUTE: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
+            case NK_GATHER: nd.threads_worth = (double)nd.out_numel / BINARY_MIN_ELEMS; break;
+            case NK_PERMUTE: nd.threads_worth = (double)nd.out_numel / PERMUTE_MIN_ELEMS; break;
             case NK_POOLBACK: nd.threads_worth = (double)nd.out_numel * (double)nd.win->K / BINARY_MIN_ELEMS; break;
             default: nd.threads_worth = (double)nd.work / MAP_MIN_INSTRS; break;
         }
@@ -762,8 +789,11 @@ void bind_step_plan(pybind11::module& m) {
         .def("hash_outputs", &StepPlan::hash_outputs)
         .def("__len__", &StepPlan::size)
         .def("schedule", &StepPlan::schedule)
+        .def("describe", &StepPlan::describe)
+        .def("side_by_side", &StepPlan::side_by_side)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::arg("roots") = pybind11::none(),
+             pybind11::arg("level_times") = pybind11::none(),
              pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 

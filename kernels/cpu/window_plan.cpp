@@ -60,9 +60,9 @@ void permute_into(const float* src, const std::vector<int64_t>& shape, const std
     const int64_t inner = shape[rank - 1], inner_st = src_strides[rank - 1];
     int64_t lines = 1;
     for (int64_t d = 0; d + 1 < rank; d++) lines *= shape[d];
-    const int64_t per_item = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, inner));  // lines per item
+    const int64_t per_item = std::max<int64_t>(1, (1 << 12) / std::max<int64_t>(1, inner));  // lines per item
     const int64_t n_items = ceil_div(lines, per_item);
-    parallel_items(n_items, threads_for(threads, n_items, (double)(lines * inner), BINARY_MIN_ELEMS),
+    parallel_items(n_items, threads_for(threads, n_items, (double)(lines * inner), PERMUTE_MIN_ELEMS),
                    [&](int64_t item, int64_t) {
                        for (int64_t l = item * per_item; l < std::min(lines, (item + 1) * per_item); l++) {
                            int64_t rest = l, at = 0;

@@ -22,7 +22,7 @@ from verde_chain.graph.structure import SourceKind
 from verde_chain.graph.training import OptimizerSpec, TrainingProgram
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
-from verde_chain.repops.backends.cpu.step import SCRATCH, StepKernel, plain_copy
+from verde_chain.repops.backends.cpu.step import PLAN_KINDS, SCRATCH, StepKernel, plain_copy
 from verde_chain.repops.program import KernelDesc
 
 STEPS = 3
@@ -292,6 +292,31 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
             # the output's order directly
             assert name != "resnet18" or kernel.window_forms["gemm, output order"]
             assert_same_steps(fused, base)
+
+
+def test_the_plan_profile_files_every_node_and_level() -> None:
+    """StepKernel.profile (bench_threads.py --families): each plan node's kind, level and times,
+    each level's wall; levels as the schedule runs them, every node and level timed in a run."""
+    job = EXAMPLES["digits_cnn"](steps=1, **CNN_JOBS["digits_cnn"])
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=2))
+    st = ex.initial_state(job.init_state)
+    ex.run_plain(st, job.batch(1))
+    kernel = ex.step_kernel()
+    assert isinstance(kernel, StepKernel)
+    prof = kernel.profile()
+    levels, io = kernel._plan.schedule()  # type: ignore[attr-defined]
+    assert len(prof.kinds) == len(io) == len(prof.owner) and len(prof.level_s) == len(levels)
+    assert all(prof.level[i] == lv for lv, nodes in enumerate(levels) for i in nodes)
+    assert {"window gemm", "window gather", "permute", "jit"} <= set(prof.kinds)
+    assert all(kind in PLAN_KINDS.values() for kind in prof.kinds)
+    assert (prof.worth > 0).all()
+    ex.run_plain(st, job.batch(1))
+    assert prof.runs == 1 and (prof.node_s > 0).all() and (prof.level_s > 0).all()
+    # a node's time is inside its level's (one level's nodes at most 2 threads' worth of it)
+    per_level = np.zeros(len(levels))
+    np.add.at(per_level, prof.level, prof.node_s)
+    assert (per_level <= 2 * prof.level_s + 1e-6).all()
+    assert any(prof.side_by_side(lv, 2) for lv in range(len(levels)))
 
 
 def test_digits_cnn_step_in_one_call_equals_the_reference() -> None:

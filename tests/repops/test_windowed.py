@@ -85,6 +85,41 @@ def test_implicit_im2col_gemm_runs_on_several_os_threads(threads: int) -> None:
         assert (windowed.to_output(desc, windowed.plan(desc), bad).view(np.uint32).reshape(-1) != want).any()
 
 
+@pytest.mark.parametrize("threads", THREAD_COUNTS)
+def test_weight_gradient_gemm_of_few_items_on_several_os_threads(threads: int) -> None:
+    """A weight gradient (one batch entry, one row block: fewer items than two per thread at
+    the default blocking) is cut into column blocks of whole micro-tiles chosen per thread
+    count: more than one OS thread runs them at threads > 1, and the bits are the reference's,
+    on every ISA."""
+    grads = [c for c in _big_cases() if c[0].label == "conv_grad_weight" and c[5][0] == 1]
+    assert grads
+    for isa in ck.available_isas():
+        for desc, a, a_bits, b, b_bits, shape, want in grads:
+            _, M, N = shape
+            assert M <= ck.DEFAULT_TILE[0] and N <= ck.DEFAULT_TILE[2]  # one item at the default blocking
+            plan = windowed.plan(desc)
+            assert plan is not None
+            got = engaged(isa, threads, functools.partial(ck.windowed_matmul, a, a_bits, b, b_bits, *shape, isa, threads))
+            got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
+            assert (got == want).all(), (isa, threads, desc.label)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_gather_worth_two_threads_runs_on_two(threads: int) -> None:
+    """A gather of 2^17 elements (the digits CNN's max-pool backward: divisor-2 windows, element
+    by element), which the plan runs alone on every thread as a node worth two, really uses
+    more than one (it kept to one below 2^18 elements), with Operand.gather's bits."""
+    g = ConvGeometry.make((32, 16, 8, 8), (2, 2), (2, 2), None, (0, 0, 0, 0))
+    desc = library.max_pool_backward(g)
+    m = desc.inputs[1]
+    op = windowed.operand(desc, 1, tuple(d for d in range(len(desc.out_shape)) if windowed._depends(m, d)))
+    assert op.rows.shape[1] * desc.K == 1 << 17 and _gather_path(op) == "any"
+    bits = edges.edge_array((m.numel,), 5, 0.2, 3.0).view(np.uint32)
+    for isa in ck.available_isas():
+        got = engaged(isa, threads, functools.partial(ck.windowed_gather, op, bits, isa, threads))
+        assert (got.numpy().view(np.uint32) == op.gather(bits)).all(), isa
+
+
 @functools.cache
 def _big_cases() -> list[tuple]:  # type: ignore[type-arg]
     out = []

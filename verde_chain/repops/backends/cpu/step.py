@@ -17,7 +17,8 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -82,6 +83,29 @@ def _tables(op: windowed.Operand) -> list[object]:
     return [torch.from_numpy(op.rows), torch.from_numpy(op.ks), torch.from_numpy(op.wins), int(op.fill)]
 
 
+# The plan's node kinds (step_plan.cpp NodeKind, WindowNodeKind), as profiles name them.
+PLAN_KINDS = {0: "program", 1: "dot", 2: "fold", 3: "binary", 4: "jit", 5: "scatter", 6: "rowdot",
+              16: "window gemm", 17: "window gather", 18: "permute", 19: "pool backward"}
+
+
+@dataclass
+class PlanProfile:
+    """Where a plan's runs went (``StepKernel.profile``): per plan node its kind, level, work in
+    threads' worth (the plan's own estimate) and graph node (``owner``), and the seconds added
+    per plan node (``node_s``: a node's own time on the thread that ran it) and per level
+    (``level_s``: wall) over ``runs`` runs; ``side_by_side(level, threads)``: whether the plan
+    runs that level's nodes side by side, one thread each."""
+
+    kinds: list[str]
+    level: np.ndarray
+    worth: np.ndarray
+    owner: np.ndarray
+    node_s: np.ndarray
+    level_s: np.ndarray
+    side_by_side: Callable[[int, int], bool]
+    runs: int = 0
+
+
 class StepKernel(ArenaLayout):
     """``run(prev_arena, batch)`` returns the new arena (see :class:`ArenaLayout`). Node inputs are
     (source, offset, numel) references: the source a ``SourceKind`` (this step's arena, the
@@ -107,6 +131,7 @@ class StepKernel(ArenaLayout):
             owner += [d] * (len(self._plan) - len(owner))
         self._owner = np.array(owner, dtype=np.int64)
         self._hash_in_plan(owner)
+        self.plan_profile: PlanProfile | None = None  # profile()
 
     def _hash_in_plan(self, owner: list[int]) -> None:
         """Let a committed run hash every node output inside the plan, before its slot is
@@ -238,12 +263,29 @@ class StepKernel(ArenaLayout):
         prev = torch.from_numpy(writable(prev_arena))  # read-only: another backend's arena (rare), copied
         b = torch.from_numpy(writable(batch))
         rows = None if roots is None else torch.from_numpy(roots)
-        if self.node_times is None:
+        prof = self.plan_profile
+        if self.node_times is None and prof is None:
             return self._plan.run(prev, b, threads, None, rows).numpy()
         times = np.zeros(len(self._owner))
-        arena = self._plan.run(prev, b, threads, torch.from_numpy(times), rows).numpy()
-        np.add.at(self.node_times, self._owner, times)
+        levels = None if prof is None else torch.from_numpy(prof.level_s)
+        arena = self._plan.run(prev, b, threads, torch.from_numpy(times), rows, levels).numpy()
+        if self.node_times is not None:
+            np.add.at(self.node_times, self._owner, times)
+        if prof is not None:
+            prof.node_s += times
+            prof.runs += 1
         return arena
+
+    def profile(self) -> PlanProfile:
+        """Start profiling the plan (``plan_profile``: per plan node and per level times, added by
+        every later run) and return the profile."""
+        info = np.array(self._plan.describe(), dtype=np.float64).reshape(-1, 3)
+        levels = info[:, 1].astype(np.int64)
+        self.plan_profile = PlanProfile(
+            kinds=[PLAN_KINDS.get(int(k), str(int(k))) for k in info[:, 0]], level=levels, worth=info[:, 2],
+            owner=self._owner, node_s=np.zeros(len(info)), level_s=np.zeros(int(levels.max(initial=-1)) + 1),
+            side_by_side=lambda lv, threads: bool(self._plan.side_by_side(lv, threads)))
+        return self.plan_profile
 
 
 @functools.cache
