@@ -7,8 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.threads import spread_check
+from verde_chain.commit.native import default_threads
 from verde_chain.errors import RepOpsError
 from verde_chain.examples import EXAMPLES
+from verde_chain.examples.lm import LMConfig, lm_job
 from verde_chain.graph.executor import StepExecutor, StepResult
 from verde_chain.repops.backends import native
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -96,3 +99,42 @@ def test_training_runs_on_the_shared_layout() -> None:
     assert isinstance(kernel, StepKernel) and not kernel.keeps_all
     _, full = _steps(job, None)
     assert c_t == full.commitment
+
+
+@pytest.fixture(scope="module")
+def llama():  # type: ignore[no-untyped-def]
+    """The issue's tiny Llama, with the reference of its committed step STEPS: every node run
+    one by one (an identity tamper takes the per-node path) and hashed by ``tensor_roots``."""
+    job = lm_job(LMConfig("llama"), steps=STEPS, checkpoint_interval=0)
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=1))
+    st = ex.initial_state(job.init_state)
+    for s in range(1, STEPS):
+        st = ex.run_plain(st, job.batch(s)).state
+    return job, ex.run_step(st, job.batch(STEPS), tamper=lambda d, out: out)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_in_plan_hashing_on_threads_gives_the_reference_roots(llama, threads: int) -> None:  # type: ignore[no-untyped-def]
+    """The committed step hashes its outputs inside the plan on up to ``threads`` threads (the
+    machine's cores at most): every root, node hash and C_s is the reference's, and at more
+    than one thread more than one OS thread really hashed (the pool's spread check makes each
+    woken thread take a share)."""
+    job, ref = llama
+    want = min(threads, default_threads())
+    if threads > 1 and want < 2:
+        pytest.skip("one core: the hashing cannot be shown to run on several threads")
+    backend = CpuBackend(threads=threads)
+    ex = StepExecutor(job.program.graph, backend)
+    st = ex.initial_state(job.init_state)
+    for s in range(1, STEPS):
+        st = ex.run_plain(st, job.batch(s), keep=_loss(job)).state
+    with spread_check(backend.isa):
+        got = ex.run_step(st, job.batch(STEPS), keep=_loss(job))
+    kernel = ex.step_kernel(_loss(job))
+    assert isinstance(kernel, StepKernel) and kernel.hashes_outputs and not kernel.keeps_all
+    _assert_same(ref, got)
+    workers = kernel.hash_workers()
+    if want == 1:
+        assert workers == 1
+    else:
+        assert 1 < workers <= want, (threads, workers)

@@ -238,6 +238,11 @@ class StepKernel(ArenaLayout):
         np.add.at(self.node_times, self._owner, times)
         return arena
 
+    def hash_workers(self) -> int:
+        """How many threads hashed outputs in the last committed run (tests: proof that the
+        in-plan hashing ran on several OS threads)."""
+        return int(self._plan.hash_workers())
+
 
 @functools.cache
 def roots_function() -> int | None:
