@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.support.threads import spread_check
+from verde_chain.commit import native as commit_native
 from verde_chain.commit.native import default_threads
 from verde_chain.errors import RepOpsError
 from verde_chain.examples import EXAMPLES
@@ -138,3 +139,23 @@ def test_in_plan_hashing_on_threads_gives_the_reference_roots(llama, threads: in
         assert workers == 1
     else:
         assert 1 < workers <= want, (threads, workers)
+
+
+@pytest.mark.slow
+def test_in_plan_hashing_splits_big_outputs_across_threads() -> None:
+    """Outputs of 2,048 leaves or more (digits_cnn at batch 256 has six of exactly 2,048) are
+    hashed one by one on all the run's threads by the keccak tree itself: same roots, node
+    hashes and C_s as the node-by-node reference, and the keccak tree started threads for them."""
+    if default_threads() < 2:
+        pytest.skip("one core: the hashing cannot be shown to run on several threads")
+    job = EXAMPLES["digits_cnn"](steps=2, batch_size=256)
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=2))
+    st = ex.initial_state(job.init_state)
+    ref = ex.run_step(st, job.batch(1), tamper=lambda d, out: out)
+    started = commit_native.threads_started()
+    got = ex.run_step(st, job.batch(1), keep=_loss(job))
+    assert commit_native.threads_started() > started
+    kernel = ex.step_kernel(_loss(job))
+    assert isinstance(kernel, StepKernel) and kernel.hashes_outputs and not kernel.keeps_all
+    assert sum(n >= 2048 * 128 for n in kernel.numels) >= 1
+    _assert_same(ref, got)
