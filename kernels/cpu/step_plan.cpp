@@ -481,7 +481,7 @@ class StepPlan {
     std::vector<Level> levels_;
 
     // The tensor roots of plan nodes `which` into their rows of `roots`, on up to min(threads,
-    // hash_threads) threads. A step's hash points hold a few to a few dozen outputs of 16-1000
+    // hash_threads_) threads. A step's hash points hold a few to a few dozen outputs of 16-1000
     // leaves in all, under the keccak tree's own threshold for a second thread (it starts
     // threads per call: MIN_LEAVES_PER_THREAD leaves each): measured on the tiny Llama, 50 calls
     // a step and no thread ever started. So the small outputs are cut into runs of whole tensors
@@ -515,7 +515,7 @@ class StepPlan {
         if (!small.empty()) {
             const int64_t want = threads_for(t, (int64_t)small.size(), small_leaves, HASH_MIN_LEAVES);
             if (want <= 1) {
-                hash_run(small, 0, small.size(), elems, numels, out);
+                check_roots(hash_run(small, 0, small.size(), elems, numels, out));
                 hash_workers_.fetch_or(1, std::memory_order_relaxed);
             } else {
                 // runs of about a quarter of a thread's share (claimed one at a time, so a thread
