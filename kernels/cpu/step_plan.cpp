@@ -17,8 +17,8 @@
 // region lives in the scratch buffer after the window ring, so it is reused from run to run and
 // never returned. A committed run (hash_outputs, then run(..., roots)) hashes every node output
 // before any later node overwrites its slot: before a level that writes over an output not yet
-// hashed, every pending output is hashed (one call of the keccak tree's tensor_roots), and the
-// rest at the end.
+// hashed, every pending output is hashed (the keccak tree's tensor_roots, on the run's threads:
+// hash_nodes), and the rest at the end.
 //
 // Threads: the nodes are grouped into levels when they are added (a node's level is one more
 // than that of the last earlier node it must follow: it reads that node's output, or writes
@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -53,6 +54,13 @@ enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18, 
 // A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
 // intermediates (a gathered operand, a GEMM result before its permutation), one per run (BufferPool).
 constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
+// The in-plan hashing's units (hash_nodes): a leaf is 128 elements (keccak_tree.c LEAF_ELEMS,
+// ~0.3 us of one core's hashing here); a thread is woken for at least HASH_MIN_LEAVES leaves
+// (~20 us, several wake-ups' worth), and an output of HASH_SPLIT_LEAVES leaves or more is split
+// across the threads by the keccak tree itself (its threads start per call: worth ~0.6 ms).
+constexpr size_t HASH_LEAF_ELEMS = 128;
+constexpr double HASH_MIN_LEAVES = 64;
+constexpr double HASH_SPLIT_LEAVES = 2048;
 
 struct Ref {
     int64_t buf, offset, numel;
@@ -468,15 +476,20 @@ class StepPlan {
         const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
+        hash_workers_.store(0, std::memory_order_relaxed);
         for (size_t l = 0; l < levels_.size(); l++) {
-            if (root_rows) hash_nodes(hash_before_[l], base, root_rows);
+            if (root_rows) hash_nodes(hash_before_[l], base, root_rows, threads);
             const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
             if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
-        if (root_rows) hash_nodes(hash_last_, base, root_rows);
+        if (root_rows) hash_nodes(hash_last_, base, root_rows, threads);
         return arena;
     }
+
+    // How many distinct threads hashed outputs in the last committed run (tests: proof that the
+    // hashing really ran on several threads; worker indices are distinct OS threads, pool.h).
+    int64_t hash_workers() const { return __builtin_popcountll(hash_workers_.load(std::memory_order_relaxed)); }
 
   private:
     int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch (ring + work)
@@ -490,6 +503,7 @@ class StepPlan {
     int64_t n_rows_ = 0;
     std::vector<std::vector<int64_t>> hash_before_;
     std::vector<int64_t> hash_last_;
+    mutable std::atomic<uint64_t> hash_workers_{0};  // bit w: worker w hashed in the last run
     // The arena and scratch (ring + work region) of each run, recycled (BufferPool); declared
     // after size_, which their initialisers read.
     std::shared_ptr<BufferPool> arena_pool_ = BufferPool::make(size_[RP_SOURCE_NODE_OUTPUT]);
@@ -499,22 +513,88 @@ class StepPlan {
     std::vector<int64_t> level_of_;  // per node
     std::vector<Level> levels_;
 
-    // The tensor roots of plan nodes `which` into their rows of `roots`, in one tensor_roots call.
-    void hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots) const {
+    // The tensor roots of plan nodes `which` into their rows of `roots`, on up to min(threads,
+    // hash_threads_) threads. A step's hash points hold a few to a few dozen outputs of 16-1000
+    // leaves in all, under the keccak tree's own threshold for a second thread (it starts
+    // threads per call: MIN_LEAVES_PER_THREAD leaves each): measured on the tiny Llama, 50 calls
+    // a step and no thread ever started. So the small outputs are cut into runs of whole tensors
+    // that the kernels' persistent pool hashes side by side (one tensor_roots call per run, one
+    // thread each), and an output big enough to split is hashed alone on all the threads.
+    // A root depends only on its tensor's elements, so the grouping never changes a bit.
+    void hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots, int64_t threads) const {
         if (which.empty()) return;
-        std::vector<const uint32_t*> elems(which.size());
-        std::vector<size_t> numels(which.size());
-        std::vector<uint8_t> out(32 * which.size());
-        for (size_t j = 0; j < which.size(); j++) {
+        const size_t n = which.size();
+        std::vector<const uint32_t*> elems(n);
+        std::vector<size_t> numels(n);
+        std::vector<uint8_t> out(32 * n);
+        for (size_t j = 0; j < n; j++) {
             const PlanNode& nd = nodes_[which[j]];
             elems[j] = reinterpret_cast<const uint32_t*>(base[nd.out_buf] + nd.out_offset);
             numels[j] = (size_t)nd.out_numel;
         }
-        const int rc = roots_fn_(elems.data(), numels.data(), which.size(), out.data(), (int)hash_threads_);
-        TORCH_CHECK(rc == 0, "tensor_roots failed (", rc, ")");
-        for (size_t j = 0; j < which.size(); j++)
+        const int64_t t = std::max<int64_t>(1, std::min(threads, hash_threads_));
+        auto leaves = [](size_t numel) { return (double)((numel + HASH_LEAF_ELEMS - 1) / HASH_LEAF_ELEMS); };
+        double small_leaves = 0;
+        std::vector<size_t> small;  // indices into which: the outputs hashed in runs
+        for (size_t j = 0; j < n; j++) {
+            if (t > 1 && leaves(numels[j]) >= HASH_SPLIT_LEAVES) {
+                check_roots(roots_fn_(&elems[j], &numels[j], 1, &out[32 * j], (int)t));
+                hash_workers_.fetch_or(1, std::memory_order_relaxed);
+            } else {
+                small.push_back(j);
+                small_leaves += leaves(numels[j]);
+            }
+        }
+        if (!small.empty()) {
+            const int64_t want = threads_for(t, (int64_t)small.size(), small_leaves, HASH_MIN_LEAVES);
+            if (want <= 1) {
+                check_roots(hash_run(small, 0, small.size(), elems, numels, out));
+                hash_workers_.fetch_or(1, std::memory_order_relaxed);
+            } else {
+                // runs of about a quarter of a thread's share (claimed one at a time, so a thread
+                // the OS runs late does not hold up the others), and at least HASH_MIN_LEAVES
+                const double goal = std::max(HASH_MIN_LEAVES, small_leaves / (4.0 * (double)want));
+                std::vector<size_t> start{0};
+                double run = 0;
+                for (size_t k = 0; k < small.size(); k++) {
+                    run += leaves(numels[small[k]]);
+                    if (run >= goal || k + 1 == small.size()) {
+                        start.push_back(k + 1);
+                        run = 0;
+                    }
+                }
+                const int64_t n_runs = (int64_t)start.size() - 1;
+                std::atomic<int> rc{0};
+                parallel_items(n_runs, std::min(want, n_runs), [&](int64_t r, int64_t worker) {
+                    const int c = hash_run(small, start[r], start[r + 1], elems, numels, out);
+                    if (c != 0) rc.store(c, std::memory_order_relaxed);
+                    hash_workers_.fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
+                });
+                check_roots(rc.load());
+            }
+        }
+        for (size_t j = 0; j < n; j++)
             std::copy(out.begin() + 32 * j, out.begin() + 32 * (j + 1), roots + 32 * root_row_[which[j]]);
     }
+
+    // One tensor_roots call, on the calling thread, for outputs small[first .. last) (indices
+    // into elems/numels/out). Returns its result code.
+    int hash_run(const std::vector<size_t>& small, size_t first, size_t last, const std::vector<const uint32_t*>& elems,
+                 const std::vector<size_t>& numels, std::vector<uint8_t>& out) const {
+        const size_t m = last - first;
+        std::vector<const uint32_t*> e(m);
+        std::vector<size_t> ne(m);
+        std::vector<uint8_t> o(32 * m);
+        for (size_t k = 0; k < m; k++) {
+            e[k] = elems[small[first + k]];
+            ne[k] = numels[small[first + k]];
+        }
+        const int c = roots_fn_(e.data(), ne.data(), m, o.data(), 1);
+        for (size_t k = 0; c == 0 && k < m; k++) std::copy(o.begin() + 32 * k, o.begin() + 32 * (k + 1), out.begin() + 32 * small[first + k]);
+        return c;
+    }
+
+    static void check_roots(int rc) { TORCH_CHECK(rc == 0, "tensor_roots failed (", rc, ")"); }
 
     // Whether two nodes' outputs share memory.
     static bool same_place(const PlanNode& a, const PlanNode& b) {
@@ -787,6 +867,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_permute", &StepPlan::add_permute)
         .def("add_pool_backward", &StepPlan::add_pool_backward)
         .def("hash_outputs", &StepPlan::hash_outputs)
+        .def("hash_workers", &StepPlan::hash_workers)
         .def("__len__", &StepPlan::size)
         .def("schedule", &StepPlan::schedule)
         .def("describe", &StepPlan::describe)

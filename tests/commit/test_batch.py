@@ -112,6 +112,12 @@ def test_epoch_permutation_is_its_definition(seed: int, epoch: int, n: int, mode
     epoch_permutation.cache_clear()
 
 
+# Node hashes of 0..12 inputs: messages of 2..5 Keccak blocks (8, 12, 12 and 9 nodes), hashed a
+# vector of one block count at a time: ragged ends for eight lanes and for four.
+NODE_INPUTS = [[]] * 5 + [[(7 * d + j) % 40 for j in range(1 + d % 12)] for d in range(36)]
+NODES = len(NODE_INPUTS)
+
+
 def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
     """The eight-lane (AVX-512) path is chosen at run time; VERDE_KECCAK_LANES=4 forces the
     four-lane code, which CPUs without AVX-512 run. Both must give the spec's roots and keys."""
@@ -128,7 +134,10 @@ def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
         f"ts = [rng.standard_normal(n).astype(np.float32) for n in {SIZES}]; "
         "roots = [native.tensor_root(t).hex() for t in ts] + [bytes(r).hex() for r in native.tensor_roots(ts)]; "
         "keys = native.keccak_many(np.arange(23 * 48, dtype=np.uint32).astype(np.uint8).reshape(23, 48)); "
-        "print(json.dumps(roots + [bytes(k).hex() for k in keys]))"
+        f"table = np.arange({NODES * 32 + 320}, dtype=np.uint32).astype(np.uint8).reshape(-1, 32); "
+        f"wiring = native.NodeWiring({NODE_INPUTS}); "
+        f"nh = native.node_hashes(table, table[:{NODES}][::-1].copy(), wiring); "
+        "print(json.dumps(roots + [bytes(k).hex() for k in keys] + [bytes(h).hex() for h in nh]))"
     )
     roots = {}
     for lanes in ("4", "8"):
@@ -139,6 +148,9 @@ def test_four_lane_and_eight_lane_hashing_give_the_same_roots() -> None:
     expected = [ref_root(rng.standard_normal(n).astype(np.float32).view(np.uint32)).hex() for n in SIZES] * 2
     msgs = np.arange(23 * 48, dtype=np.uint32).astype(np.uint8).reshape(23, 48)
     expected += [keccak256(m.tobytes()).hex() for m in msgs]
+    table = [bytes(r) for r in np.arange(NODES * 32 + 320, dtype=np.uint32).astype(np.uint8).reshape(-1, 32)]
+    descs = table[:NODES][::-1]
+    expected += [node_hash(d, descs[d], [table[i] for i in NODE_INPUTS[d]], [table[d]]).hex() for d in range(NODES)]
     assert roots["4"] == roots["8"] == expected
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.threads import spread_check
+from verde_chain.commit import native as commit_native
+from verde_chain.commit.native import default_threads
 from verde_chain.errors import RepOpsError
 from verde_chain.examples import EXAMPLES
+from verde_chain.examples.lm import LMConfig, lm_job
 from verde_chain.graph.executor import StepExecutor, StepResult
 from verde_chain.repops.backends import native
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -96,3 +100,62 @@ def test_training_runs_on_the_shared_layout() -> None:
     assert isinstance(kernel, StepKernel) and not kernel.keeps_all
     _, full = _steps(job, None)
     assert c_t == full.commitment
+
+
+@pytest.fixture(scope="module")
+def llama():  # type: ignore[no-untyped-def]
+    """The issue's tiny Llama, with the reference of its committed step STEPS: every node run
+    one by one (an identity tamper takes the per-node path) and hashed by ``tensor_roots``."""
+    job = lm_job(LMConfig("llama"), steps=STEPS, checkpoint_interval=0)
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=1))
+    st = ex.initial_state(job.init_state)
+    for s in range(1, STEPS):
+        st = ex.run_plain(st, job.batch(s)).state
+    return job, ex.run_step(st, job.batch(STEPS), tamper=lambda d, out: out)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_in_plan_hashing_on_threads_gives_the_reference_roots(llama, threads: int) -> None:  # type: ignore[no-untyped-def]
+    """The committed step hashes its outputs inside the plan on up to ``threads`` threads (the
+    machine's cores at most): every root, node hash and C_s is the reference's, and at more
+    than one thread more than one OS thread really hashed (the pool's spread check makes each
+    woken thread take a share)."""
+    job, ref = llama
+    want = min(threads, default_threads())
+    if threads > 1 and want < 2:
+        pytest.skip("one core: the hashing cannot be shown to run on several threads")
+    backend = CpuBackend(threads=threads)
+    ex = StepExecutor(job.program.graph, backend)
+    st = ex.initial_state(job.init_state)
+    for s in range(1, STEPS):
+        st = ex.run_plain(st, job.batch(s), keep=_loss(job)).state
+    with spread_check(backend.isa):
+        got = ex.run_step(st, job.batch(STEPS), keep=_loss(job))
+    kernel = ex.step_kernel(_loss(job))
+    assert isinstance(kernel, StepKernel) and kernel.hashes_outputs and not kernel.keeps_all
+    _assert_same(ref, got)
+    workers = kernel.hash_workers()
+    if want == 1:
+        assert workers == 1
+    else:
+        assert 1 < workers <= want, (threads, workers)
+
+
+@pytest.mark.slow
+def test_in_plan_hashing_splits_big_outputs_across_threads() -> None:
+    """Outputs of 2,048 leaves or more (digits_cnn at batch 256 has six of exactly 2,048) are
+    hashed one by one on all the run's threads by the keccak tree itself: same roots, node
+    hashes and C_s as the node-by-node reference, and the keccak tree started threads for them."""
+    if default_threads() < 2:
+        pytest.skip("one core: the hashing cannot be shown to run on several threads")
+    job = EXAMPLES["digits_cnn"](steps=2, batch_size=256)
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=2))
+    st = ex.initial_state(job.init_state)
+    ref = ex.run_step(st, job.batch(1), tamper=lambda d, out: out)
+    started = commit_native.threads_started()
+    got = ex.run_step(st, job.batch(1), keep=_loss(job))
+    assert commit_native.threads_started() > started
+    kernel = ex.step_kernel(_loss(job))
+    assert isinstance(kernel, StepKernel) and kernel.hashes_outputs and not kernel.keeps_all
+    assert sum(n >= 2048 * 128 for n in kernel.numels) >= 1
+    _assert_same(ref, got)

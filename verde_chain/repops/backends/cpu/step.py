@@ -287,6 +287,11 @@ class StepKernel(ArenaLayout):
             side_by_side=lambda lv, threads: bool(self._plan.side_by_side(lv, threads)))
         return self.plan_profile
 
+    def hash_workers(self) -> int:
+        """How many threads hashed outputs in the last committed run (tests: proof that the
+        in-plan hashing ran on several OS threads)."""
+        return int(self._plan.hash_workers())
+
 
 @functools.cache
 def roots_function() -> int | None:
