@@ -193,6 +193,8 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=0, help="print the N longest plan nodes per thread count")
     p.add_argument("--families", type=int, default=0, help="print the N families with most wall time")
     args = p.parse_args()
+    if min(args.threads) < 1 or args.steps < 1 or args.nodes < 0 or args.families < 0:
+        p.error("--threads and --steps take counts of at least 1, --nodes and --families of at least 0")
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     rows = []
     for config in args.configs:
