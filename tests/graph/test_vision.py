@@ -16,8 +16,8 @@ from verde_chain.graph.training import LossSpec, OptimizerSpec, TrainingProgram,
 from verde_chain.repops import rng
 
 
-def _program(module: nn.Module, x: torch.Tensor, opt: OptimizerSpec | None = None) -> TrainingProgram:
-    model = import_onnx(export_torch(module, x, ["x"], training=True))
+def _program(module: nn.Module, x: torch.Tensor, opt: OptimizerSpec | None = None, fuse: bool = True) -> TrainingProgram:
+    model = import_onnx(export_torch(module, x, ["x"], training=True), fuse=fuse)
     return build_training_graph(model, LossSpec("cross_entropy"), opt or OptimizerSpec("sgd", lr=0.1))
 
 
@@ -50,14 +50,18 @@ class _Net(nn.Module):
         return self.fc(torch.flatten(h, 1))
 
 
-def test_vision_ops_gradients_match_torch() -> None:
+@pytest.mark.parametrize("fuse", [True, False], ids=["bn-relu6-fused", "unfused"])
+def test_vision_ops_gradients_match_torch(fuse: bool) -> None:
     torch.manual_seed(0)
     m = _Net()
     x = np.random.default_rng(0).standard_normal((4, 2, 7, 7)).astype(np.float32)
     y = np.array([0, 3, 1, 4], np.float32)
-    prog = _program(m, torch.tensor(x))
+    prog = _program(m, torch.tensor(x), fuse=fuse)
     ops = {op.op for op in prog.model.ops}
-    assert {"conv", "batch_norm", "max_pool", "avg_pool", "clip", "activation", "concat", "pad"} <= ops
+    assert {"conv", "batch_norm", "max_pool", "avg_pool", "activation", "concat", "pad"} <= ops
+    # ReLU6 after the batch norm: a ``clip`` op, or folded into the batch norm (graph/fusion.py)
+    assert ("clip" in ops) != fuse
+    assert [op.attrs.get("act") for op in prog.model.ops if op.op == "batch_norm"] == ["clip" if fuse else None]
     loss, grads = _grads_by_state(prog, x, y)
     m.train()
     tl, tg = torch_grads(m, x, y, "cross_entropy")

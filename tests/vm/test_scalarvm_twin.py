@@ -259,6 +259,9 @@ def _vision_family(rng: random.Random) -> program.KernelDesc:
         lambda: cv.channel_centered_meansq(x_shape),
         lambda: cv.channel_dot_xhat(x_shape),
         lambda: lnn.batch_norm_training(x_shape).nodes[-3].desc,  # bn_normalise
+        # with graph/fusion.py's tail: + a residual (r5), then ReLU6's code (r1 scratch)
+        lambda: lnn.batch_norm_training(x_shape, tail=lnn.BnTail(rng.choice((0, 1)), library.clip_code(0.0, 6.0), "clip"))
+        .nodes[-3].desc,
     ]
     try:
         return rng.choice(choices)()
@@ -290,4 +293,5 @@ def test_one_step_matches_twin_1000_random_vision_instructions(scalar_vm, artifa
                 reads += addr is not None
             cases += 1
     assert fills >= 100 and reads >= 100, (fills, reads)
-    assert {"conv", "conv_grad_input", "conv_grad_weight", "max_pool_backward", "avg_pool", "channel_var"} <= labels
+    assert {"conv", "conv_grad_input", "conv_grad_weight", "max_pool_backward", "avg_pool", "channel_var",
+            "bn_normalise_add_clip"} <= labels

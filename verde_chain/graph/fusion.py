@@ -65,3 +65,53 @@ def fuse_gelu(model: Model) -> int:
             break
     model.ops[:] = [op for op in model.ops if id(op) not in dead]
     return fused
+
+
+def _fusable_bn(op: OpNode | None, uses: Counter[str], *, act_free: bool) -> bool:
+    """A batch norm whose output has only this one reader and that takes a tail: no activation
+    yet (and, for a residual, nothing fused at all: the Add must come before the activation)."""
+    return (
+        op is not None
+        and op.op == "batch_norm"
+        and uses[op.output] == 1
+        and op.attrs.get("act") is None
+        and (not act_free or op.attrs.get("residual") is None)
+    )
+
+
+def fuse_batch_norm(model: Model) -> int:
+    """Fold into a ``batch_norm`` op the elementwise ops that only read its output: a
+    same-shape residual ``add`` (either side), then ``relu`` or ``clip``. The fused op's map runs
+    the same instructions in the same order as the separate nodes, so every value is the same;
+    the normalised value (and the sum) are no longer node outputs, and the backward reads the
+    activation's output instead of its input (``operators/nn.py``). Returns how many ops were
+    folded. The rewrite changes the graph (fewer nodes), so ``C_s`` and the graph root."""
+    producer = {op.output: op for op in model.ops}
+    uses = Counter(n for op in model.ops for n in op.inputs) + Counter(model.outputs)
+    dead: set[int] = set()
+    folded = 0
+    extra: dict[str, object]
+    for op in model.ops:
+        if op.op == "binary" and op.attrs["op"] == "add":
+            sides = [i for i in (0, 1) if _fusable_bn(producer.get(op.inputs[i]), uses, act_free=True)]
+            if not sides or model.shape(op.inputs[0]) != model.shape(op.inputs[1]):
+                continue
+            bn = producer[op.inputs[sides[0]]]
+            extra = {"residual": sides[0]}
+            rest: tuple[str, ...] = (op.inputs[1 - sides[0]],)
+        elif (op.op == "unary" and op.attrs["fn"] == "relu") or op.op == "clip":
+            bn_or_none = producer.get(op.inputs[0])
+            if not _fusable_bn(bn_or_none, uses, act_free=False):
+                continue
+            assert bn_or_none is not None
+            bn = bn_or_none
+            extra = {"act": "relu"} if op.op == "unary" else {"act": "clip", "lo": op.attrs["lo"], "hi": op.attrs["hi"]}
+            rest = ()
+        else:
+            continue
+        dead.add(id(bn))
+        del model.values[bn.output]
+        op.op, op.inputs, op.attrs, op.name = "batch_norm", bn.inputs + rest, {**bn.attrs, **extra}, bn.name
+        folded += 1
+    model.ops[:] = [op for op in model.ops if id(op) not in dead]
+    return folded

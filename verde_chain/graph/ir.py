@@ -55,7 +55,9 @@ OPS: dict[str, tuple[str, ...]] = {
     "conv": ("kernel", "strides", "dilations", "pads", "groups"),  # x, w[, b]
     "max_pool": ("kernel", "strides", "dilations", "pads", "ceil_mode"),
     "avg_pool": ("kernel", "strides", "dilations", "pads", "ceil_mode", "count_include_pad"),
-    "batch_norm": ("eps", "momentum", "training"),  # x, scale, bias, running mean, running var
+    # x, scale, bias, running mean, running var[, residual]; residual / act / lo / hi only when
+    # graph/fusion.py fused an Add and / or a Relu or Clip into it
+    "batch_norm": ("eps", "momentum", "training", "residual", "act", "lo", "hi"),
     "dropout": ("ratio",),  # x, mask (a value of role mask, carried in the batch)
     "clip": ("lo", "hi"),  # None = unbounded
     "activation": ("fn", "alpha", "beta"),  # hard_sigmoid hard_swish softplus

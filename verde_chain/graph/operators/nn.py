@@ -162,30 +162,50 @@ def _import_dropout(imp: Importer, node: onnx.NodeProto) -> None:
     imp.emit(node, "dropout", [x, mask], imp.shape(x), ratio=ratio)
 
 
+def bn_tail(op: OpNode) -> library.BnTail:
+    """The per-element tail fused into a ``batch_norm`` op by ``graph/fusion.py``
+    (``fuse_batch_norm``): attrs ``residual`` (the side of the Add it took, the residual its
+    last input) and ``act`` (``relu``, or ``clip`` with ``lo`` / ``hi``); none when unfused."""
+    act = op.attrs.get("act")
+    code = () if act is None else library.unary_code("relu") if act == "relu" else \
+        library.clip_code(op.attrs["lo"], op.attrs["hi"])
+    return library.BnTail(op.attrs.get("residual"), code, act or "")
+
+
 @lowering("batch_norm")
 def _fw_batch_norm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     x, rmean, rvar = ins[0], ins[3], ins[4]
     eps = op.attrs["eps"]
     if op.attrs["training"]:
-        comp = library.batch_norm_training(x.shape, eps, op.attrs["momentum"])
+        comp = library.batch_norm_training(x.shape, eps, op.attrs["momentum"], bn_tail(op))
         y, mean, istd, rmean2, rvar2 = b.composite(comp, *ins, label="batch_norm")
         for state, new in ((rmean, rmean2), (rvar, rvar2)):
             if state.kind == "state":
                 b.update_state(state, new)
         return Saved(y, {"mean": mean, "istd": istd})
-    y, istd = b.composite(library.batch_norm_inference(x.shape, eps), *ins, label="batch_norm")
+    y, istd = b.composite(library.batch_norm_inference(x.shape, eps, bn_tail(op)), *ins, label="batch_norm")
     return Saved(y, {"mean": rmean, "istd": istd})
 
 
 @vjp("batch_norm")
 def _bw_batch_norm(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
     x, scale = ins[0], ins[1]
+    act = op.attrs.get("act")
+    if act is not None:
+        # The activation's gradient from its OUTPUT: 0 < relu(y) exactly where 0 < y, and
+        # lo < clip(y) < hi exactly where lo < y < hi (a clipped or NaN y fails both), so this
+        # is the gradient the unfused graph computed from y, bit for bit, without y as an output.
+        grad = library.unary_grad("relu_grad", g.shape) if act == "relu" else \
+            library.clip_grad(g.shape, op.attrs["lo"], op.attrs["hi"])
+        g = b.node(grad, s.out, g, label=f"{act}_grad")
     comp = library.batch_norm_backward(x.shape, op.attrs["training"])
     want = [i for i in range(3) if need[i]]
     res = b.composite(comp, x, scale, s.extra["mean"], s.extra["istd"], g, want=want, label="batch_norm_bwd")
-    out: Grads = [None] * 5
+    out: Grads = [None] * len(ins)
     for i, r in zip(want, res):
         out[i] = r
+    if len(ins) > 5 and need[5]:
+        out[5] = g  # the residual's gradient: Add passes g through
     return out
 
 

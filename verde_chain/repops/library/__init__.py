@@ -70,6 +70,7 @@ from verde_chain.repops.library.maps import (
     UNARY_CODE,
     binary,
     clip,
+    clip_code,
     clip_grad,
     dropout_apply,
     elementwise,
@@ -106,6 +107,7 @@ from verde_chain.repops.library.movement import (
     write_row,
 )
 from verde_chain.repops.library.nn import (
+    BnTail,
     batch_norm_backward,
     batch_norm_inference,
     batch_norm_training,
@@ -135,10 +137,11 @@ from verde_chain.repops.library.shapes import (
 
 __all__ = [
     "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
-    "AdamConstants", "Builder", "Composite", "ConvGeometry", "I", "Node", "Runner", "Shape", "adam",
+    "AdamConstants", "BnTail", "Builder", "Composite", "ConvGeometry", "I", "Node", "Runner", "Shape", "adam",
     "adam_constants", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
     "batch_norm_training", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes",
-    "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_grad",
+    "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_code",
+    "clip_grad",
     "concat", "const", "conv_grad_input", "conv_grad_weight", "convolution", "coord", "dropout_apply", "elementwise",
     "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q", "gather", "gather_elements", "gather_elements_grad",
     "gather_grad", "gelu", "gemm", "hard_sigmoid", "hard_sigmoid_grad", "hard_swish", "hard_swish_grad",

@@ -79,14 +79,19 @@ def map_affine(shape: Sequence[int], mul: float = 1.0, add: float = 0.0) -> Kern
     return elementwise("affine", [shape], code)
 
 
-def clip(shape: Sequence[int], lo: float | None, hi: float | None) -> KernelDesc:
-    """MIN(MAX(x, lo), hi); NaN stays NaN."""
+def clip_code(lo: float | None, hi: float | None) -> tuple[Instr, ...]:
+    """r0 = MIN(MAX(r0, lo), hi) (a bound omitted when None); writes r1; NaN stays NaN."""
     code: list[Instr] = []
     if lo is not None:
         code += [const(1, lo), I(Op.MAX, 0, 0, 1)]
     if hi is not None:
         code += [const(1, hi), I(Op.MIN, 0, 0, 1)]
-    return elementwise("clip", [shape], code)
+    return tuple(code)
+
+
+def clip(shape: Sequence[int], lo: float | None, hi: float | None) -> KernelDesc:
+    """MIN(MAX(x, lo), hi); NaN stays NaN."""
+    return elementwise("clip", [shape], clip_code(lo, hi))
 
 
 def leaky_relu(shape: Sequence[int], alpha: float) -> KernelDesc:

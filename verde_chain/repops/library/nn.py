@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -191,29 +192,58 @@ def _channel_shape(shape: Shape) -> Shape:
     return (shape[1],) + (1,) * (len(shape) - 2)
 
 
-def _bn_normalise(b: Builder, x: int, mean: int, istd: int, scale: int, bias: int) -> int:
-    """``y = ((x - mean) * inv_std) * scale + bias`` (one node; per-channel operands broadcast)."""
+@dataclass(frozen=True)
+class BnTail:
+    """What a fused batch norm does per element after its affine (``graph/fusion.py``): ADD a
+    residual input (``residual`` is the side the normalised value took in the exported Add:
+    0 for ``y + r``, 1 for ``r + y``), then an activation's code on r0 (which may use r1 as
+    scratch: the mean's register, dead by then). The instructions are those the separate nodes
+    ran, in the same order, so every value is the same; only the intermediates are not outputs."""
+
+    residual: int | None = None
+    act: tuple[Instr, ...] = ()
+    name: str = ""  # the activation's name, for the node label
+
+    @property
+    def label(self) -> str:
+        return "bn_normalise" + ("_add" if self.residual is not None else "") + (f"_{self.name}" if self.name else "")
+
+
+def _bn_normalise(b: Builder, x: int, mean: int, istd: int, scale: int, bias: int, tail: BnTail,
+                  residual: Sequence[int]) -> int:
+    """``y = ((x - mean) * inv_std) * scale + bias`` (one node; per-channel operands broadcast),
+    then ``tail`` (the residual in r5)."""
     c = _channel_shape(b.shape(x))
-    code = (I(Op.SUB, 0, 0, 1), I(Op.MUL, 0, 0, 2), I(Op.MUL, 0, 0, 3), I(Op.ADD, 0, 0, 4))
-    return b.map("bn_normalise", code, x, *(b.view(v, c) for v in (mean, istd, scale, bias)))
+    code = [I(Op.SUB, 0, 0, 1), I(Op.MUL, 0, 0, 2), I(Op.MUL, 0, 0, 3), I(Op.ADD, 0, 0, 4)]
+    args = [x, *(b.view(v, c) for v in (mean, istd, scale, bias))]
+    if tail.residual is not None:
+        code.append(I(Op.ADD, 0, 0, 5) if tail.residual == 0 else I(Op.ADD, 0, 5, 0))
+        args += residual
+    return b.map(tail.label, [*code, *tail.act], *args)
 
 
-def batch_norm_training(shape: Sequence[int], eps: float = 1e-5, momentum: float = 0.9) -> Composite:
+def _bn_inputs(name: str, shp: Shape, tail: BnTail) -> Builder:
+    """The batch norm's builder: (x, scale, bias, mean, var[, residual])."""
+    C = shp[1]
+    return Builder(name, shp, (C,), (C,), (C,), (C,), *([shp] if tail.residual is not None else []))
+
+
+def batch_norm_training(shape: Sequence[int], eps: float = 1e-5, momentum: float = 0.9,
+                        tail: BnTail = BnTail()) -> Composite:
     """ONNX BatchNormalization, training mode: inputs (x, scale, bias, running_mean,
-    running_var) -> (y, mean, inv_std, running_mean', running_var'), statistics ``(C,)``.
+    running_var[, residual]) -> (y, mean, inv_std, running_mean', running_var'), statistics ``(C,)``.
 
     ``mean = channel_mean(x)``, ``var = channel_centered_meansq(x, mean)`` (the population
     variance, as ONNX; k = (n, s) ascending, ``conv.channel_map``); ``inv_std = 1/sqrt(var + eps)``;
-    ``y = ((x - mean) * inv_std) * scale + bias``; running statistics ONNX's way,
+    ``y = ((x - mean) * inv_std) * scale + bias`` (then ``tail``); running statistics ONNX's way,
     ``r' = ADD(MUL(r, momentum), MUL(stat, fl32(1 - momentum)))``."""
     shp = as_shape(shape)
-    C = shp[1]
-    b = Builder("batch_norm", shp, (C,), (C,), (C,), (C,))
-    x, scale, bias, rmean, rvar = b.inputs()
+    b = _bn_inputs("batch_norm", shp, tail)
+    x, scale, bias, rmean, rvar, *res = b.inputs()
     mean = b.node(channel_mean(shp), x)
     var = b.node(channel_centered_meansq(shp), x, mean)
     istd = b.map("inv_std", _inv_sqrt_code(eps), var)
-    y = _bn_normalise(b, x, mean, istd, scale, bias)
+    y = _bn_normalise(b, x, mean, istd, scale, bias, tail, res)
     m = float(np.float32(momentum))
     update = (const(2, m), I(Op.MUL, 0, 0, 2), const(2, 1.0 - m), I(Op.MUL, 1, 1, 2), I(Op.ADD, 0, 0, 1))
     rmean2 = b.map("bn_running", update, rmean, mean)
@@ -221,15 +251,14 @@ def batch_norm_training(shape: Sequence[int], eps: float = 1e-5, momentum: float
     return b.build(y, mean, istd, rmean2, rvar2)
 
 
-def batch_norm_inference(shape: Sequence[int], eps: float = 1e-5) -> Composite:
-    """ONNX BatchNormalization from running statistics: inputs (x, scale, bias, mean, var) ->
-    (y, inv_std); ``y`` as in training with (mean, var) the given ones."""
+def batch_norm_inference(shape: Sequence[int], eps: float = 1e-5, tail: BnTail = BnTail()) -> Composite:
+    """ONNX BatchNormalization from running statistics: inputs (x, scale, bias, mean, var[,
+    residual]) -> (y, inv_std); ``y`` as in training with (mean, var) the given ones."""
     shp = as_shape(shape)
-    C = shp[1]
-    b = Builder("batch_norm_inference", shp, (C,), (C,), (C,), (C,))
-    x, scale, bias, mean, var = b.inputs()
+    b = _bn_inputs("batch_norm_inference", shp, tail)
+    x, scale, bias, mean, var, *res = b.inputs()
     istd = b.map("inv_std", _inv_sqrt_code(eps), var)
-    return b.build(_bn_normalise(b, x, mean, istd, scale, bias), istd)
+    return b.build(_bn_normalise(b, x, mean, istd, scale, bias, tail, res), istd)
 
 
 def batch_norm_backward(shape: Sequence[int], training: bool = True) -> Composite:
