@@ -2,7 +2,9 @@
 
 The values were produced by the code at commit 3366ec8 (before any file moved). A refactor that
 changes one of them changed behaviour; a protocol change that is meant to change one updates it
-here in its own commit, saying why.
+here in its own commit, saying why. Since: the cross-entropy's softmax nodes were merged (2 fewer
+nodes per step, every value the same bits): the graph roots, C_s and the demo's drawn fault
+moved; the final parameters, momenta and losses did not.
 """
 
 from __future__ import annotations
@@ -18,27 +20,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 GOLDEN_TRAIN = {
     ("digits", 40): {
-        "final_commitment": "0x1ab6f417fdc0091f36a319daab8e8e5a7379b2fc51a622abb1b9e8140e28c8be",
-        "spec_hash": "0x792427e1c851945a92c032936c79c66e30ecb0f98904ee2290932412e225e069",
-        "graph_root": "0xa9908aca8fdf9649752602e88caa410cfd353afc9257f3a0642a63da5ed0ee40",
-        "c0": "0x365b060d74fd496017e702af474c02ef3672ed2aef0f447f4062cab59e30dfbe",
-        "nodes": 33,
+        "final_commitment": "0x0e3ecd47b9ebe8881bdc1228a1251280a2ded3d69157c4f67754bcece9869b0b",
+        "spec_hash": "0x96dff1870255e00f021c893abd1f178422ef58a8f06755df79148fe3eb0ea683",
+        "graph_root": "0x238e6c988e37949d5031a3dbc7276b726c7320e8ee9753bdc84716edea27f0f7",
+        "c0": "0x1325350a74ef67e0aee9a384b61319e80cad2be1e1235a0d465840707caf6db1",
+        "nodes": 31,
     },
     ("transformer", 10): {
-        "final_commitment": "0xb11150a1281c39186cc9b9831eaaed671cd552d627ba2f7ab8f10f1d8ed8066f",
-        "spec_hash": "0x29d56a375a488c69bf8da73841a290ef1fb4e27ae3548ee2e265a6f772c7ada2",
-        "graph_root": "0xea34da26db601d003b47b0de00da28013147e03f189d17eec5de09661da018dd",
-        "c0": "0x5fe7e11d9fa80c158a4414818e8bd98064343a029926e5f99c4cf85332670608",
-        "nodes": 190,
+        "final_commitment": "0x613edd366cd814d79c3f9f139ad475636c8723594f69b3a5c2c547ba3249d8a0",
+        "spec_hash": "0xc88928ea063edc59b558c13384314268a96e25a0fca6162bdeb463f7a1e76383",
+        "graph_root": "0xa37530198f8b0d4169d99b0e92a0f320be0c0565ffc843039aefbc9eac36825e",
+        "c0": "0xfa489b47a15e4f6a3516b34398c9bc93a8aed1a0e4cd688505d8e90fb940f871",
+        "nodes": 188,
     },
 }
 
 # `verde-chain demo --json` with its default seed: where the cheat was planted, where the referee
 # executed its one instruction, and which result the market accepted.
 GOLDEN_DEMO = {
-    "cheater_strategy": "bitflip:39:31:7:11",
-    "accepted_result": "0x7d04bc64e0a4eaaea1681c6b4e0173d73f218f701df6d9b5a9dac81d1c69c2eb",
-    "referee": {"step": 39, "node": 31, "element": 7, "micro_step": 5, "micro_steps": 6,
+    "cheater_strategy": "bitflip:50:29:6:1",
+    "accepted_result": "0xb23f45c2f4fc4f4fb1f5133b49c18c14f7deb2c6c4d3a5375f3521d6d70e840e",
+    "referee": {"step": 50, "node": 29, "element": 6, "micro_step": 5, "micro_steps": 6,
                 "node_label": "sgd/sgd_buf", "resolution": "STEP", "instructions_executed_on_chain": 1},
 }
 

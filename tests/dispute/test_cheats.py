@@ -105,7 +105,7 @@ def _cheats(p: TrainingProgram) -> list[tuple[Cheat, Any]]:
     relu = _node(p, "relu")
     dw2 = _node(p, "matmul", 1)  # dW2 = dY^T relu(h): reads relu's output
     gemm1 = _node(p, "gemm")  # the first reader of W1
-    nll, exp = _node(p, "ce/nll", -1), _node(p, "ce/exp", -1)  # a LOADIDX program, a transcendental one
+    nll, exp = _node(p, "ce/nll", -1), _node(p, "ce/sub_exp", -1)  # a LOADIDX program, a transcendental one
     bad = OutputFault(step=STEP, node=dw1, element=130, bit=3)
     dw1_n = p.graph.nodes[dw1].desc.num_steps
     wiring = tuple(Source(SourceKind.NODE_OUTPUT, _node(p, "gemm")) if s == Source(SourceKind.NODE_OUTPUT, relu) else s
@@ -145,7 +145,7 @@ def _cheats(p: TrainingProgram) -> list[tuple[Cheat, Any]]:
          lambda: cheats.MicroStepWorld(*a, micro_fault=cheats.MicroFault(STEP, dw1, 130, 3))),
         (Cheat("L4-wrong-final-state", 4, dw1, None, Resolution.STEP, element=130, micro=dw1_n),
          lambda: TrainingWorld(*a, fault=bad)),
-        # the forward loss (ce/nll, ce/exp) feeds only the reported loss, not the gradients: a lie there
+        # the forward loss (ce/nll, ce/sub_exp) feeds only the reported loss, not the gradients: a lie there
         # leaves the later steps honest, and the challenger still finds it at its step
         (Cheat("L4-wrong-final-state-loadidx", 4, nll, None, Resolution.STEP, element=_element(p, nll),
                micro=p.graph.nodes[nll].desc.num_steps, propagates=False),

@@ -102,6 +102,17 @@ def test_inference_logits_equal_onnxruntime(arch: str) -> None:
     assert np.abs(ours - theirs).max() <= 1e-5, np.abs(ours - theirs).max()
 
 
+def test_gpt2_tanh_gelu_is_one_op_per_layer() -> None:
+    """GPT-2's ``gelu_new`` as the dynamo exporter writes it (8 ops) is one ``gelu_tanh`` per layer."""
+    job, _ = _job("gpt2", "inference", steps=1)
+    fused, plain = job.program.model, import_onnx(job.onnx_bytes, fuse=False)
+    layers = LMConfig("gpt2").layers
+    fns = [op.attrs["fn"] for op in fused.ops if op.op == "unary"]
+    assert fns.count("gelu_tanh") == layers and "tanh" not in fns
+    assert [op.attrs["fn"] for op in plain.ops if op.op == "unary"].count("tanh") == layers
+    assert len(plain.ops) - len(fused.ops) == 7 * layers
+
+
 def _commitments(job: Job, runner: Any, steps: int) -> list[bytes]:
     ex = StepExecutor(job.program.graph, runner)
     st = ex.initial_state(job.init_state)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import warnings
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -9,9 +15,13 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from tests.support.graph import build, grad_of, one_step
 from verde_chain.errors import VerdeError
 from verde_chain.graph.errors import UnsupportedModelError
-from verde_chain.graph.onnx_import import import_onnx, import_torch
+from verde_chain.graph.executor import StepExecutor
+from verde_chain.graph.ir import Model
+from verde_chain.graph.onnx_import import export_torch, import_onnx, import_torch
+from verde_chain.graph.training import OUTPUT_ROW_FIELD, build_inference_graph
 
 
 def make(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
@@ -156,6 +166,93 @@ def test_erf_gelu_pattern_is_fused_only_when_safe() -> None:
     model, _ = import_torch(Leaky(), torch.zeros(2, 3), ["x"])
     assert any(op.attrs.get("fn") == "erf" for op in model.ops)
     assert not any(op.attrs.get("fn") == "gelu_erf" for op in model.ops)
+
+
+class TanhGelu(nn.Module):
+    """The formula of transformers' ``NewGELUActivation`` (GPT-2's ``gelu_new``), written as it
+    writes it, with knobs that break the pattern."""
+
+    def __init__(self, cubic: float = 0.044715, scale: float = math.sqrt(2.0 / math.pi), half: float = 0.5,
+                 power: float = 3.0, leak: bool = False, other: bool = False) -> None:
+        super().__init__()
+        self.cubic, self.scale, self.half, self.power, self.leak, self.other = cubic, scale, half, power, leak, other
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = x.flip(-1) if self.other else x  # x^3 of another tensor than the GELU's input
+        t = torch.tanh(self.scale * (x + self.cubic * torch.pow(base, self.power)))
+        out = self.half * x * (1.0 + t)
+        return out + t if self.leak else out
+
+
+def _export(module: nn.Module, x: torch.Tensor, dynamo: bool, opset: int) -> bytes:
+    if not dynamo:
+        return export_torch(module, x, ["x"], opset)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        prog = torch.onnx.export(module, (x,), dynamo=True, optimize=False, opset_version=opset, verbose=False,
+                                 input_names=["x"], output_names=["output"])
+    assert prog is not None
+    return prog.model_proto.SerializeToString()
+
+
+def _forward(model: Model, x: np.ndarray) -> np.ndarray:
+    g = build_inference_graph(model, steps=1)
+    init = {v.name: v.data for v in model.params() + model.consts()}
+    init["outputs:output"] = np.zeros((1, model.values[model.outputs[0]].numel), dtype=np.float32)
+    ex = StepExecutor(g)
+    res = ex.run_step(ex.initial_state(init), g.pack_batch({"x": x, OUTPUT_ROW_FIELD: np.zeros(1)}))
+    return res.output(g, "output")
+
+
+def _fns(model: Model) -> list[str]:
+    return [op.attrs["fn"] for op in model.ops if op.op == "unary"]
+
+
+@pytest.mark.parametrize("act", ["nn.GELU(tanh)", "NewGELU"])
+@pytest.mark.parametrize(("dynamo", "opset"), [(False, 17), (True, 18), (False, 20), (True, 20)],
+                         ids=["torchscript-17", "dynamo-18", "torchscript-20", "dynamo-20"])
+def test_tanh_gelu_is_one_op_in_every_form_torch_exports(act: str, dynamo: bool, opset: int) -> None:
+    """Three groupings below opset 20 (``(x*A)*0.5``, ``x*(0.5*A)``, ``(0.5*x)*A``) and x^3 as Pow
+    or two Muls all become ``gelu_tanh``; at opset 20 nn.GELU exports a Gelu op, NewGELU still
+    decomposes. Outputs stay within ONNX's tolerances of the decomposition's."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.GELU("tanh") if act == "nn.GELU(tanh)" else TanhGelu())
+    x = (np.random.default_rng(1).standard_normal((6, 5)) * 3).astype(np.float32)
+    data = _export(m, torch.tensor(x), dynamo, opset)
+    fused, plain = import_onnx(data), import_onnx(data, fuse=False)
+    assert _fns(fused) == ["gelu_tanh"] and [op.op for op in fused.ops] == ["gemm", "unary"]
+    assert all(op.output in fused.values for op in fused.ops) and len(fused.values) == len(fused.ops) + 3
+    if "tanh" in _fns(plain):  # a decomposition was exported: 8 or 9 ops became one
+        assert len(plain.ops) - len(fused.ops) in (7, 8)
+    else:
+        assert act == "nn.GELU(tanh)" and opset == 20
+    got, want = _forward(fused, x), _forward(plain, x)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(got, m(torch.tensor(x)).detach().numpy(), rtol=1e-3, atol=1e-7)
+
+
+def test_tanh_gelu_fused_gradients_match_the_decomposition() -> None:
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Linear(5, 7), TanhGelu(), nn.Linear(7, 3))
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((6, 5)) * 3).astype(np.float32)
+    y = rng.standard_normal((6, 3)).astype(np.float32)
+    fused, plain = build(m, torch.tensor(x), "mse"), build(m, torch.tensor(x), "mse", fuse=False)
+    assert "gelu_tanh" in _fns(fused.model) and "tanh" in _fns(plain.model)
+    rf, rp = one_step(fused, x, y), one_step(plain, x, y)
+    assert len(fused.graph.nodes) < len(plain.graph.nodes) - 10  # forward and backward both shrank
+    np.testing.assert_allclose(rf.output(fused.graph, "loss"), rp.output(plain.graph, "loss"), rtol=1e-5)
+    for name in ("0.weight", "0.bias", "2.weight"):
+        np.testing.assert_allclose(grad_of(fused, rf, m, name), grad_of(plain, rp, m, name), rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("variant", [
+    {"leak": True}, {"other": True}, {"cubic": 0.045}, {"scale": 0.8}, {"half": 0.25}, {"power": 2.0},
+], ids=lambda v: next(iter(v)))
+def test_tanh_gelu_is_left_alone_when_shared_or_with_other_constants(variant: dict[str, Any]) -> None:
+    m = TanhGelu(**variant)
+    model, _ = import_torch(m, torch.zeros(2, 3), ["x"])
+    assert "gelu_tanh" not in _fns(model) and "tanh" in _fns(model)
 
 
 def test_every_ir_op_has_its_rules_and_every_onnx_op_its_importer() -> None:

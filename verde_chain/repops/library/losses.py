@@ -14,7 +14,7 @@ from verde_chain.errors import RepOpsError
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.asm import I, const, coord, load, loadidx
 from verde_chain.repops.library.composite import Builder, Composite
-from verde_chain.repops.library.nn import log_softmax, softmax
+from verde_chain.repops.library.nn import log_softmax, softmax_terms
 from verde_chain.repops.library.shapes import Shape, as_shape, c_strides, numel
 from verde_chain.repops.program import InputMap, KernelDesc
 
@@ -129,8 +129,10 @@ def softmax_cross_entropy_backward(
 ) -> Composite:
     """inputs (scores, labels, g (scalar, or per-sample for 'none')) -> dscores.
 
-    p = softmax(scores) (composition above); dx = (p - onehot) * g [/ fl32(N*d..) for mean],
-    onehot = EQ(label, COORD(axis 1)). With ``ignore_index``: ignored positions get +0, and the
+    p = softmax(scores) = e / s (the softmax's terms, ``nn.softmax_terms``); dx = (p - onehot) *
+    g [/ fl32(N*d..) for mean], onehot = EQ(label, COORD(axis 1)). The softmax's last division
+    is the first instruction of the one map node, so p is never stored (the same bits as the
+    softmax composition's div node). With ``ignore_index``: ignored positions get +0, and the
     mean divides by the number of the others (a sum of the forward's weights w, one node)
     instead of fl32(N*d..).
     """
@@ -139,20 +141,23 @@ def softmax_cross_entropy_backward(
     gshape = lshape if reduction == "none" else ()
     b = Builder("softmax_cross_entropy_backward", ss, lshape, gshape)
     x, lab, g = b.inputs()
-    (p,) = b.inline(softmax(ss, 1), x)
+    _, e, s = softmax_terms(b, x, (1,))
     code = [
-        load(0, 0),  # r0 = p
-        load(1, 1),  # r1 = label
-        load(2, 2),  # r2 = g
+        load(0, 0),  # r0 = e
+        load(1, 1),  # r1 = s
+        I(Op.DIV, 0, 0, 1),  # r0 = p = e / s
+        load(1, 2),  # r1 = label
+        load(2, 3),  # r2 = g
         coord(3, 1),  # r3 = this element's class c
         I(Op.EQ, 4, 1, 3),  # r4 = onehot = (label == c)
         I(Op.SUB, 0, 0, 4),
         I(Op.MUL, 0, 0, 2),  # (p - onehot) * g
     ]
-    lab_map = InputMap(numel(lshape), (c_strides(lshape)[0], 0) + c_strides(lshape)[1:])
-    g_map = InputMap(1, (0,) * len(ss)) if reduction != "none" else lab_map
-    maps = [InputMap(numel(ss), c_strides(ss)), lab_map, g_map]
-    args = [p, lab, g]
+    # s (N, 1, d..) and the labels (N, d..): one value per position, broadcast over the classes
+    row_map = InputMap(numel(lshape), (c_strides(lshape)[0], 0) + c_strides(lshape)[1:])
+    g_map = InputMap(1, (0,) * len(ss)) if reduction != "none" else row_map
+    maps = [InputMap(numel(ss), c_strides(ss)), row_map, row_map, g_map]
+    args = [e, s, lab, g]
     if ignore_index is None:
         if reduction == "mean":
             code += [const(5, float(numel(lshape))), I(Op.DIV, 0, 0, 5)]  # / fl32(N*d..)
@@ -162,7 +167,7 @@ def softmax_cross_entropy_backward(
                                      I(Op.SUB, 0, 2, 1)), lab)  # 1 - (label == ignore_index)
             args.append(b.reduce("sum", kept, None, keepdims=False))
             maps.append(InputMap(1, (0,) * len(ss)))
-            code += [load(5, 3), I(Op.DIV, 0, 0, 5)]
+            code += [load(5, 4), I(Op.DIV, 0, 0, 5)]
         code += [const(6, float(ignore_index)), I(Op.EQ, 7, 1, 6), const(6, 0.0), I(Op.SELECT, 0, 7, 6, 0)]
     desc = KernelDesc(ss, 1, tuple(maps), tuple(code), label="ce_bwd")
     return b.build(b.node(desc, *args))

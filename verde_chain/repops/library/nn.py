@@ -25,25 +25,30 @@ def _norm_axes(shape: Shape, axis: int | Sequence[int]) -> tuple[int, ...]:
     return normalize_axes("axis", [axis] if isinstance(axis, int) else axis, len(shape))
 
 
+def softmax_terms(b: Builder, x: int, axes: tuple[int, ...]) -> tuple[int, int, int]:
+    """m = max(x); e = exp(x - m) (one node: x - m is never stored); s = sum(e). Returns (m, e, s)."""
+    m = b.reduce("max", x, axes)
+    e = b.map("sub_exp", (I(Op.SUB, 0, 0, 1),) + transcendental("exp"), x, m)
+    return m, e, b.reduce("sum", e, axes)
+
+
 def softmax(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
     """m = max; e = exp(x - m) (one node); s = sum(e); y = e / s."""
     b = Builder("softmax", shape)
     (x,) = b.inputs()
-    ax = _norm_axes(b.shape(x), axis)
-    m = b.reduce("max", x, ax)
-    e = b.map("sub_exp", (I(Op.SUB, 0, 0, 1),) + transcendental("exp"), x, m)
-    s = b.reduce("sum", e, ax)
+    _, e, s = softmax_terms(b, x, _norm_axes(b.shape(x), axis))
     return b.build(b.binary("div", e, s))
 
 
 def log_softmax(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
-    """m = max; d = x - m; s = sum(exp(d)); y = d - log(s)."""
+    """m = max; s = sum(exp(x - m)); y = (x - m) - log(s). ``x - m`` is computed twice (in the
+    sub_exp node and in the last one) rather than stored: the same bits as a stored difference
+    would give, and one full-size node output less."""
     b = Builder("log_softmax", shape)
     (x,) = b.inputs()
-    ax = _norm_axes(b.shape(x), axis)
-    d = b.binary("sub", x, b.reduce("max", x, ax))
-    s = b.reduce("sum", b.unary("exp", d), ax)
-    return b.build(b.binary("sub", d, b.unary("log", s)))
+    m, _, s = softmax_terms(b, x, _norm_axes(b.shape(x), axis))
+    # r0 = x, r1 = m, r2 = log(s)
+    return b.build(b.map("log_softmax", (I(Op.SUB, 0, 0, 1), I(Op.SUB, 0, 0, 2)), x, m, b.unary("log", s)))
 
 
 def softmax_backward(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
