@@ -34,7 +34,7 @@ from onnx import numpy_helper
 
 from verde_chain.graph.errors import ModelExportError, UnsupportedModelError
 from verde_chain.graph.folding import SHAPE_OPS, fold
-from verde_chain.graph.fusion import fuse_gelu
+from verde_chain.graph.fusion import fold_transposes, fuse_gelu
 from verde_chain.graph.ir import EXACT_INT, Model, OpNode, Value
 from verde_chain.graph.operators import ONNX_IMPORTERS
 from verde_chain.repops.library.shapes import Shape
@@ -362,10 +362,12 @@ def load_onnx(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
 
 
 def import_onnx(source: str | Path | bytes | onnx.ModelProto, frozen: Iterable[str] = (), fuse: bool = True) -> Model:
-    """Import a model; ``fuse`` applies the pattern rewrites of ``graph/fusion.py`` (erf-form GELU)."""
+    """Import a model; ``fuse`` applies the pattern rewrites of ``graph/fusion.py`` (erf-form GELU,
+    transposes folded into matmul operands)."""
     model = Importer(load_onnx(source), frozen).run()
     if fuse:
         fuse_gelu(model)
+        fold_transposes(model)
     return model
 
 

@@ -55,10 +55,15 @@ def _import_matmul(imp: Importer, node: onnx.NodeProto) -> None:
         raise UnsupportedModelError(imp.who(node), f"MatMul of rank {len(a)} x {len(b)}", "rank >= 2 operands")
     if a[-1] != b[-2]:
         raise UnsupportedModelError(imp.who(node), f"MatMul inner dimensions differ: {a} x {b}")
-    imp.emit(node, "matmul", [A, B], imp.broadcast(a[:-2], b[:-2], node) + (a[-2], b[-1]))
+    imp.emit(node, "matmul", [A, B], imp.broadcast(a[:-2], b[:-2], node) + (a[-2], b[-1]),
+             trans_a=False, trans_b=False)
 
 
 # ----------------------------------------------------------------------- forward
+
+
+def _mm(b: GraphBuilder, x: Ref, y: Ref, ta: bool = False, tb: bool = False) -> Ref:
+    return b.node(library.matmul(x.shape, y.shape, ta, tb), x, y, label="matmul")
 
 
 @lowering("matmul")
@@ -66,7 +71,7 @@ def _fw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     x, w = ins
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise UnsupportedModelError(op.name, f"MatMul of rank {len(x.shape)} x {len(w.shape)}", "rank >= 2 operands")
-    return Saved(b.node(library.matmul(x.shape, w.shape), x, w, label="matmul"))
+    return Saved(_mm(b, x, w, op.attrs["trans_a"], op.attrs["trans_b"]))
 
 
 @lowering("gemm")
@@ -81,23 +86,29 @@ def _fw_gemm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 # ----------------------------------------------------------------------- backward
 
 
-def _mm(b: GraphBuilder, x: Ref, y: Ref, ta: bool = False, tb: bool = False) -> Ref:
-    return b.node(library.matmul(x.shape, y.shape, ta, tb), x, y, label="matmul")
-
-
 @vjp("matmul")
 def _bw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    """y = op(x) @ op(w), op a transpose where the trans flag is set (graph/fusion.py's
+    fold_transposes): each gradient is one matmul written in its operand's stored layout, so a
+    transposed operand needs no transpose node (d(w^T) = (x^T g)^T = g^T x)."""
     x, w = ins
+    ta, tb = op.attrs["trans_a"], op.attrs["trans_b"]
     out: Grads = [None, None]
     if need[0]:
-        out[0] = b.unbroadcast(_mm(b, g, w, tb=True), x.shape)
+        dx = _mm(b, g, w, tb=not tb) if not ta else _mm(b, w, g, ta=tb, tb=True)
+        out[0] = b.unbroadcast(dx, x.shape)
     if need[1]:
         if len(w.shape) == 2 and len(x.shape) > 2:
-            # batched activations times one matrix: one matmul over the flattened rows
-            k, n = w.shape
-            out[1] = _mm(b, b.view(x, (x.numel // k, k)), b.view(g, (g.numel // n, n)), ta=True)
+            # batched activations times one matrix: one matmul over the flattened rows (fusion
+            # never sets trans_a here: a transposed x has no such flat view)
+            if ta:
+                raise UnsupportedModelError(op.name, "a transposed batched A times a 2-D B")
+            k, n = x.shape[-1], g.shape[-1]
+            x2, g2 = b.view(x, (x.numel // k, k)), b.view(g, (g.numel // n, n))
+            out[1] = _mm(b, x2, g2, ta=True) if not tb else _mm(b, g2, x2, ta=True)
         else:
-            out[1] = b.unbroadcast(_mm(b, x, g, ta=True), w.shape)
+            dw = _mm(b, x, g, ta=not ta) if not tb else _mm(b, g, x, ta=True, tb=ta)
+            out[1] = b.unbroadcast(dw, w.shape)
     return out
 
 
