@@ -93,10 +93,10 @@ def _bw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, ne
     transposed operand needs no transpose node (d(w^T) = (x^T g)^T = g^T x)."""
     x, w = ins
     ta, tb = op.attrs["trans_a"], op.attrs["trans_b"]
+    plan_x, plan_w = library.matmul_grads(ta, tb)
     out: Grads = [None, None]
     if need[0]:
-        dx = _mm(b, g, w, tb=not tb) if not ta else _mm(b, w, g, ta=tb, tb=True)
-        out[0] = b.unbroadcast(dx, x.shape)
+        out[0] = b.unbroadcast(_grad_mm(b, plan_x, {"a": x, "b": w, "g": g}), x.shape)
     if need[1]:
         if len(w.shape) == 2 and len(x.shape) > 2:
             # batched activations times one matrix: one matmul over the flattened rows (fusion
@@ -104,12 +104,16 @@ def _bw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, ne
             if ta:
                 raise UnsupportedModelError(op.name, "a transposed batched A times a 2-D B")
             k, n = x.shape[-1], g.shape[-1]
-            x2, g2 = b.view(x, (x.numel // k, k)), b.view(g, (g.numel // n, n))
-            out[1] = _mm(b, x2, g2, ta=True) if not tb else _mm(b, g2, x2, ta=True)
+            flat = {"a": b.view(x, (x.numel // k, k)), "b": w, "g": b.view(g, (g.numel // n, n))}
+            out[1] = _grad_mm(b, plan_w, flat)
         else:
-            dw = _mm(b, x, g, ta=not ta) if not tb else _mm(b, g, x, ta=True, tb=ta)
-            out[1] = b.unbroadcast(dw, w.shape)
+            out[1] = b.unbroadcast(_grad_mm(b, plan_w, {"a": x, "b": w, "g": g}), w.shape)
     return out
+
+
+def _grad_mm(b: GraphBuilder, plan: library.GradMatmul, env: dict[str, Ref]) -> Ref:
+    left, right, tl, tr = plan
+    return _mm(b, env[left], env[right], tl, tr)
 
 
 def _scale(b: GraphBuilder, g: Ref, c: float) -> Ref:
