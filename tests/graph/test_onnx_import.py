@@ -103,6 +103,13 @@ def test_dynamic_dimension_is_refused() -> None:
         import_onnx(make(nodes, [vi("x", ["batch", 3])], [vi("y", ["batch", 3])]))
 
 
+def test_one_element_initializer_is_a_scalar_immediate() -> None:
+    # a 0-d float initializer read by Mul: a CONST of a scalar op, like a Constant node's value
+    c = numpy_helper.from_array(np.array(0.5, dtype=np.float32), "c")
+    model = import_onnx(make([helper.make_node("Mul", ["x", "c"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])], [c]))
+    assert [(op.op, op.attrs["op"], op.attrs["value"]) for op in model.ops] == [("scalar", "mul", 0.5)]
+
+
 def test_unsupported_dtype_and_attribute() -> None:
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     with pytest.raises(UnsupportedModelError, match="DOUBLE"):

@@ -15,12 +15,24 @@ below opset 20) and ``(x * A) * 0.5`` (the TorchScript exporter), with ``A = 1 +
 ``x^3`` as ``Pow(x, 3)`` or ``x * (x * x)``. Each is 8 or 9 forward ops and about ten backward
 nodes of the MLP's widest shape; the fused op is one node each way. At opset 20 both exporters
 emit ``Gelu(approximate="tanh")``, which imports as the same op directly.
+
+``fold_transposes``: a ``transpose`` that swaps the last two axes and feeds one matmul or gemm
+operand (directly, or through one reshape that regroups only the leading axes: multi-head
+attention's K^T) becomes that operand's ``trans_a``/``trans_b`` flag: the matmul reads the
+untransposed tensor through swapped strides (``library.matmul``), and its backward writes the
+gradient straight in the stored layout (dW = g^T x for y = x W^T), so neither the forward nor the
+backward transpose node exists. A transposed read changes no arithmetic (every dot chain reads
+the same elements in the same order, and the backward's products only swap their factors, which
+FMA and MUL do not see), so every value stays bit-identical to the unfused graph; only the node
+list, hence C_s, changes. Bytes per step: GPT-2 small's tied LM head alone loses two
+768 x 50257 copies.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import TypeGuard
 
 import numpy as np
@@ -225,3 +237,69 @@ def fuse_gelu_tanh(model: Model) -> int:
             fused += 1
     model.ops[:] = [op for op in model.ops if id(op) not in dead]
     return fused
+
+
+def _swaps_last_two(perm: Sequence[int]) -> bool:
+    n = len(perm)
+    return n >= 2 and tuple(p % n for p in perm) == (*range(n - 2), n - 1, n - 2)
+
+
+def _commutes_with_swap(model: Model, op: OpNode) -> bool:
+    """Whether ``op`` may run on the untransposed tensor instead: an elementwise op of one
+    tensor (the same values in another layout), or a reshape that regroups only the axes in
+    front of the last two (attention's (B*H, T, D) <-> (B, H, T, D))."""
+    if op.op in ("scalar", "unary"):
+        return True
+    return op.op == "reshape" and model.shape(op.output)[-2:] == model.shape(op.inputs[0])[-2:]
+
+
+def fold_transposes(model: Model) -> int:
+    """Fold every last-two-axes ``transpose`` read by exactly one matmul/gemm operand into that
+    operand's trans flag, in place; returns how many were folded.
+
+    Left alone (each would change a value or cannot be read through strides): a transpose with
+    another consumer or that is a model output; any other perm; the A operand of a batched
+    matmul with a 2-D B (its weight gradient folds the batch into the rows of A, which a
+    transposed A cannot be viewed as); a consumer that also reads the untransposed tensor, or
+    another use of that tensor between the transpose and its consumer (the gradient
+    contributions to it would be summed in another order)."""
+    consumers: dict[str, list[tuple[int, OpNode, int]]] = defaultdict(list)  # value -> (position, op, slot)
+    for pos, op in enumerate(model.ops):
+        for slot, name in enumerate(op.inputs):
+            consumers[name].append((pos, op, slot))
+    outputs = set(model.outputs)
+    dead: set[int] = set()
+    for pos, t in enumerate(model.ops):
+        if t.op != "transpose" or not _swaps_last_two(t.attrs["perm"]) or t.output in outputs:
+            continue
+        if len(consumers[t.output]) != 1:
+            continue
+        at, user, slot = consumers[t.output][0]
+        reader = (at, user, slot)  # the op that reads the untransposed tensor once folded
+        chain: list[OpNode] = []  # views and elementwise ops between the transpose and the matmul
+        while _commutes_with_swap(model, user) and user.output not in outputs and len(consumers[user.output]) == 1:
+            chain.append(user)
+            at, user, slot = consumers[user.output][0]
+        if user.op not in ("matmul", "gemm") or slot > 1:
+            continue
+        a_rank, b_rank = (len(model.shape(n)) for n in user.inputs[:2])
+        if user.op == "matmul" and slot == 0 and a_rank > 2 and b_rank == 2:
+            continue
+        src = t.inputs[0]
+        if src in user.inputs or any(pos < p < at for p, _, _ in consumers[src]):
+            continue
+        first = chain[0] if chain else user
+        first.inputs = tuple(src if n == t.output else n for n in first.inputs)
+        for op in chain:  # each now holds its values with the last two axes swapped back
+            shape = model.shape(op.output)
+            shape = shape[:-2] + (shape[-1], shape[-2])
+            model.values[op.output].shape = shape
+            if op.op == "reshape":
+                op.attrs["shape"] = shape
+        flag = ("trans_a", "trans_b")[slot]
+        user.attrs[flag] = not user.attrs[flag]
+        consumers[src] = [c for c in consumers[src] if c[1] is not t] + [reader]
+        dead.add(id(t))
+        del model.values[t.output]
+    model.ops[:] = [op for op in model.ops if id(op) not in dead]
+    return len(dead)

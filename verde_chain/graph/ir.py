@@ -32,7 +32,7 @@ EXACT_INT = 2**24  # binary32 holds every integer of smaller magnitude exactly
 
 # op name -> attributes it takes (documentation and a guard against typos)
 OPS: dict[str, tuple[str, ...]] = {
-    "matmul": (),
+    "matmul": ("trans_a", "trans_b"),  # an operand read transposed (last two axes): graph/fusion.py
     "gemm": ("alpha", "beta", "trans_a", "trans_b"),
     "binary": ("op",),  # add sub mul div max min pow, comparisons, logic; numpy broadcasting
     "scalar": ("op", "value", "reverse"),  # x op c (reverse: c op x)

@@ -34,7 +34,7 @@ from onnx import numpy_helper
 
 from verde_chain.graph.errors import ModelExportError, UnsupportedModelError
 from verde_chain.graph.folding import SHAPE_OPS, fold
-from verde_chain.graph.fusion import fuse_batch_norm, fuse_gelu, fuse_gelu_tanh
+from verde_chain.graph.fusion import fold_transposes, fuse_batch_norm, fuse_gelu, fuse_gelu_tanh
 from verde_chain.graph.ir import EXACT_INT, Model, OpNode, Value
 from verde_chain.graph.operators import ONNX_IMPORTERS
 from verde_chain.repops.library.shapes import Shape
@@ -363,11 +363,12 @@ def load_onnx(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
 
 def import_onnx(source: str | Path | bytes | onnx.ModelProto, frozen: Iterable[str] = (), fuse: bool = True) -> Model:
     """Import a model; ``fuse`` applies the pattern rewrites of ``graph/fusion.py`` (erf- and
-    tanh-form GELU, batch norm + residual Add + Relu / Clip)."""
+    tanh-form GELU, transposes folded into matmul operands, batch norm + residual Add + Relu / Clip)."""
     model = Importer(load_onnx(source), frozen).run()
     if fuse:
         fuse_gelu(model)
         fuse_gelu_tanh(model)
+        fold_transposes(model)
         fuse_batch_norm(model)
     return model
 

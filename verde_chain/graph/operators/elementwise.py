@@ -103,7 +103,7 @@ def _import_binary(imp: Importer, node: onnx.NodeProto) -> None:
         value = imp.scalar_const(name)
         if value is not None:
             xs = imp.float_input(other, node)
-            shape = imp.broadcast(imp.shape(xs), tuple(imp.static[name].shape), node)
+            shape = imp.broadcast(imp.shape(xs), imp.shape(name), node)
             if shape != imp.shape(xs):
                 raise UnsupportedModelError(imp.who(node), "a scalar constant that changes the rank")
             imp.emit(node, "scalar", [xs], shape, op=kind, value=value, reverse=bool(side))

@@ -55,10 +55,15 @@ def _import_matmul(imp: Importer, node: onnx.NodeProto) -> None:
         raise UnsupportedModelError(imp.who(node), f"MatMul of rank {len(a)} x {len(b)}", "rank >= 2 operands")
     if a[-1] != b[-2]:
         raise UnsupportedModelError(imp.who(node), f"MatMul inner dimensions differ: {a} x {b}")
-    imp.emit(node, "matmul", [A, B], imp.broadcast(a[:-2], b[:-2], node) + (a[-2], b[-1]))
+    imp.emit(node, "matmul", [A, B], imp.broadcast(a[:-2], b[:-2], node) + (a[-2], b[-1]),
+             trans_a=False, trans_b=False)
 
 
 # ----------------------------------------------------------------------- forward
+
+
+def _mm(b: GraphBuilder, x: Ref, y: Ref, ta: bool = False, tb: bool = False) -> Ref:
+    return b.node(library.matmul(x.shape, y.shape, ta, tb), x, y, label="matmul")
 
 
 @lowering("matmul")
@@ -66,7 +71,7 @@ def _fw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
     x, w = ins
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise UnsupportedModelError(op.name, f"MatMul of rank {len(x.shape)} x {len(w.shape)}", "rank >= 2 operands")
-    return Saved(b.node(library.matmul(x.shape, w.shape), x, w, label="matmul"))
+    return Saved(_mm(b, x, w, op.attrs["trans_a"], op.attrs["trans_b"]))
 
 
 @lowering("gemm")
@@ -81,24 +86,34 @@ def _fw_gemm(b: GraphBuilder, op: OpNode, ins: list[Ref]) -> Saved:
 # ----------------------------------------------------------------------- backward
 
 
-def _mm(b: GraphBuilder, x: Ref, y: Ref, ta: bool = False, tb: bool = False) -> Ref:
-    return b.node(library.matmul(x.shape, y.shape, ta, tb), x, y, label="matmul")
-
-
 @vjp("matmul")
 def _bw_matmul(b: GraphBuilder, op: OpNode, ins: list[Ref], s: Saved, g: Ref, need: Sequence[bool]) -> Grads:
+    """y = op(x) @ op(w), op a transpose where the trans flag is set (graph/fusion.py's
+    fold_transposes): each gradient is one matmul written in its operand's stored layout, so a
+    transposed operand needs no transpose node (d(w^T) = (x^T g)^T = g^T x)."""
     x, w = ins
+    ta, tb = op.attrs["trans_a"], op.attrs["trans_b"]
+    plan_x, plan_w = library.matmul_grads(ta, tb)
     out: Grads = [None, None]
     if need[0]:
-        out[0] = b.unbroadcast(_mm(b, g, w, tb=True), x.shape)
+        out[0] = b.unbroadcast(_grad_mm(b, plan_x, {"a": x, "b": w, "g": g}), x.shape)
     if need[1]:
         if len(w.shape) == 2 and len(x.shape) > 2:
-            # batched activations times one matrix: one matmul over the flattened rows
-            k, n = w.shape
-            out[1] = _mm(b, b.view(x, (x.numel // k, k)), b.view(g, (g.numel // n, n)), ta=True)
+            # batched activations times one matrix: one matmul over the flattened rows (fusion
+            # never sets trans_a here: a transposed x has no such flat view)
+            if ta:
+                raise UnsupportedModelError(op.name, "a transposed batched A times a 2-D B")
+            k, n = x.shape[-1], g.shape[-1]
+            flat = {"a": b.view(x, (x.numel // k, k)), "b": w, "g": b.view(g, (g.numel // n, n))}
+            out[1] = _grad_mm(b, plan_w, flat)
         else:
-            out[1] = b.unbroadcast(_mm(b, x, g, ta=True), w.shape)
+            out[1] = b.unbroadcast(_grad_mm(b, plan_w, {"a": x, "b": w, "g": g}), w.shape)
     return out
+
+
+def _grad_mm(b: GraphBuilder, plan: library.GradMatmul, env: dict[str, Ref]) -> Ref:
+    left, right, tl, tr = plan
+    return _mm(b, env[left], env[right], tl, tr)
 
 
 def _scale(b: GraphBuilder, g: Ref, c: float) -> Ref:

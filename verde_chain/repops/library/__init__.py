@@ -60,7 +60,7 @@ from verde_chain.repops.library.conv import (
 )
 from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
 from verde_chain.repops.library.indexing import gather, gather_elements, gather_elements_grad, gather_grad, scatter_add
-from verde_chain.repops.library.linalg import gemm, matmul
+from verde_chain.repops.library.linalg import GradMatmul, gemm, matmul, matmul_grads
 from verde_chain.repops.library.losses import nll_loss, softmax_cross_entropy, softmax_cross_entropy_backward
 from verde_chain.repops.library.maps import (
     BINARY_CODE,
@@ -137,7 +137,7 @@ from verde_chain.repops.library.shapes import (
 
 __all__ = [
     "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
-    "AdamConstants", "BnTail", "Builder", "Composite", "ConvGeometry", "I", "Node", "Runner", "Shape", "adam",
+    "AdamConstants", "BnTail", "Builder", "Composite", "ConvGeometry", "GradMatmul", "I", "Node", "Runner", "Shape", "adam",
     "adam_constants", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
     "batch_norm_training", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes",
     "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_code",
@@ -146,7 +146,7 @@ __all__ = [
     "expand", "f32_of_fraction", "f32_of_sqrt_fraction", "f32q", "gather", "gather_elements", "gather_elements_grad",
     "gather_grad", "gelu", "gemm", "hard_sigmoid", "hard_sigmoid_grad", "hard_swish", "hard_swish_grad",
     "layer_norm", "layer_norm_backward", "leaky_relu", "linear_k_stride", "load", "loadidx", "log1p_exp_log",
-    "log_softmax", "log_softmax_backward", "map_affine", "map_unary", "matmul", "matmul_backward", "max_pool",
+    "log_softmax", "log_softmax_backward", "map_affine", "map_unary", "matmul", "matmul_backward", "matmul_grads", "max_pool",
     "max_pool_argmax", "max_pool_backward", "minmax_grad", "nll_loss", "normalize_axes", "numel", "onnx_adam",
     "onnx_momentum", "onnx_pads", "pad", "pow_const", "pow_const_code", "reduce", "reduce_composite", "reduce_dot",
     "reduce_nodes", "reduced_shape", "reshape", "rms_norm", "rms_norm_backward", "scatter_add", "sgd",

@@ -12,7 +12,7 @@ from verde_chain.errors import RepOpsError
 from verde_chain.repops.isa import Op
 from verde_chain.repops.library.asm import I
 from verde_chain.repops.library.composite import Builder, Composite
-from verde_chain.repops.library.linalg import matmul
+from verde_chain.repops.library.linalg import matmul, matmul_grads
 from verde_chain.repops.library.shapes import as_shape, broadcast_axes, broadcast_shapes, numel
 
 
@@ -87,13 +87,7 @@ def matmul_backward(
             raise RepOpsError("matmul_backward: trans_a with folded batch dims is unsupported")
         a = bld.view(a, (numel(sa[:-1]), sa[-1]))
         g = bld.view(g, (numel(y_shape[:-1]), y_shape[-1]))
-    ash, bsh, gsh = bld.shape(a), bld.shape(bb), bld.shape(g)
-    if not trans_a:
-        da = bld.node(matmul(gsh, bsh, False, not trans_b), g, bb)
-    else:
-        da = bld.node(matmul(bsh, gsh, trans_b, True), bb, g)
-    if not trans_b:
-        db = bld.node(matmul(ash, gsh, not trans_a, False), a, g)
-    else:
-        db = bld.node(matmul(gsh, ash, True, trans_a), g, a)
+    env = {"a": a, "b": bb, "g": g}
+    da, db = (bld.node(matmul(bld.shape(env[x]), bld.shape(env[y]), tx, ty), env[x], env[y])
+              for x, y, tx, ty in matmul_grads(trans_a, trans_b))
     return bld.build(bld.view(da, sa), db)

@@ -72,6 +72,20 @@ def matmul(a_shape: Sequence[int], b_shape: Sequence[int], trans_a: bool = False
     return KernelDesc(out, K, (amap, bmap), pro, body if K > 1 else (), label="matmul")
 
 
+GradMatmul = tuple[str, str, bool, bool]  # (left, right, trans_left, trans_right) over "a", "b", "g"
+
+
+def matmul_grads(trans_a: bool, trans_b: bool) -> tuple[GradMatmul, GradMatmul]:
+    """Each gradient of y = op(a) @ op(b) (op: a transpose where the flag is set) as ONE matmul
+    of the stored tensors, (da, db): d op(a) = g op(b)^T and d op(b) = op(a)^T g; a transposed
+    operand's gradient is their transpose, written straight in its stored layout, e.g.
+    d(b^T) = g^T op(a). Swapping the factors of a product changes no bit (MUL and FMA commute),
+    so each chain equals the one over the untransposed operand."""
+    da = ("g", "b", False, not trans_b) if not trans_a else ("b", "g", trans_b, True)
+    db = ("a", "g", not trans_a, False) if not trans_b else ("g", "a", True, trans_a)
+    return da, db
+
+
 def gemm(
     a_shape: Sequence[int],
     b_shape: Sequence[int],
