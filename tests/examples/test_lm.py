@@ -110,7 +110,9 @@ def test_gpt2_tanh_gelu_is_one_op_per_layer() -> None:
     fns = [op.attrs["fn"] for op in fused.ops if op.op == "unary"]
     assert fns.count("gelu_tanh") == layers and "tanh" not in fns
     assert [op.attrs["fn"] for op in plain.ops if op.op == "unary"].count("tanh") == layers
-    assert len(plain.ops) - len(fused.ops) == 7 * layers
+    # the other rewrites remove whole ops too: only transposes fold in this model
+    folded = sum(op.op == "transpose" for op in plain.ops) - sum(op.op == "transpose" for op in fused.ops)
+    assert folded > 0 and len(plain.ops) - len(fused.ops) == 7 * layers + folded
 
 
 def _commitments(job: Job, runner: Any, steps: int) -> list[bytes]:
