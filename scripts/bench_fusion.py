@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from verde_chain.examples.vision import VISION_MODELS
+
 
 def _setup(name: str, fuse: bool) -> tuple[Any, ...]:
     from unittest import mock
@@ -48,7 +50,7 @@ def _bytes(graph: Any) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="mobilenet_v2", help="resnet18, mobilenet_v2 or digits_cnn")
+    ap.add_argument("--model", default="mobilenet_v2", choices=VISION_MODELS)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--bytes-only", action="store_true", help="print the bytes table only")
     args = ap.parse_args()

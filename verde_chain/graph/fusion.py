@@ -17,8 +17,8 @@ nodes of the MLP's widest shape; the fused op is one node each way. At opset 20 
 emit ``Gelu(approximate="tanh")``, which imports as the same op directly.
 
 ``fold_transposes``: a ``transpose`` that swaps the last two axes and feeds one matmul or gemm
-operand (directly, or through one reshape that regroups only the leading axes: multi-head
-attention's K^T) becomes that operand's ``trans_a``/``trans_b`` flag: the matmul reads the
+operand (directly, or through reshapes that regroup only the leading axes and single-input
+elementwise ops, each with one reader: multi-head attention's scaled K^T) becomes that operand's ``trans_a``/``trans_b`` flag: the matmul reads the
 untransposed tensor through swapped strides (``library.matmul``), and its backward writes the
 gradient straight in the stored layout (dW = g^T x for y = x W^T), so neither the forward nor the
 backward transpose node exists. A transposed read changes no arithmetic (every dot chain reads
@@ -26,6 +26,11 @@ the same elements in the same order, and the backward's products only swap their
 FMA and MUL do not see), so every value stays bit-identical to the unfused graph; only the node
 list, hence C_s, changes. Bytes per step: GPT-2 small's tied LM head alone loses two
 768 x 50257 copies.
+
+``fuse_batch_norm``: a ``batch_norm`` whose output has one reader absorbs a same-shape residual
+``add`` and then a ``relu`` or ``clip`` (ReLU6): its normalising map runs the separate ops'
+instructions in their order (``library.BnTail``), so every value is bit-identical and only the
+intermediates stop being node outputs (C_s and the graph root change).
 """
 
 from __future__ import annotations
@@ -55,17 +60,27 @@ def _is_scalar(op: OpNode | None, kind: str, value: float, reverse: bool | None 
     )
 
 
+def _is_binary(op: OpNode | None, kind: str) -> TypeGuard[OpNode]:
+    return op is not None and op.op == "binary" and op.attrs["op"] == kind
+
+
+def _producers_and_uses(model: Model) -> tuple[dict[str, OpNode], Counter[str]]:
+    """Each value's producing op, and how many times each value is read (a model output counts
+    as a read): a rewrite may drop an intermediate only if its one reader is the pattern."""
+    producer = {op.output: op for op in model.ops}
+    return producer, Counter(n for op in model.ops for n in op.inputs) + Counter(model.outputs)
+
+
 def fuse_gelu(model: Model) -> int:
     """Rewrite every erf-form GELU pattern in place; returns how many were fused."""
-    producer = {op.output: op for op in model.ops}
-    uses = Counter(n for op in model.ops for n in op.inputs) + Counter(model.outputs)
+    producer, uses = _producers_and_uses(model)
     dead: set[int] = set()
     fused = 0
     for op in model.ops:
         if not _is_scalar(op, "mul", 0.5):
             continue
         m = producer.get(op.inputs[0])
-        if m is None or m.op != "binary" or m.attrs["op"] != "mul":
+        if not _is_binary(m, "mul"):
             continue
         for x, a_name in (m.inputs, m.inputs[::-1]):
             a = producer.get(a_name)
@@ -107,8 +122,7 @@ def fuse_batch_norm(model: Model) -> int:
     the normalised value (and the sum) are no longer node outputs, and the backward reads the
     activation's output instead of its input (``operators/nn.py``). Returns how many ops were
     folded. The rewrite changes the graph (fewer nodes), so ``C_s`` and the graph root."""
-    producer = {op.output: op for op in model.ops}
-    uses = Counter(n for op in model.ops for n in op.inputs) + Counter(model.outputs)
+    producer, uses = _producers_and_uses(model)
     dead: set[int] = set()
     folded = 0
     extra: dict[str, object]
@@ -153,26 +167,21 @@ class _TanhGelu:
     exactly one use, so the ops a match returns are dead once the root is rewritten."""
 
     def __init__(self, model: Model) -> None:
-        self.producer = {op.output: op for op in model.ops}
-        self.uses = Counter(n for op in model.ops for n in op.inputs) + Counter(model.outputs)
+        self.producer, self.uses = _producers_and_uses(model)
 
     def _tmp(self, name: str) -> OpNode | None:
         return self.producer.get(name) if self.uses[name] == 1 else None
-
-    @staticmethod
-    def _binary(op: OpNode | None, kind: str) -> TypeGuard[OpNode]:
-        return op is not None and op.op == "binary" and op.attrs["op"] == kind
 
     def cube(self, name: str) -> tuple[str, list[OpNode]] | None:
         """``x^3``: ``pow_const 3`` or ``x * (x * x)`` in either operand order."""
         op = self._tmp(name)
         if op is not None and op.op == "pow_const" and float(np.float32(op.attrs["exponent"])) == 3.0:
             return op.inputs[0], [op]
-        if not self._binary(op, "mul"):
+        if not _is_binary(op, "mul"):
             return None
         for x, sq_name in (op.inputs, op.inputs[::-1]):
             sq = self._tmp(sq_name)
-            if self._binary(sq, "mul") and sq.inputs == (x, x):
+            if _is_binary(sq, "mul") and sq.inputs == (x, x):
                 return x, [op, sq]
         return None
 
@@ -188,7 +197,7 @@ class _TanhGelu:
         if not _is_scalar(k, "mul", SQRT_2_OVER_PI_F32):
             return None
         s = self._tmp(k.inputs[0])
-        if not self._binary(s, "add"):
+        if not _is_binary(s, "add"):
             return None
         for x, q_name in (s.inputs, s.inputs[::-1]):
             q = self._tmp(q_name)
@@ -201,7 +210,7 @@ class _TanhGelu:
 
     def gelu(self, root: OpNode) -> tuple[str, list[OpNode]] | None:
         """The whole GELU ending in ``root``: ``(0.5 x) * A``, ``x * (0.5 A)`` or ``(x * A) * 0.5``."""
-        if self._binary(root, "mul"):
+        if _is_binary(root, "mul"):
             for u, v in (root.inputs, root.inputs[::-1]):
                 h = self._tmp(u)
                 if _is_scalar(h, "mul", 0.5):
@@ -215,7 +224,7 @@ class _TanhGelu:
                         return u, [h, *r[1]]
         elif _is_scalar(root, "mul", 0.5):
             m = self._tmp(root.inputs[0])
-            if self._binary(m, "mul"):
+            if _is_binary(m, "mul"):
                 for u, v in (m.inputs, m.inputs[::-1]):
                     r = self.one_plus_tanh(v)
                     if r is not None and r[0] == u:
