@@ -208,3 +208,24 @@ def test_a_matmul_read_twice_stays() -> None:
         return b.binary("add", mm, mm), {"a": (5, 7), "w": (7, 4)}
     plain, fused = _check(build, seed=6)
     assert len(fused.nodes) == len(plain.nodes)
+
+
+def test_shard_blocks_are_renumbered_and_stay_closed() -> None:
+    """S = 2: each shard's block still reads only the state, the batch and its own nodes, and the
+    step gives the same bits with the rewrites on and off."""
+    job = _lm("gpt2")
+    p = job.program
+    assert p.loss is not None and p.optimizer is not None
+    n = 2 * job.spec.batch_size  # the model's batch is one shard's
+    x, y = job.dataset.X[:n], job.dataset.Y[:n]
+    out = {}
+    for on in (True, False):
+        prog = build_training_graph(p.model, p.loss, p.optimizer, shards=2, peephole=on)
+        g = prog.graph
+        for lo, hi in g.shard_blocks:
+            assert all(lo <= s.index < hi for n in g.nodes[lo:hi] for s in n.inputs if s.kind == 0)
+        ex = StepExecutor(g, make_runner("cpu"))
+        res = ex.run_plain(ex.initial_state(prog.initial_state()), prog.batch(1, {"input_ids": x}, y))
+        out[on] = (len(g.nodes), res.outputs[g.named["loss"]].tobytes(),
+                   [res.state.tensors[s.producer].tobytes() for s in g.states])
+    assert out[True][0] < out[False][0] and out[True][1:] == out[False][1:]
