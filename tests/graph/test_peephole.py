@@ -23,6 +23,7 @@ from verde_chain.graph.training import build_training_graph
 from verde_chain.job import Job
 from verde_chain.repops import library
 from verde_chain.repops.backends.plan import classify
+from verde_chain.vm import scalarvm as vm
 
 BACKENDS = ("cpu", "reference")
 
@@ -229,3 +230,25 @@ def test_shard_blocks_are_renumbered_and_stay_closed() -> None:
         out[on] = (len(g.nodes), res.outputs[g.named["loss"]].tobytes(),
                    [res.state.tensors[s.producer].tobytes() for s in g.states])
     assert out[True][0] < out[False][0] and out[True][1:] == out[False][1:]
+
+
+@pytest.mark.parametrize("which", ["slice_grad_sum", "gemm"])
+def test_the_scalarvm_twin_runs_a_fused_node(which: str) -> None:
+    """A fused node is an ordinary descriptor: the on-chain VM's twin, instruction by
+    instruction, ends on the backend's bits (elements 0, one in the middle, the last)."""
+    def build(b: GraphBuilder) -> tuple[Ref, dict[str, tuple[int, ...]]]:
+        return _sum_of_slice_grads(b, 3) if which == "slice_grad_sum" else _dot_plus(b, (5, 7), (7, 4), (5, 4), False)
+    b = GraphBuilder()
+    out, shapes = build(b)
+    g = peephole(b.finish({}, {"out": out}))
+    rng = np.random.default_rng(7)
+    batch = g.pack_batch({n: _specials(rng, s) for n, s in shapes.items()})
+    ex = StepExecutor(g, make_runner("cpu"))
+    st = ex.initial_state({})
+    res = ex.run_plain(st, batch)
+    d = g.named["out"]
+    assert g.nodes[d].label.startswith(which) or g.nodes[d].desc == library.gemm((5, 7), (7, 4), (5, 4))
+    ins = ex.node_inputs(d, st, res.outputs, batch)
+    want = res.outputs[d].view(np.uint32)
+    for e in (0, want.size // 2, want.size - 1):
+        assert vm.run_states(g.nodes[d].desc, ins, e)[-1].regs[0] == int(want[e])
