@@ -42,6 +42,7 @@ from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.data import check_finite
 from verde_chain.graph.errors import GraphError, IntegerRangeError, LabelRangeError, ShapeMismatchError
 from verde_chain.graph.ir import EXACT_INT, Model
+from verde_chain.graph.peephole import peephole as peephole_rewrite
 from verde_chain.graph.structure import TrainingGraph
 from verde_chain.repops import library, rng
 from verde_chain.repops.isa import Op
@@ -317,14 +318,17 @@ def _shard_block(b: GraphBuilder, model: Model, loss: LossSpec, fields: dict[str
     return _Shard(loss_ref, out, grads)
 
 
-def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec, shards: int = 1) -> TrainingProgram:
+def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec, shards: int = 1,
+                         peephole: bool = True) -> TrainingProgram:
     """The training step over S = ``shards`` micro-batches of the model's batch each (S = 1: the
     graph of the module docstring, unchanged). For S > 1 the batch holds every shard's fields
     (``shard_field``), nodes 1-4 are repeated once per shard in shard order (shard k's block
     reads only its own fields, the parameters and its own nodes), and one ``combine_desc`` node
     per gradient (and one for the loss) sums the shards in ascending order before the
     optimizer: the result depends on S, never on which process computed which shard. Running
-    statistics a forward rule updates follow shard 0 (as torch DDP's broadcast buffers)."""
+    statistics a forward rule updates follow shard 0 (as torch DDP's broadcast buffers).
+    ``peephole``: fold single-use outputs into their reading ADD (graph/peephole.py; the same
+    bits, fewer node outputs); False keeps the node list as autodiff wrote it."""
     if shards < 1:
         raise GraphError(f"shards must be >= 1, got {shards}")
     b = GraphBuilder()
@@ -404,6 +408,8 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec,
     named = {"loss": loss_ref, "output": out}
     named.update({f"grad:{k}": g for k, g in grads.items() if g.kind == "node"})
     graph = b.finish(producers, named, tuple(blocks))
+    if peephole:
+        graph = peephole_rewrite(graph)
     return TrainingProgram(model, loss, optimizer, graph, shards)
 
 

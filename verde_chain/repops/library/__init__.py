@@ -60,7 +60,7 @@ from verde_chain.repops.library.conv import (
 )
 from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
 from verde_chain.repops.library.indexing import gather, gather_elements, gather_elements_grad, gather_grad, scatter_add
-from verde_chain.repops.library.linalg import GradMatmul, gemm, matmul, matmul_grads
+from verde_chain.repops.library.linalg import GradMatmul, addend_epilogue, gemm, matmul, matmul_grads
 from verde_chain.repops.library.losses import nll_loss, softmax_cross_entropy, softmax_cross_entropy_backward
 from verde_chain.repops.library.maps import (
     BINARY_CODE,
@@ -138,7 +138,7 @@ from verde_chain.repops.library.shapes import (
 __all__ = [
     "BINARY_CODE", "GRAD_CODE", "REDUCE_KINDS", "TRANSCENDENTAL_GRAD", "TRANSCENDENTAL_UNARY", "UNARY_CODE",
     "AdamConstants", "BnTail", "Builder", "Composite", "ConvGeometry", "GradMatmul", "I", "Node", "Runner", "Shape", "adam",
-    "adam_constants", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
+    "adam_constants", "addend_epilogue", "as_shape", "avg_pool", "avg_pool_grad_scale", "batch_norm_backward", "batch_norm_inference",
     "batch_norm_training", "binary", "binary_backward", "broadcast_axes", "broadcast_map", "broadcast_shapes",
     "c_strides", "channel_centered_meansq", "channel_dot_xhat", "channel_mean", "channel_sum", "clip", "clip_code",
     "clip_grad",

@@ -106,8 +106,15 @@ def gemm(
     inputs = list(mm.inputs)
     if c_shape is not None and beta != 0.0:
         inputs.append(broadcast_map(as_shape(c_shape), mm.out_shape))
-        epi.append(load(1, 2))  # r1 = C (input slot 2)
-        if beta != 1.0:
-            epi += [const(2, beta), I(Op.MUL, 1, 1, 2)]  # r1 = C * beta
-        epi.append(I(Op.ADD, 0, 0, 1))
+        epi += addend_epilogue(2, beta)
     return KernelDesc(mm.out_shape, mm.K, tuple(inputs), mm.prologue, mm.body, tuple(epi), label="gemm")
+
+
+def addend_epilogue(slot: int, beta: float = 1.0) -> tuple[Instr, ...]:
+    """Gemm's ``+ C*beta`` (C read from input ``slot``): ``r1 = C``, ``r1 = r1 * beta`` (if != 1),
+    ``r0 = r0 + r1``. It reads no register but r0 before writing it, so it can follow any dot
+    chain's epilogue (graph/peephole.py appends it to a matmul whose output an ADD read)."""
+    epi: list[Instr] = [load(1, slot)]  # r1 = C
+    if beta != 1.0:
+        epi += [const(2, beta), I(Op.MUL, 1, 1, 2)]  # r1 = C * beta
+    return (*epi, I(Op.ADD, 0, 0, 1))
