@@ -144,7 +144,7 @@ def test_honest_job_is_accepted_and_paid(world: World) -> None:
 
 CHEATS = [
     ("bitflip-matmul", lambda j: f"bitflip:2:{node_of(j, 'matmul')}:1:3", Resolution.STEP),
-    ("bitflip-exp", lambda j: f"bitflip:1:{node_of(j, 'ce_bwd/sub_exp')}:7:22", Resolution.STEP),
+    ("bitflip-exp", lambda j: f"bitflip:1:{node_of(j, 'ce/sub_exp')}:7:22", Resolution.STEP),  # read by ce_bwd too
     ("lazy", lambda j: "lazy:1", Resolution.TIMEOUT),
     ("poison", lambda j: "poison:2", Resolution.TIMEOUT),
     ("inconsistent", lambda j: "inconsistent", Resolution.TIMEOUT),
