@@ -76,7 +76,8 @@ def test_strategies_parse_and_refuse_nonsense(job: Job) -> None:
 def test_every_cheat_changes_the_result_and_honest_agree(job: Job) -> None:
     honest = trainer_plan("honest", job).result()
     assert challenger_plan("honest", job).result() == honest
-    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", "bitflip:2:19:1:3", "micro:2:19:1:1"):
+    d = next(n.index for n in job.program.graph.nodes if n.label == "reduce_sum")  # the output bias's gradient
+    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", f"bitflip:2:{d}:1:3", f"micro:2:{d}:1:1"):
         assert trainer_plan(s, job, seed=1).result() != honest, s
     # a drawn cheat site is reproducible from the seed
     assert trainer_plan("bitflip", job, seed=5).fault == trainer_plan("bitflip", job, seed=5).fault

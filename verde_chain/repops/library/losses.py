@@ -31,6 +31,30 @@ def _check_reduction(op: str, reduction: str) -> None:
         raise RepOpsError(f"{op}: reduction {reduction!r} not in mean/sum/none")
 
 
+def _weights(b: Builder, lab: int, wts: int | None, lshape: Shape, C: int, ignore_index: int | None) -> int:
+    """The ``ce_weight`` node: w[n, d] = W[label] (or 1), +0 where ignored, the weights the mean
+    divides by (their sum). The backward's count of the positions not ignored is the same node
+    (no weights), so a training graph builds it once."""
+    lmap0 = InputMap(numel(lshape), c_strides(lshape))
+    wmaps: tuple[InputMap, ...]
+    if wts is not None:
+        wmaps = (lmap0, InputMap(C, (0,) * len(lshape), 0, 0, 1))
+        wcode: list[Instr] = [load(0, 0), loadidx(1, 0, 1)]  # r1 = W[label]
+    else:
+        wmaps = (lmap0,)
+        wcode = [load(0, 0), const(1, 1.0)]
+    if ignore_index is not None:
+        wcode += [
+            const(7, float(ignore_index)),
+            I(Op.EQ, 7, 0, 7),  # r7 = label == ignore_index
+            const(6, 0.0),
+            I(Op.SELECT, 1, 7, 6, 1),  # ignored: +0
+        ]
+    wcode.append(I(Op.MOV, 0, 1))
+    wdesc = KernelDesc(lshape, 1, wmaps, tuple(wcode), label="ce_weight")
+    return b.node(wdesc, lab, wts) if wts is not None else b.node(wdesc, lab)
+
+
 def _nll_tail(
     b: Builder, src: int, lab: int, wts: int | None, ss: Shape, reduction: str, ignore_index: int | None,
     lse: tuple[int, int] | None = None,
@@ -76,25 +100,7 @@ def _nll_tail(
         return b.reduce("sum", nll, None, keepdims=False)
     if not weights and ignore_index is None:
         return b.reduce("mean", nll, None, keepdims=False)
-    # w[n, d] = W[label] (or 1), +0 where ignored; inputs (labels[, W]) -> r0 = label[, r1 = W]
-    lmap0 = InputMap(numel(lshape), c_strides(lshape))
-    wmaps: tuple[InputMap, ...]
-    if weights:
-        wmaps = (lmap0, InputMap(C, (0,) * len(lshape), 0, 0, 1))
-        wcode: list[Instr] = [load(0, 0), loadidx(1, 0, 1)]  # r1 = W[label]
-    else:
-        wmaps = (lmap0,)
-        wcode = [load(0, 0), const(1, 1.0)]
-    if ignore_index is not None:
-        wcode += [
-            const(7, float(ignore_index)),
-            I(Op.EQ, 7, 0, 7),  # r7 = label == ignore_index
-            const(6, 0.0),
-            I(Op.SELECT, 1, 7, 6, 1),  # ignored: +0
-        ]
-    wcode.append(I(Op.MOV, 0, 1))
-    wdesc = KernelDesc(lshape, 1, wmaps, tuple(wcode), label="ce_weight")
-    w = b.node(wdesc, lab, wts) if wts is not None else b.node(wdesc, lab)
+    w = _weights(b, lab, wts, lshape, C, ignore_index)
     num = b.reduce("sum", nll, None, keepdims=False)
     den = b.reduce("sum", w, None, keepdims=False)
     return b.binary("div", num, den)
@@ -154,8 +160,8 @@ def softmax_cross_entropy_backward(
     g [/ fl32(N*d..) for mean], onehot = EQ(label, COORD(axis 1)). The softmax's last division
     is the first instruction of the one map node, so p is never stored (the same bits as the
     softmax composition's div node). With ``ignore_index``: ignored positions get +0, and the
-    mean divides by the number of the others (a sum of the forward's weights w, one node)
-    instead of fl32(N*d..).
+    mean divides by the number of the others (the sum of the forward's weights w without class
+    weights: the same nodes, so a training graph builds them once) instead of fl32(N*d..).
     """
     ss = as_shape(scores_shape)
     lshape = (ss[0],) + ss[2:]
@@ -183,9 +189,8 @@ def softmax_cross_entropy_backward(
         if reduction == "mean":
             code += [const(5, float(numel(lshape))), I(Op.DIV, 0, 0, 5)]  # / fl32(N*d..)
     else:
-        if reduction == "mean":  # r5 = the count of positions not ignored
-            kept = b.map("ce_kept", (const(1, float(ignore_index)), I(Op.EQ, 1, 0, 1), const(2, 1.0),
-                                     I(Op.SUB, 0, 2, 1)), lab)  # 1 - (label == ignore_index)
+        if reduction == "mean":  # r5 = the count of positions not ignored: the forward's sum(w)
+            kept = _weights(b, lab, None, lshape, ss[1], ignore_index)
             args.append(b.reduce("sum", kept, None, keepdims=False))
             maps.append(InputMap(1, (0,) * len(ss)))
             code += [load(5, 4), I(Op.DIV, 0, 0, 5)]
