@@ -71,7 +71,7 @@ def test_cheat_options_are_checked() -> None:
     with pytest.raises(StrategyError):
         cheater_strategy(job, 0, "1:99:0", None)  # no node 99
     with pytest.raises(StrategyError, match="never read"):
-        cheater_strategy(job, 0, f"1:{next(n.index for n in job.program.graph.nodes if n.label == 'ce/sub_exp')}:0", None)
+        cheater_strategy(job, 0, f"1:{next(n.index for n in job.program.graph.nodes if n.label == 'ce/log')}:0", None)
     assert cheater_strategy(job, 0, None, 2) == "lazy"
     assert cheater_strategy(job, 4, None, None) == cheater_strategy(job, 4, None, None)
     assert job_instructions(job) == 2 * sum(n.desc.numel * n.desc.num_steps for n in job.program.graph.nodes)

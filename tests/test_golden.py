@@ -8,6 +8,12 @@ moved; the final parameters, momenta and losses did not. Then the peephole pass
 (graph/peephole.py) folded the transformer's 11 ADDs of a single-use matmul output into the
 matmul's epilogue (188 -> 177 nodes): its graph root, C_0, spec hash and C_T moved; its losses
 and final state are the same bits with the pass on and off (tests/graph/test_peephole.py).
+Then the graph builder built a node equal to an earlier one once and the training cross-entropy
+lost its log_softmax node (4 fewer nodes per step: the backward's max, sub_exp and sum are the
+forward's; tests/graph/test_cse.py; digits 31 -> 27, transformer 177 -> 173): the graph roots,
+spec hashes, C_0, C_T and the demo's drawn fault (drawn over 27 nodes) moved; the final
+parameters, momenta and losses did not (every checkpoint tensor compared bit for bit with the
+code before).
 """
 
 from __future__ import annotations
@@ -23,28 +29,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 GOLDEN_TRAIN = {
     ("digits", 40): {
-        "final_commitment": "0x0e3ecd47b9ebe8881bdc1228a1251280a2ded3d69157c4f67754bcece9869b0b",
-        "spec_hash": "0x96dff1870255e00f021c893abd1f178422ef58a8f06755df79148fe3eb0ea683",
-        "graph_root": "0x238e6c988e37949d5031a3dbc7276b726c7320e8ee9753bdc84716edea27f0f7",
-        "c0": "0x1325350a74ef67e0aee9a384b61319e80cad2be1e1235a0d465840707caf6db1",
-        "nodes": 31,
+        "final_commitment": "0x55318b392fa2e4b0824ceb44908fedd2d5ed8c45c0bdb7891188860804bc5784",
+        "spec_hash": "0x4cb43b1a7cffae4451fcf1099ec77287ee081eaf63366d0d3af9de0055790c69",
+        "graph_root": "0x16f22d35f8db7ed1f1186933d62f5c03c9379fba59ce7606c896419d4811ab1d",
+        "c0": "0xfabdc4938b3ba04d99b97b0125aadc4a33c81dd1cecf3210b64068dd538a0f95",
+        "nodes": 27,
     },
     ("transformer", 10): {
-        "final_commitment": "0x2c4f905ff29a5454f5b9dab484123d44c9d32c59d22041642daf595bcf856da3",
-        "spec_hash": "0x949b625ecdfb561d5c0c89162386379c581493dff8411c9607d0a27613d85646",
-        "graph_root": "0xf87707260b8bd3bb0ee9b4622f2912dcbf99a4ac086105d443fbf8535aa51be7",
-        "c0": "0x589eafffea17e27c0465143362e5af18a23e9b0209453c8028b9a3f272d8dc38",
-        "nodes": 177,
+        "final_commitment": "0x94aeb487d9129cb00189582adbe6b0071152141d9b4e11b8c8e35950eae8d4e5",
+        "spec_hash": "0xedbb5483549c347e207974f3c5e8f2c7b879925dd2adde755cf2aa1650d2dd86",
+        "graph_root": "0x10abc6dc12f2c81df4344d2370de6efea6ab8349dbbdfde768410c1dbb7a4874",
+        "c0": "0x983875e1cbf5135d34aa2f4984d2cdb421e4af13ab354c42602f89710022d2de",
+        "nodes": 173,
     },
 }
 
 # `verde-chain demo --json` with its default seed: where the cheat was planted, where the referee
 # executed its one instruction, and which result the market accepted.
 GOLDEN_DEMO = {
-    "cheater_strategy": "bitflip:50:29:6:1",
-    "accepted_result": "0xb23f45c2f4fc4f4fb1f5133b49c18c14f7deb2c6c4d3a5375f3521d6d70e840e",
-    "referee": {"step": 50, "node": 29, "element": 6, "micro_step": 5, "micro_steps": 6,
-                "node_label": "sgd/sgd_buf", "resolution": "STEP", "instructions_executed_on_chain": 1},
+    "cheater_strategy": "bitflip:62:11:0:18",
+    "accepted_result": "0xe867c284f700ae05f7d95a90b2838cae3433897b9e010038b9918906c4151046",
+    "referee": {"step": 62, "node": 11, "element": 0, "micro_step": 0, "micro_steps": 1,
+                "node_label": "fill", "resolution": "STEP", "instructions_executed_on_chain": 1},
 }
 
 

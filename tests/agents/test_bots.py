@@ -76,7 +76,8 @@ def test_strategies_parse_and_refuse_nonsense(job: Job) -> None:
 def test_every_cheat_changes_the_result_and_honest_agree(job: Job) -> None:
     honest = trainer_plan("honest", job).result()
     assert challenger_plan("honest", job).result() == honest
-    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", "bitflip:2:19:1:3", "micro:2:19:1:1"):
+    d = next(n.index for n in job.program.graph.nodes if n.label == "reduce_sum")  # the output bias's gradient
+    for s in ("lazy", "poison", "inconsistent", "garbage", "silent", "bitflip", f"bitflip:2:{d}:1:3", f"micro:2:{d}:1:1"):
         assert trainer_plan(s, job, seed=1).result() != honest, s
     # a drawn cheat site is reproducible from the seed
     assert trainer_plan("bitflip", job, seed=5).fault == trainer_plan("bitflip", job, seed=5).fault
@@ -144,7 +145,7 @@ def test_honest_job_is_accepted_and_paid(world: World) -> None:
 
 CHEATS = [
     ("bitflip-matmul", lambda j: f"bitflip:2:{node_of(j, 'matmul')}:1:3", Resolution.STEP),
-    ("bitflip-exp", lambda j: f"bitflip:1:{node_of(j, 'ce_bwd/sub_exp')}:7:22", Resolution.STEP),
+    ("bitflip-exp", lambda j: f"bitflip:1:{node_of(j, 'ce/sub_exp')}:7:22", Resolution.STEP),  # read by ce_bwd too
     ("lazy", lambda j: "lazy:1", Resolution.TIMEOUT),
     ("poison", lambda j: "poison:2", Resolution.TIMEOUT),
     ("inconsistent", lambda j: "inconsistent", Resolution.TIMEOUT),

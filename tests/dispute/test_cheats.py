@@ -105,7 +105,7 @@ def _cheats(p: TrainingProgram) -> list[tuple[Cheat, Any]]:
     relu = _node(p, "relu")
     dw2 = _node(p, "matmul", 1)  # dW2 = dY^T relu(h): reads relu's output
     gemm1 = _node(p, "gemm")  # the first reader of W1
-    nll, exp = _node(p, "ce/nll", -1), _node(p, "ce/sub_exp", -1)  # a LOADIDX program, a transcendental one
+    nll, log = _node(p, "ce/nll", -1), _node(p, "ce/log", -1)  # a LOADIDX program, a transcendental one
     bad = OutputFault(step=STEP, node=dw1, element=130, bit=3)
     dw1_n = p.graph.nodes[dw1].desc.num_steps
     wiring = tuple(Source(SourceKind.NODE_OUTPUT, _node(p, "gemm")) if s == Source(SourceKind.NODE_OUTPUT, relu) else s
@@ -145,14 +145,15 @@ def _cheats(p: TrainingProgram) -> list[tuple[Cheat, Any]]:
          lambda: cheats.MicroStepWorld(*a, micro_fault=cheats.MicroFault(STEP, dw1, 130, 3))),
         (Cheat("L4-wrong-final-state", 4, dw1, None, Resolution.STEP, element=130, micro=dw1_n),
          lambda: TrainingWorld(*a, fault=bad)),
-        # the forward loss (ce/nll, ce/sub_exp) feeds only the reported loss, not the gradients: a lie there
-        # leaves the later steps honest, and the challenger still finds it at its step
+        # the forward loss (ce/nll, ce/log) feeds only the reported loss, not the gradients: a lie there
+        # leaves the later steps honest, and the challenger still finds it at its step (ce/sub_exp,
+        # the softmax's terms, feeds the backward too: the one node both read)
         (Cheat("L4-wrong-final-state-loadidx", 4, nll, None, Resolution.STEP, element=_element(p, nll),
                micro=p.graph.nodes[nll].desc.num_steps, propagates=False),
          lambda: TrainingWorld(*a, fault=OutputFault(STEP, nll, _element(p, nll), bit=3))),
-        (Cheat("L4-wrong-final-state-exp", 4, exp, None, Resolution.STEP, element=_element(p, exp),
-               micro=p.graph.nodes[exp].desc.num_steps, propagates=False),
-         lambda: TrainingWorld(*a, fault=OutputFault(STEP, exp, _element(p, exp), bit=3))),
+        (Cheat("L4-wrong-final-state-log", 4, log, None, Resolution.STEP, element=_element(p, log),
+               micro=p.graph.nodes[log].desc.num_steps, propagates=False),
+         lambda: TrainingWorld(*a, fault=OutputFault(STEP, log, _element(p, log), bit=3))),
     ]
 
 
@@ -161,7 +162,7 @@ CHEAT_NAMES = [
     "L2-wrong-op", "L2-wrong-op-claims-graph-op", "L2-wrong-wiring", "L2-stale-parameter", "L2-wrong-batch",
     "L3-element-not-backed-by-trace", "L3-dodges-chunk", "L3-dodges-subtree",
     "L4-wrong-loaded-operand", "L4-wrong-product", "L4-wrong-final-state", "L4-wrong-final-state-loadidx",
-    "L4-wrong-final-state-exp",
+    "L4-wrong-final-state-log",
 ]
 
 

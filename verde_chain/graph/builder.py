@@ -4,6 +4,12 @@ Values (:class:`Ref`) are a storage plus a logical shape; reshapes are free view
 flat storage (tensor roots are over the flat C-order elements, so a view needs no node). A storage
 is the output of a node of this step, a state tensor (resolved to its producer node once the
 optimizer nodes exist) or the packed batch.
+
+Common subexpressions are built once: every node is a pure function of its descriptor and the
+storages it reads (randomness such as dropout's keep-mask arrives in the batch), so a node
+equal to an earlier one in both returns the earlier node's output (``GraphBuilder.node``). The
+cross-entropy's backward, for one, recomputes the forward's max, ``sub_exp`` and sum of the
+same scores: with this the step commits each once.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ class Ref:
         return math.prod(self.shape)
 
 
+# Merge equal nodes (module docstring). Off only to build the graph as it was before, so tests
+# can compare the two bit for bit.
+CSE = True
+
+
 class GraphBuilder:
     def __init__(self) -> None:
         self._descs: list[KernelDesc] = []
@@ -41,6 +52,8 @@ class GraphBuilder:
         self._batch_numel = 0
         self._sealed = False
         self._desc_hash_cache: dict[KernelDesc, bytes] = {}
+        # (descriptor, the storages it reads) -> the node computing it; None: CSE off
+        self._cse: dict[tuple[KernelDesc, tuple[tuple[str, int | str], ...]], int] | None = {} if CSE else None
         # carried state a forward rule computes anew each step (batch norm's running statistics)
         self.state_updates: dict[str, Ref] = {}
 
@@ -93,10 +106,25 @@ class GraphBuilder:
                     f"{label or desc.label}: arg {t} has shape {a.shape} ({a.numel} elements), kernel reads {m.numel}",
                     arg=t,
                 )
+        if self._cse is not None:
+            # the descriptor's InputMaps fix how each input is read (numel, strides, offsets), so
+            # the Ref's logical shape does not matter: only which storage it is; KernelDesc
+            # equality leaves out the label
+            key = (desc, tuple((a.kind, a.key) for a in args))
+            hit = self._cse.get(key)
+            if hit is not None:
+                return Ref("node", hit, desc.out_shape)
+            self._cse[key] = len(self._descs)
         self._descs.append(desc)
         self._args.append(tuple(args))
         self._labels.append(label or desc.label)
         return Ref("node", len(self._descs) - 1, desc.out_shape)
+
+    def cse_barrier(self) -> None:
+        """Nodes added from now on are never merged with earlier ones (a micro-batch shard's
+        block must read only its own nodes, docs/distributed.md)."""
+        if self._cse is not None:
+            self._cse.clear()
 
     def view(self, r: Ref, shape: Sequence[int]) -> Ref:
         shp = as_shape(shape)

@@ -359,11 +359,15 @@ def build_training_graph(model: Model, loss: LossSpec, optimizer: OptimizerSpec,
     blocks: list[tuple[int, int]] = []
     results: list[_Shard] = []
     for k, (fields, tgt) in enumerate(per_shard):
+        if shards > 1:  # a shard's block reads no node of another (its equal nodes are its own)
+            b.cse_barrier()
         start, kept = b.num_nodes, dict(b.state_updates)
         results.append(_shard_block(b, model, loss, fields, tgt, unpack_sched if shards == 1 else lambda: None))
         if k:
             b.state_updates = kept
         blocks.append((start, b.num_nodes))
+    if shards > 1:  # nor is a node after the blocks (combination, optimizer) one of a block's
+        b.cse_barrier()
     unpack_sched()
     if shards == 1:
         loss_ref, out, grads = results[0].loss, results[0].out, results[0].grads

@@ -40,15 +40,26 @@ def softmax(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
     return b.build(b.binary("div", e, s))
 
 
+def log_softmax_terms(b: Builder, x: int, axes: tuple[int, ...]) -> tuple[int, int]:
+    """The softmax's terms (``softmax_terms``) and log(s): returns (m, log(s))."""
+    m, _, s = softmax_terms(b, x, axes)
+    return m, b.unary("log", s)
+
+
+def log_softmax_code(x: int, m: int, logs: int) -> tuple[Instr, ...]:
+    """``r_x = (r_x - r_m) - r_logs``: one element of log_softmax from the registers holding x,
+    m and log(s). The cross-entropy's ``nll`` node runs it on the label's score only."""
+    return (I(Op.SUB, x, x, m), I(Op.SUB, x, x, logs))
+
+
 def log_softmax(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
     """m = max; s = sum(exp(x - m)); y = (x - m) - log(s). ``x - m`` is computed twice (in the
     sub_exp node and in the last one) rather than stored: the same bits as a stored difference
     would give, and one full-size node output less."""
     b = Builder("log_softmax", shape)
     (x,) = b.inputs()
-    m, _, s = softmax_terms(b, x, _norm_axes(b.shape(x), axis))
-    # r0 = x, r1 = m, r2 = log(s)
-    return b.build(b.map("log_softmax", (I(Op.SUB, 0, 0, 1), I(Op.SUB, 0, 0, 2)), x, m, b.unary("log", s)))
+    m, logs = log_softmax_terms(b, x, _norm_axes(b.shape(x), axis))
+    return b.build(b.map("log_softmax", log_softmax_code(0, 1, 2), x, m, logs))  # r0 = x, r1 = m, r2 = log(s)
 
 
 def softmax_backward(shape: Sequence[int], axis: int | Sequence[int] = -1) -> Composite:
