@@ -333,6 +333,10 @@ def _int64(rows) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1 if rows else 3)
 
 
+# add_dot / add_fold / add_rowdot's last arguments when the epilogue is not a compiled map
+_NO_EPI_MAP = (torch.zeros((0, 4), dtype=torch.int64), 0, 0)
+
+
 def _rowdot_code() -> tuple:  # type: ignore[type-arg]
     """A (8,)-output reduce_dot node's program encodings (K = 2) and output offset 0."""
     from verde_chain.repops import library
@@ -364,7 +368,7 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     with pytest.raises(RuntimeError, match="q and p"):
         plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 1, 0, 8)]), 0, 8, 1234, 8)
     with pytest.raises(RuntimeError, match="rowdot A addresses"):  # 8 rows of 2 from element 1 of 16
-        plan.add_rowdot(_int64([(1, 0, 16), (1, 0, 16)]), *_rowdot_code(), 0, 1, 2, 1, 1, 0, 2, 1)
+        plan.add_rowdot(_int64([(1, 0, 16), (1, 0, 16)]), *_rowdot_code(), 0, 1, 2, 1, 1, 0, 2, 1, *_NO_EPI_MAP)
     # a 4x4 @ 4x4 dot whose B offset runs past its input
     from verde_chain.repops import library
 
@@ -374,7 +378,7 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     code = (prep.maps, prep.out_shape, desc.K, *prep.programs, 0)
     offs = torch.zeros(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="dot B addresses"):
-        plan.add_dot(_int64([(1, 0, 16), (1, 16, 16)]), *code, 0, 1, 4, 4, offs, 4, 1, offs + 1, 4, 1)
+        plan.add_dot(_int64([(1, 0, 16), (1, 16, 16)]), *code, 0, 1, 4, 4, offs, 4, 1, offs + 1, 4, 1, *_NO_EPI_MAP)
     with pytest.raises(RuntimeError, match="input 1 addresses|elements, map says"):
         plan.add_program(_int64([(1, 0, 16), (1, 16, 8)]), *code)  # B only 8 elements
     assert len(plan) == 0  # nothing half-added

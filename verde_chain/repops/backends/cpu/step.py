@@ -39,6 +39,8 @@ from verde_chain.repops.program import InputMap, KernelDesc
 
 # The plan's own buffer after the SourceKind buffers (kernels/cpu/step_plan.cpp RP_SCRATCH).
 SCRATCH = int(SourceKind.BATCH) + 1
+# No epilogue map (StepPlan.add_dot/add_fold/add_rowdot: lin rows, function address 0, work 0).
+_NO_MAP = torch.zeros((0, 4), dtype=torch.int64)
 # The scratch ring holds at least this many float32 elements, and twice a node's largest need.
 _SCRATCH_MIN = 1 << 22
 
@@ -223,6 +225,12 @@ class StepKernel(ArenaLayout):
                                    list(desc.out_shape), 1, empty, empty, empty, out, list(m.strides))
             return
         code = (prep.maps, prep.out_shape, desc.K, *prep.programs, out)
+        # the epilogue of a dot/fold/rowdot: a compiled map run in place over the kernel's
+        # result where the backend compiled one (jit.epilogue_map), else the interpreter (fn 0)
+        epi_map = (_NO_MAP, 0, 0)
+        if prep.epi_jit is not None and prep.epi_lin is not None:
+            self._keep.append(prep.epi_jit)
+            epi_map = (prep.epi_lin, map_address(prep.epi_jit), prep.epi_work)
         if plan.kind == "dot":
             (a_size, a_st, a_off), (b_size, b_st, b_off) = plan.views
             bshape = a_size[:-2]
@@ -234,19 +242,19 @@ class StepKernel(ArenaLayout):
                 # one B for every batch entry and A's entries one after another: one GEMM of
                 # batch x M rows (the same dot chain per element), B packed once, not per entry
                 aoff, boff, M = aoff[:1], boff[:1], M * len(aoff)
-            self._plan.add_dot(refs, *code, *plan.slots, M, N, aoff, a_st[-2], a_st[-1], boff, b_st[-2], b_st[-1])
+            self._plan.add_dot(refs, *code, *plan.slots, M, N, aoff, a_st[-2], a_st[-1], boff, b_st[-2], b_st[-1], *epi_map)
             return
         if plan.kind == "fold":
             ((_, st, x_off),) = plan.views
             m = desc.inputs[plan.slots[0]]
             sr = linear_stride(m, desc.out_shape)
             if sr is not None:
-                self._plan.add_fold(refs, *code, plan.slots[0], int(cast(int, plan.op)), x_off, sr, st[-1])
+                self._plan.add_fold(refs, *code, plan.slots[0], int(cast(int, plan.op)), x_off, sr, st[-1], *epi_map)
                 return
         elif plan.kind == "rowdot":
             (_, (sra, ska), a_at), (_, (srb, skb), b_at) = plan.views
             sa, sb = plan.slots
-            self._plan.add_rowdot(refs, *code, sa, a_at, sra, ska, sb, b_at, srb, skb)
+            self._plan.add_rowdot(refs, *code, sa, a_at, sra, ska, sb, b_at, srb, skb, *epi_map)
             return
         elif plan.kind == "binary":
             self._plan.add_binary(refs, out, desc.numel, int(cast(int, plan.op)))
@@ -275,6 +283,10 @@ class StepKernel(ArenaLayout):
             prof.node_s += times
             prof.runs += 1
         return arena
+
+    def compiled_epilogues(self) -> list[int]:
+        """The plan nodes whose epilogue runs as a compiled map (tests: the path was taken)."""
+        return list(self._plan.compiled_epilogues())
 
     def profile(self) -> PlanProfile:
         """Start profiling the plan (``plan_profile``: per plan node and per level times, added by
