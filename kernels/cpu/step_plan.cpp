@@ -84,7 +84,7 @@ struct PlanNode {
     // JIT: a compiled map over n = out_numel elements
     MapFn fn = nullptr;
     int64_t work = 0;
-    // DOT/FOLD/ROWDOT: the epilogue as a compiled map (jit.py epilogue_map), run in place after
+    // DOT/FOLD/ROWDOT/PERMUTE: the epilogue as a compiled map (jit.py epilogue_map), run in place after
     // the kernel instead of the interpreter; input 0 is the node's output, input t + 1 input t.
     MapFn epi_fn = nullptr;
     int64_t epi_work = 0;
@@ -352,12 +352,14 @@ class StepPlan {
 
     // The last input (refs) copied into out_shape's C order, element (c_0, ...) from
     // sum c_d * src_strides[d]; then the epilogue (if any) with r0 preset to it, the program
-    // over all inputs (maps: one row per input).
+    // over all inputs (maps: one row per input), or as a compiled map (epi_fn, set_epilogue_map).
     void add_permute(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
                      const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi,
-                     int64_t out_offset, std::vector<int64_t> src_strides) {
+                     int64_t out_offset, std::vector<int64_t> src_strides, const torch::Tensor& epi_lin,
+                     int64_t epi_fn, int64_t epi_work) {
         PlanNode nd = base_node(NK_PERMUTE, refs, maps, out_shape, K, pro, body, epi, out_offset);
         nd.has_prog = epi.size(0) > 0;
+        set_epilogue_map(nd, epi_lin, epi_fn, epi_work);
         TORCH_CHECK(src_strides.size() == out_shape.size(), "one source stride per output axis");
         std::vector<int64_t> ones(out_shape.size(), 1);
         check_box({0}, src_strides, out_shape.empty() ? ones : out_shape, nd.ins.back().numel, "permute source");
@@ -713,7 +715,7 @@ class StepPlan {
         if (node_s) node_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
 
-    // The epilogue map of a DOT/FOLD/ROWDOT node (fn_addr 0: none, the interpreter runs the
+    // The epilogue map of a DOT/FOLD/ROWDOT/PERMUTE node (fn_addr 0: none, the interpreter runs the
     // epilogue). lin: one (offset, s, q, p) row per map input, the node's output first; that row
     // must be the identity (0, 1, 1, >= numel), which makes running the map in place safe:
     // element e of the result depends on element e of the output only, and the generated loop

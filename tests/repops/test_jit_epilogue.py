@@ -79,13 +79,13 @@ def test_epilogue_maps_equal_the_interpreter_and_the_reference(name: str) -> Non
     isa = cpu_ext.best_isa()
     off = CpuBackend(isa, threads=1, jit_epilogues=False)
     assert off.plan(desc).kind == KINDS[name]
-    assert off.prepare(desc).epi_jit is None
+    assert off.prepare(desc).epi is None
     interp, kernel = _plan_run(off, desc, ins)
     assert kernel.compiled_epilogues() == []
     assert np.array_equal(as_bits(interp), want)
     for threads in (1, 2, 3):
         on = CpuBackend(isa, threads=threads)
-        assert on.prepare(desc).epi_jit is not None, "the epilogue was not compiled"
+        assert on.prepare(desc).epi is not None, "the epilogue was not compiled"
         got, kernel = engaged(isa, threads, functools.partial(_plan_run, on, desc, ins))
         assert kernel.compiled_epilogues() == [len(desc.inputs)], "the plan ran the epilogue on the interpreter"
         assert np.array_equal(as_bits(got), want), f"plan, {threads} threads"
@@ -120,7 +120,7 @@ def test_small_short_epilogues_stay_on_the_interpreter() -> None:
     """The compiled maps' one rule (jit.min_instrs_for): a 3-instruction map over 16 elements is
     not worth a compile."""
     desc = library.gemm((4, 3), (3, 4), (4,))
-    assert CpuBackend(threads=1).prepare(desc).epi_jit is None
+    assert CpuBackend(threads=1).prepare(desc).epi is None
 
 
 def test_the_plan_refuses_an_epilogue_map_that_does_not_read_its_output_in_place() -> None:
@@ -129,20 +129,20 @@ def test_the_plan_refuses_an_epilogue_map_that_does_not_read_its_output_in_place
     desc = library.gemm((256, 8), (8, 512), (512,))
     backend = CpuBackend(threads=1)
     prep = backend.prepare(desc)
-    assert prep.epi_jit is not None and prep.epi_lin is not None
+    assert prep.epi is not None
     ext = backend.extension
     plan = ext.StepPlan(1 << 18, 1 << 18, 1, *cpu_ext.DEFAULT_TILE)
     refs = torch.tensor([(1, 0, 2048), (1, 4096, 4096), (1, 8192, 512)], dtype=torch.int64)
     offs = torch.zeros(1, dtype=torch.int64)
     code = (prep.maps, prep.out_shape, desc.K, *prep.programs, 16384)
-    bad = prep.epi_lin.clone()
+    bad = prep.epi.lin.clone()
     bad[0, 0] = 1  # input 0 one element ahead: not in place
     from verde_chain.repops.backends.cpu.jit import map_address
 
     with pytest.raises(RuntimeError, match="element for element"):
-        plan.add_dot(refs, *code, 0, 1, 256, 512, offs, 8, 1, offs, 512, 1, bad, map_address(prep.epi_jit), 1)
+        plan.add_dot(refs, *code, 0, 1, 256, 512, offs, 8, 1, offs, 512, 1, bad, map_address(prep.epi.fn), 1)
     with pytest.raises(RuntimeError, match="map input addresses"):  # C read past its 512 elements
-        bad = prep.epi_lin.clone()
+        bad = prep.epi.lin.clone()
         bad[3, 1] = 2
-        plan.add_dot(refs, *code, 0, 1, 256, 512, offs, 8, 1, offs, 512, 1, bad, map_address(prep.epi_jit), 1)
+        plan.add_dot(refs, *code, 0, 1, 256, 512, offs, 8, 1, offs, 512, 1, bad, map_address(prep.epi.fn), 1)
     assert len(plan) == 0

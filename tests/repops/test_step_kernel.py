@@ -294,6 +294,22 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
             assert_same_steps(fused, base)
 
 
+def test_conv_bias_as_a_compiled_map_after_the_permute_equals_the_interpreter() -> None:
+    """digits_cnn's convolutions with bias run gemm+permute in the plan; the bias epilogue then
+    runs as a compiled map in place (jit.epilogue_map) with the bits of the interpreter's."""
+    job = EXAMPLES["digits_cnn"](steps=2, **CNN_JOBS["digits_cnn"])
+    graph = job.program.graph
+    off = run_steps(graph, job.init_state, job.batch, CpuBackend(threads=2, jit_epilogues=False), steps=2)
+    assert off[2].step_kernel().compiled_epilogues() == []
+    isa = cpu_ext.best_isa()
+    on = engaged(isa, 2, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                           CpuBackend(isa=isa, threads=2), steps=2))
+    kernel = on[2].step_kernel()
+    kinds = kernel.profile().kinds
+    assert "permute" in {kinds[i] for i in kernel.compiled_epilogues()}
+    assert_same_steps(on, off)
+
+
 def test_the_plan_profile_files_every_node_and_level() -> None:
     """StepKernel.profile (bench_threads.py --families): each plan node's kind, level and times,
     each level's wall; levels as the schedule runs them, every node and level timed in a run."""
@@ -410,7 +426,7 @@ def test_plan_refuses_window_nodes_outside_their_buffers() -> None:
                              [3, 0, 0])
     with pytest.raises(RuntimeError, match="permute source"):  # 2x4 read with strides (4, 1) from 7 elements
         plan.add_permute(_int64([(1, 0, 7)]), _int64([(0, 0, 0, 0, 0, 7)]), [2, 4], 1,
-                         *(torch.zeros((0, 5), dtype=torch.int64),) * 3, 0, [4, 1])
+                         *(torch.zeros((0, 5), dtype=torch.int64),) * 3, 0, [4, 1], *_NO_EPI_MAP)
     assert len(plan) == 0
     plan.add_window_gather(_int64([(1, 0, 8)]), rows, ks, wins, 0, 2, SCRATCH, 0)
     prev = torch.arange(64, dtype=torch.float32)

@@ -66,11 +66,17 @@ class Prepared:
     out_shape: list[int]
     jit: Callable[..., None] | None = None  # compiled map (backends/cpu/jit.py), else the interpreter
     lin: torch.Tensor | None = None  # the compiled map's input rows (jit.map_lin)
-    # A dot/fold/rowdot node's epilogue as a compiled map (jit.epilogue_map), its input rows and
-    # lane-instructions; None: the epilogue (if any) runs on the interpreter.
-    epi_jit: Callable[..., None] | None = None
-    epi_lin: torch.Tensor | None = None
-    epi_work: int = 0
+    epi: EpilogueMap | None = None  # a dot/fold/rowdot's epilogue as a compiled map, else the interpreter
+
+
+@dataclass(frozen=True)
+class EpilogueMap:
+    """An epilogue as a compiled map (``jit.epilogue_map``): the function, its input rows
+    (``jit.map_lin``: the node's output first, then its inputs) and its lane-instructions."""
+
+    fn: Callable[..., None]
+    lin: torch.Tensor
+    work: int
 
 
 class CpuBackend:
@@ -92,8 +98,8 @@ class CpuBackend:
         self.threads = threads
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
-        # Tests switch the compiled epilogues off to compare them with the interpreter's bits.
-        self.jit_epilogues = jit_epilogues
+        # Tests and benchmarks switch the compiled epilogues off (the interpreter's bits, its cost).
+        self.jit_epilogues = jit_epilogues and os.environ.get("VERDE_REPOPS_JIT_EPILOGUES", "1") != "0"
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
         self.windowed_prepare: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)
@@ -123,8 +129,6 @@ class CpuBackend:
         plan = classify(desc)
         (pro, body, epi), maps = encode_desc(desc)
         jit = self._compile(desc) if plan.kind == "program" else None
-        epi_desc = epilogue_map(desc) if self.jit_epilogues and plan.kind in ("dot", "fold", "rowdot") else None
-        epi_jit = None if epi_desc is None else self._compile(epi_desc)
         return Prepared(
             plan,
             (torch.from_numpy(pro), torch.from_numpy(body), torch.from_numpy(epi)),
@@ -132,10 +136,15 @@ class CpuBackend:
             list(desc.out_shape),
             jit,
             None if jit is None else map_lin(desc),
-            epi_jit,
-            None if epi_jit is None or epi_desc is None else map_lin(epi_desc),
-            0 if epi_jit is None or epi_desc is None else map_work(epi_desc),
+            self.epilogue(desc) if plan.kind in ("dot", "fold", "rowdot") else None,
         )
+
+    def epilogue(self, desc: KernelDesc) -> EpilogueMap | None:
+        """``desc``'s epilogue as a compiled map run over the kernel's result, or None (no
+        epilogue, not an eligible map, compiled maps off): the interpreter runs it, r0 preset."""
+        epi = epilogue_map(desc) if self.jit_epilogues else None
+        fn = None if epi is None else self._compile(epi)
+        return None if fn is None or epi is None else EpilogueMap(fn, map_lin(epi), map_work(epi))
 
     def _compile(self, desc: KernelDesc) -> Callable[..., None] | None:
         # Big maps are worth a one-time compile whatever their length.
@@ -224,9 +233,9 @@ class CpuBackend:
         if not desc.epilogue:
             return r0
         r0_bits = r0.contiguous().view(torch.int32)
-        if prep.epi_jit is not None:  # input 0: the kernel's result (jit.epilogue_map)
+        if prep.epi is not None:  # input 0: the kernel's result (jit.epilogue_map)
             bits = [r0_bits, *(torch.from_numpy(x.view(np.int32)) for x in flat)]
-            return self.extension.run_map(map_address(prep.epi_jit), bits, prep.epi_lin, desc.numel, prep.epi_work,
+            return self.extension.run_map(map_address(prep.epi.fn), bits, prep.epi.lin, desc.numel, prep.epi.work,
                                           self.threads_now()).view(torch.float32)
         return self._program(desc, flat, prep, r0_bits)
 

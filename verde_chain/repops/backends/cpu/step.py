@@ -15,6 +15,7 @@ its previous contents (the plan's rule: a node that writes where an earlier one 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -29,11 +30,11 @@ from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops import windowed
 from verde_chain.repops.backends.cpu import extension as ext
-from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.backend import CpuBackend, EpilogueMap
 from verde_chain.repops.backends.cpu.jit import map_address, map_work
 from verde_chain.repops.backends.native import ArenaLayout, encode_maps, encode_program, writable
 from verde_chain.repops.backends.plan import linear_stride
-from verde_chain.repops.isa import Op
+from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.shapes import c_strides
 from verde_chain.repops.program import InputMap, KernelDesc
 
@@ -199,11 +200,16 @@ class StepKernel(ArenaLayout):
         zero = (0,) * rank
         maps = [InputMap(m.numel, zero) if m.windows else m for m in desc.inputs]
         maps.append(InputMap(desc.numel, c_strides(desc.out_shape)))
+        # the epilogue as a compiled map where eligible, from what this node computes as a plain
+        # descriptor: r0 = the permuted result (the last input), then the epilogue at K = 1 over
+        # these inputs (the windowed ones, which it does not read, with their empty maps)
+        epi = self.backend.epilogue(dataclasses.replace(desc, K=1, inputs=tuple(maps), kdims=(), body=(),
+                                                        prologue=(Instr(Op.LOAD, 0, imm=len(maps) - 1),)))
         empty = torch.from_numpy(encode_program(()))
         self._plan.add_permute(torch.cat([refs, torch.tensor([[SCRATCH, at, desc.numel]])]),
                                torch.from_numpy(encode_maps(maps, rank)), list(desc.out_shape), 1, empty, empty,
                                torch.from_numpy(encode_program(desc.epilogue)), out,
-                               [src[perm.index(d)] for d in range(rank)])
+                               [src[perm.index(d)] for d in range(rank)], *self._epilogue_args(epi))
         self.window_forms["gemm+permute"] += 1
 
     def _add(self, desc: KernelDesc, refs: torch.Tensor, out: int) -> None:
@@ -222,15 +228,12 @@ class StepKernel(ArenaLayout):
             empty = torch.from_numpy(encode_program(()))
             self._plan.add_permute(torch.tensor([[buf, at + m.offset, n]]),
                                    torch.from_numpy(encode_maps([InputMap(n, (0,) * len(desc.out_shape))], len(desc.out_shape))),
-                                   list(desc.out_shape), 1, empty, empty, empty, out, list(m.strides))
+                                   list(desc.out_shape), 1, empty, empty, empty, out, list(m.strides), _NO_MAP, 0, 0)
             return
         code = (prep.maps, prep.out_shape, desc.K, *prep.programs, out)
         # the epilogue of a dot/fold/rowdot: a compiled map run in place over the kernel's
         # result where the backend compiled one (jit.epilogue_map), else the interpreter (fn 0)
-        epi_map = (_NO_MAP, 0, 0)
-        if prep.epi_jit is not None and prep.epi_lin is not None:
-            self._keep.append(prep.epi_jit)
-            epi_map = (prep.epi_lin, map_address(prep.epi_jit), prep.epi_work)
+        epi_map = self._epilogue_args(prep.epi)
         if plan.kind == "dot":
             (a_size, a_st, a_off), (b_size, b_st, b_off) = plan.views
             bshape = a_size[:-2]
@@ -263,6 +266,13 @@ class StepKernel(ArenaLayout):
             self._plan.add_scatter(refs, out, desc.K, desc.numel // desc.out_shape[0], desc.out_shape[0])
             return
         self._plan.add_program(refs, *code)
+
+    def _epilogue_args(self, epi: EpilogueMap | None) -> tuple[torch.Tensor, int, int]:
+        """The plan's (lin, function address, work) of an epilogue map; (no rows, 0, 0): none."""
+        if epi is None:
+            return _NO_MAP, 0, 0
+        self._keep.append(epi.fn)
+        return epi.lin, map_address(epi.fn), epi.work
 
     def run(self, prev_arena: np.ndarray, batch: np.ndarray, roots: np.ndarray | None = None) -> np.ndarray:
         """The new arena; with ``roots`` ((n_nodes, 32) uint8, ``hashes_outputs``), every node
