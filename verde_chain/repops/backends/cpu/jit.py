@@ -77,7 +77,9 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     it is not an eligible map.
 
     Every LOAD of input t reads the same address for a given element (K = 1), so each input is
-    loaded once per iteration into x_t: a full vector, or zero-padded lanes in the tail."""
+    loaded once per iteration into x_t: a full vector, or zero-padded lanes in the tail. Every
+    input of a block is loaded before the block is stored, which epilogue maps rely on: they
+    run in place, reading element e of the output they overwrite (``epilogue_map``)."""
     code = desc.prologue + desc.epilogue  # K = 1: both run at k = 0
     if desc.K != 1 or desc.body or len(code) < min_instrs:
         return None

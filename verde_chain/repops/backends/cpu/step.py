@@ -6,7 +6,8 @@ pybind and allocation per node that dominated small nodes.
 
 Window nodes (``repops/windowed.py``) are in the plan too: a windowed dot chain (convolution and
 its gradients) is the windowed GEMM (implicit im2col), its ``(batch, m, n)`` result permuted
-into the output's order (with the epilogue, conv's bias, run on it with r0 preset) unless it
+into the output's order (with the epilogue, conv's bias, run on it: a compiled map in place,
+``jit.epilogue_map``, or the interpreter with r0 preset) unless it
 already is; any other window node is its dewindowed form: each windowed operand gathered into
 the plan's scratch buffer (dense ``(R, K)``), then the plain node over it as above. Scratch is a
 ring (``_Ring``): a region is reused only by a node that the plan orders after every reader of
