@@ -146,3 +146,24 @@ def test_the_plan_refuses_an_epilogue_map_that_does_not_read_its_output_in_place
         bad[3, 1] = 2
         plan.add_dot(refs, *code, 0, 1, 256, 512, offs, 8, 1, offs, 512, 1, bad, map_address(prep.epi.fn), 1)
     assert len(plan) == 0
+
+
+def test_tiny_gpt2_steps_with_compiled_epilogues_equal_the_interpreter_and_the_reference() -> None:
+    """Three AdamW steps of tiny GPT-2 (its gemm biases, peephole's fused addends, the tied
+    embedding's gradient): every node output and C_s, compiled epilogues on and off, and the
+    numpy reference."""
+    from tests.repops.test_step_kernel import assert_same_steps, run_steps
+    from verde_chain.examples.lm import LMConfig, hf_model, lm_job
+    from verde_chain.graph.backend import make_runner
+
+    cfg = LMConfig("gpt2")
+    job = lm_job(cfg, steps=3, lr=1e-2, model=hf_model(cfg, seed=3))
+    graph = job.program.graph
+    isa = cpu_ext.best_isa()
+    on = engaged(isa, 2, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                           CpuBackend(isa=isa, threads=2)))
+    assert on[2].step_kernel().compiled_epilogues(), "no epilogue ran as a compiled map"
+    off = run_steps(graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=2, jit_epilogues=False))
+    assert off[2].step_kernel().compiled_epilogues() == []
+    assert_same_steps(on, off)
+    assert_same_steps(on, run_steps(graph, job.init_state, job.batch, make_runner("reference")))
