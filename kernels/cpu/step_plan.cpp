@@ -84,6 +84,10 @@ struct PlanNode {
     // JIT: a compiled map over n = out_numel elements
     MapFn fn = nullptr;
     int64_t work = 0;
+    // DOT/FOLD/ROWDOT/PERMUTE: the epilogue as a compiled map (jit.py epilogue_map), run in place after
+    // the kernel instead of the interpreter; input 0 is the node's output, input t + 1 input t.
+    MapFn epi_fn = nullptr;
+    int64_t epi_work = 0;
     // Window nodes: tables and geometry (window_plan.h)
     std::shared_ptr<const WindowParts> win;
     // How many threads the node's work is worth (work / its family's minimum per thread).
@@ -177,13 +181,16 @@ class StepPlan {
         add_node(std::move(nd));
     }
 
-    // A dot node: GEMM (batch = aoff.numel()) then, if the epilogue is not empty, the epilogue.
+    // A dot node: GEMM (batch = aoff.numel()) then, if the epilogue is not empty, the epilogue
+    // (epi_fn: as a compiled map, set_epilogue_map; 0: on the interpreter). So for fold and rowdot.
     void add_dot(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
                  const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
                  int64_t sa, int64_t sb, int64_t M, int64_t N, const torch::Tensor& aoff, int64_t sai, int64_t sak,
-                 const torch::Tensor& boff, int64_t sbk, int64_t sbj) {
+                 const torch::Tensor& boff, int64_t sbk, int64_t sbj, const torch::Tensor& epi_lin, int64_t epi_fn,
+                 int64_t epi_work) {
         PlanNode nd = base_node(NK_DOT, refs, maps, out_shape, K, pro, body, epi, out_offset);
         nd.has_prog = epi.size(0) > 0;
+        set_epilogue_map(nd, epi_lin, epi_fn, epi_work);
         const int64_t n_in = (int64_t)nd.ins.size();
         TORCH_CHECK(sa >= 0 && sa < n_in && sb >= 0 && sb < n_in, "dot input slot out of range");
         nd.sa = sa;
@@ -210,9 +217,11 @@ class StepPlan {
     // epilogue if not empty.
     void add_fold(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
                   const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
-                  int64_t slot, int64_t op, int64_t xoff, int64_t sr, int64_t sk) {
+                  int64_t slot, int64_t op, int64_t xoff, int64_t sr, int64_t sk, const torch::Tensor& epi_lin,
+                  int64_t epi_fn, int64_t epi_work) {
         PlanNode nd = base_node(NK_FOLD, refs, maps, out_shape, K, pro, body, epi, out_offset);
         nd.has_prog = epi.size(0) > 0;
+        set_epilogue_map(nd, epi_lin, epi_fn, epi_work);
         TORCH_CHECK(slot >= 0 && slot < (int64_t)nd.ins.size(), "fold input slot out of range");
         TORCH_CHECK(op >= 0 && op < RP_REDUCE_COUNT, "unknown reduce op ", op);
         check_box({xoff}, {sr, sk}, {nd.out_numel, K}, nd.ins[slot].numel, "fold X");
@@ -231,9 +240,10 @@ class StepPlan {
     void add_rowdot(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
                     const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi, int64_t out_offset,
                     int64_t sa, int64_t aoff, int64_t sra, int64_t ska, int64_t sb, int64_t boff, int64_t srb,
-                    int64_t skb) {
+                    int64_t skb, const torch::Tensor& epi_lin, int64_t epi_fn, int64_t epi_work) {
         PlanNode nd = base_node(NK_ROWDOT, refs, maps, out_shape, K, pro, body, epi, out_offset);
         nd.has_prog = epi.size(0) > 0;
+        set_epilogue_map(nd, epi_lin, epi_fn, epi_work);
         const int64_t n_in = (int64_t)nd.ins.size();
         TORCH_CHECK(sa >= 0 && sa < n_in && sb >= 0 && sb < n_in, "rowdot input slot out of range");
         check_box({aoff}, {sra, ska}, {nd.out_numel, K}, nd.ins[sa].numel, "rowdot A");
@@ -342,12 +352,14 @@ class StepPlan {
 
     // The last input (refs) copied into out_shape's C order, element (c_0, ...) from
     // sum c_d * src_strides[d]; then the epilogue (if any) with r0 preset to it, the program
-    // over all inputs (maps: one row per input).
+    // over all inputs (maps: one row per input), or as a compiled map (epi_fn, set_epilogue_map).
     void add_permute(const torch::Tensor& refs, const torch::Tensor& maps, std::vector<int64_t> out_shape, int64_t K,
                      const torch::Tensor& pro, const torch::Tensor& body, const torch::Tensor& epi,
-                     int64_t out_offset, std::vector<int64_t> src_strides) {
+                     int64_t out_offset, std::vector<int64_t> src_strides, const torch::Tensor& epi_lin,
+                     int64_t epi_fn, int64_t epi_work) {
         PlanNode nd = base_node(NK_PERMUTE, refs, maps, out_shape, K, pro, body, epi, out_offset);
         nd.has_prog = epi.size(0) > 0;
+        set_epilogue_map(nd, epi_lin, epi_fn, epi_work);
         TORCH_CHECK(src_strides.size() == out_shape.size(), "one source stride per output axis");
         std::vector<int64_t> ones(out_shape.size(), 1);
         check_box({0}, src_strides, out_shape.empty() ? ones : out_shape, nd.ins.back().numel, "permute source");
@@ -442,6 +454,14 @@ class StepPlan {
         std::vector<std::array<double, 3>> out;
         for (size_t i = 0; i < nodes_.size(); i++)
             out.push_back({(double)nodes_[i].kind, (double)level_of_[i], nodes_[i].threads_worth});
+        return out;
+    }
+
+    // The plan nodes whose epilogue runs as a compiled map (tests: proof the map path is taken).
+    std::vector<int64_t> compiled_epilogues() const {
+        std::vector<int64_t> out;
+        for (size_t i = 0; i < nodes_.size(); i++)
+            if (nodes_[i].epi_fn) out.push_back((int64_t)i);
         return out;
     }
 
@@ -687,13 +707,54 @@ class StepPlan {
                 map_into(nd.fn, reinterpret_cast<const void* const*>(data), out_bits, nd.out_numel, nd.work, threads);
                 break;
         }
-        if (nd.has_prog && nd.kind != NK_PROGRAM) exec_prog(nd.prog, data, out_bits, out_bits, threads);
+        if (nd.epi_fn) {
+            run_epilogue_map(nd, data, out_bits, threads);
+        } else if (nd.has_prog && nd.kind != NK_PROGRAM) {
+            exec_prog(nd.prog, data, out_bits, out_bits, threads);
+        }
         if (node_s) node_s[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+
+    // The epilogue map of a DOT/FOLD/ROWDOT/PERMUTE node (fn_addr 0: none, the interpreter runs the
+    // epilogue). lin: one (offset, s, q, p) row per map input, the node's output first; that row
+    // must be the identity (0, 1, 1, >= numel), which makes running the map in place safe:
+    // element e of the result depends on element e of the output only, and the generated loop
+    // (jit.py jit_source) loads every input of a block of W elements into registers before it
+    // stores that block, so each element is read before it is overwritten, by the same thread
+    // (map_into splits the elements into disjoint ranges).
+    static void set_epilogue_map(PlanNode& nd, const torch::Tensor& lin, int64_t fn_addr, int64_t work) {
+        if (fn_addr == 0) return;
+        TORCH_CHECK(nd.has_prog, "an epilogue map needs an epilogue");
+        TORCH_CHECK(work >= 0, "epilogue map work must be >= 0");
+        const int64_t n_in = (int64_t)nd.ins.size() + 1;
+        const std::vector<int64_t> rows = int64_rows(lin, n_in, 4, "epilogue lin");
+        TORCH_CHECK(rows[0] == 0 && rows[1] == 1 && rows[2] == 1 && rows[3] >= nd.out_numel,
+                    "an epilogue map reads the node's output element for element (input 0)");
+        check_map_inputs(rows, 0, nd.out_numel, nd.out_numel);
+        for (size_t t = 0; t < nd.ins.size(); t++) check_map_inputs(rows, t + 1, nd.out_numel, nd.ins[t].numel);
+        nd.epi_fn = reinterpret_cast<MapFn>(fn_addr);
+        nd.epi_work = work;
+    }
+
+    // The epilogue map over the node's output in place (set_epilogue_map says why that is safe).
+    static void run_epilogue_map(const PlanNode& nd, const uint32_t* const* data, uint32_t* out, int64_t threads) {
+        const void* in_small[9];
+        std::vector<const void*> in_big;
+        const void** in = in_small;
+        if (nd.ins.size() + 1 > 9) {
+            in_big.resize(nd.ins.size() + 1);
+            in = in_big.data();
+        }
+        in[0] = out;
+        for (size_t t = 0; t < nd.ins.size(); t++) in[t + 1] = data[t];
+        map_into(nd.epi_fn, in, out, nd.out_numel, nd.epi_work, threads);
     }
 
     // Appends a node: its work in threads' worth, its level, its place in the level.
     void add_node(PlanNode nd) {
-        const double epi = nd.has_prog && nd.kind != NK_PROGRAM ? (double)nd.prog.work / PROGRAM_MIN_INSTRS : 0.0;
+        const double epi = nd.epi_fn                                  ? (double)nd.epi_work / MAP_MIN_INSTRS
+                           : nd.has_prog && nd.kind != NK_PROGRAM ? (double)nd.prog.work / PROGRAM_MIN_INSTRS
+                                                                  : 0.0;
         switch (nd.kind) {
             case NK_PROGRAM: nd.threads_worth = (double)nd.prog.work / PROGRAM_MIN_INSTRS; break;
             case NK_DOT:
@@ -872,6 +933,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("schedule", &StepPlan::schedule)
         .def("describe", &StepPlan::describe)
         .def("side_by_side", &StepPlan::side_by_side)
+        .def("compiled_epilogues", &StepPlan::compiled_epilogues)
         .def("run", &StepPlan::run, pybind11::arg("prev"), pybind11::arg("batch"), pybind11::arg("threads"),
              pybind11::arg("times") = pybind11::none(), pybind11::arg("roots") = pybind11::none(),
              pybind11::arg("level_times") = pybind11::none(),

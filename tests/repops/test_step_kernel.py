@@ -294,6 +294,22 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
             assert_same_steps(fused, base)
 
 
+def test_conv_bias_as_a_compiled_map_after_the_permute_equals_the_interpreter() -> None:
+    """digits_cnn's convolutions with bias run gemm+permute in the plan; the bias epilogue then
+    runs as a compiled map in place (jit.epilogue_map) with the bits of the interpreter's."""
+    job = EXAMPLES["digits_cnn"](steps=2, **CNN_JOBS["digits_cnn"])
+    graph = job.program.graph
+    off = run_steps(graph, job.init_state, job.batch, CpuBackend(threads=2, jit_epilogues=False), steps=2)
+    assert off[2].step_kernel().compiled_epilogues() == []
+    isa = cpu_ext.best_isa()
+    on = engaged(isa, 2, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                           CpuBackend(isa=isa, threads=2), steps=2))
+    kernel = on[2].step_kernel()
+    kinds = kernel.profile().kinds
+    assert "permute" in {kinds[i] for i in kernel.compiled_epilogues()}
+    assert_same_steps(on, off)
+
+
 def test_the_plan_profile_files_every_node_and_level() -> None:
     """StepKernel.profile (bench_threads.py --families): each plan node's kind, level and times,
     each level's wall; levels as the schedule runs them, every node and level timed in a run."""
@@ -333,6 +349,10 @@ def _int64(rows) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1 if rows else 3)
 
 
+# add_dot / add_fold / add_rowdot's last arguments when the epilogue is not a compiled map
+_NO_EPI_MAP = (torch.zeros((0, 4), dtype=torch.int64), 0, 0)
+
+
 def _rowdot_code() -> tuple:  # type: ignore[type-arg]
     """A (8,)-output reduce_dot node's program encodings (K = 2) and output offset 0."""
     from verde_chain.repops import library
@@ -364,7 +384,7 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     with pytest.raises(RuntimeError, match="q and p"):
         plan.add_jit(_int64([(1, 0, 8)]), _int64([(0, 1, 0, 8)]), 0, 8, 1234, 8)
     with pytest.raises(RuntimeError, match="rowdot A addresses"):  # 8 rows of 2 from element 1 of 16
-        plan.add_rowdot(_int64([(1, 0, 16), (1, 0, 16)]), *_rowdot_code(), 0, 1, 2, 1, 1, 0, 2, 1)
+        plan.add_rowdot(_int64([(1, 0, 16), (1, 0, 16)]), *_rowdot_code(), 0, 1, 2, 1, 1, 0, 2, 1, *_NO_EPI_MAP)
     # a 4x4 @ 4x4 dot whose B offset runs past its input
     from verde_chain.repops import library
 
@@ -374,7 +394,7 @@ def test_plan_refuses_anything_outside_its_buffers() -> None:
     code = (prep.maps, prep.out_shape, desc.K, *prep.programs, 0)
     offs = torch.zeros(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="dot B addresses"):
-        plan.add_dot(_int64([(1, 0, 16), (1, 16, 16)]), *code, 0, 1, 4, 4, offs, 4, 1, offs + 1, 4, 1)
+        plan.add_dot(_int64([(1, 0, 16), (1, 16, 16)]), *code, 0, 1, 4, 4, offs, 4, 1, offs + 1, 4, 1, *_NO_EPI_MAP)
     with pytest.raises(RuntimeError, match="input 1 addresses|elements, map says"):
         plan.add_program(_int64([(1, 0, 16), (1, 16, 8)]), *code)  # B only 8 elements
     assert len(plan) == 0  # nothing half-added
@@ -406,7 +426,7 @@ def test_plan_refuses_window_nodes_outside_their_buffers() -> None:
                              [3, 0, 0])
     with pytest.raises(RuntimeError, match="permute source"):  # 2x4 read with strides (4, 1) from 7 elements
         plan.add_permute(_int64([(1, 0, 7)]), _int64([(0, 0, 0, 0, 0, 7)]), [2, 4], 1,
-                         *(torch.zeros((0, 5), dtype=torch.int64),) * 3, 0, [4, 1])
+                         *(torch.zeros((0, 5), dtype=torch.int64),) * 3, 0, [4, 1], *_NO_EPI_MAP)
     assert len(plan) == 0
     plan.add_window_gather(_int64([(1, 0, 8)]), rows, ks, wins, 0, 2, SCRATCH, 0)
     prev = torch.arange(64, dtype=torch.float32)

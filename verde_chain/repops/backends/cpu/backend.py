@@ -3,8 +3,9 @@ every KernelDesc, on the extension of ``backends/cpu/extension.py`` (kernels/cpu
 
 Every node is planned once (cached per desc) by the structure of its program
 (``backends/plan.py``): dot -> GEMM, fold -> reduction, binary -> vector binary, scatter ->
-bucketed scatter-add, rowdot -> per-row dot chains (kernels/cpu/norm.cpp), each fast kernel followed by the epilogue on the interpreter with r0
-preset; any other program -> a compiled map if it is a long straight-line map
+bucketed scatter-add, rowdot -> per-row dot chains (kernels/cpu/norm.cpp), each fast kernel followed by the epilogue: a
+compiled map over the kernel's result where it is eligible (``jit.epilogue_map``: gemm's bias,
+the dot epilogues of ``graph/peephole.py``), else the interpreter with r0 preset; any other program -> a compiled map if it is a long straight-line map
 (``backends/cpu/jit.py``), else the interpreter, which executes ANY program exactly (BLOCK output
 elements per register array, one vectorised lane loop per instruction, k in the spec's one
 order; kernels/cpu/interpreter.cpp). Encodings handed to the extension: ``backends/native.py``.
@@ -40,6 +41,7 @@ from verde_chain.repops.backends.cpu.codes import BinOp, ReduceOp
 from verde_chain.repops.backends.cpu.jit import (
     JIT_LANES,
     JIT_MIN_INSTRS,
+    epilogue_map,
     jit_compile,
     jit_source,
     map_address,
@@ -64,13 +66,25 @@ class Prepared:
     out_shape: list[int]
     jit: Callable[..., None] | None = None  # compiled map (backends/cpu/jit.py), else the interpreter
     lin: torch.Tensor | None = None  # the compiled map's input rows (jit.map_lin)
+    epi: EpilogueMap | None = None  # a dot/fold/rowdot's epilogue as a compiled map, else the interpreter
+
+
+@dataclass(frozen=True)
+class EpilogueMap:
+    """An epilogue as a compiled map (``jit.epilogue_map``): the function, its input rows
+    (``jit.map_lin``: the node's output first, then its inputs) and its lane-instructions."""
+
+    fn: Callable[..., None]
+    lin: torch.Tensor
+    work: int
 
 
 class CpuBackend:
     """``backend(desc, inputs)``: the C++ kernels for every desc (see the module docstring)."""
 
     def __init__(
-        self, isa: str | None = None, threads: int | None = None, jit: bool = True, jit_min_instrs: int = JIT_MIN_INSTRS
+        self, isa: str | None = None, threads: int | None = None, jit: bool = True, jit_min_instrs: int = JIT_MIN_INSTRS,
+        jit_epilogues: bool = True,
     ) -> None:
         try:
             self.isa = isa or ext.best_isa()
@@ -84,6 +98,8 @@ class CpuBackend:
         self.threads = threads
         self.jit = jit and os.environ.get("VERDE_REPOPS_JIT", "1") != "0"
         self.jit_min_instrs = jit_min_instrs
+        # Tests and benchmarks switch the compiled epilogues off (the interpreter's bits, its cost).
+        self.jit_epilogues = jit_epilogues and os.environ.get("VERDE_REPOPS_JIT_EPILOGUES", "1") != "0"
         self.prepare: PerDesc[Prepared] = PerDesc(self._prepare)
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
         self.windowed_prepare: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)
@@ -120,7 +136,15 @@ class CpuBackend:
             list(desc.out_shape),
             jit,
             None if jit is None else map_lin(desc),
+            self.epilogue(desc) if plan.kind in ("dot", "fold", "rowdot") else None,
         )
+
+    def epilogue(self, desc: KernelDesc) -> EpilogueMap | None:
+        """``desc``'s epilogue as a compiled map run over the kernel's result, or None (no
+        epilogue, not an eligible map, compiled maps off): the interpreter runs it, r0 preset."""
+        epi = epilogue_map(desc) if self.jit_epilogues else None
+        fn = None if epi is None else self._compile(epi)
+        return None if fn is None or epi is None else EpilogueMap(fn, map_lin(epi), map_work(epi))
 
     def _compile(self, desc: KernelDesc) -> Callable[..., None] | None:
         # Big maps are worth a one-time compile whatever their length.
@@ -208,7 +232,12 @@ class CpuBackend:
     def _epilogue(self, desc: KernelDesc, flat: list[np.ndarray], r0: torch.Tensor, prep: Prepared) -> torch.Tensor:
         if not desc.epilogue:
             return r0
-        return self._program(desc, flat, prep, r0.contiguous().view(torch.int32))
+        r0_bits = r0.contiguous().view(torch.int32)
+        if prep.epi is not None:  # input 0: the kernel's result (jit.epilogue_map)
+            bits = [r0_bits, *(torch.from_numpy(x.view(np.int32)) for x in flat)]
+            return self.extension.run_map(map_address(prep.epi.fn), bits, prep.epi.lin, desc.numel, prep.epi.work,
+                                          self.threads_now()).view(torch.float32)
+        return self._program(desc, flat, prep, r0_bits)
 
     # ------------------------------------------------------------------ interpreter
     def _program(

@@ -13,6 +13,11 @@ row of scale or bias broadcast over the rows), no LOADIDX, at least JIT_MIN_INST
 elements or JIT_MIN_WORK lane-instructions (small short programs are not worth a compile). One shared object per (program, linear
 maps, ISA), cached on disk (well under a second per compile) under a key that covers the headers
 too.
+
+Epilogues of the fast kernels (GEMM, fold, row dot) are compiled the same way
+(``epilogue_map``): the epilogue as a map whose input 0 is the node's own output, run in place
+after the kernel, under the same eligibility rules (a program ``LOAD r0 <- x0`` then the
+epilogue, so one instruction longer than the epilogue itself).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import math
 import os
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -31,8 +37,9 @@ import torch
 from verde_chain.repops.backends.cpu import extension as ext
 from verde_chain.repops.backends.plan import periodic_map
 from verde_chain.repops.backends.registry import BackendUnavailable
-from verde_chain.repops.isa import Op
-from verde_chain.repops.program import KernelDesc
+from verde_chain.repops.isa import Instr, Op
+from verde_chain.repops.library.shapes import c_strides
+from verde_chain.repops.program import InputMap, KernelDesc
 
 JIT_MIN_INSTRS = 8
 JIT_MIN_NUMEL = 1 << 16  # ... or at least this many output elements
@@ -70,7 +77,9 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     it is not an eligible map.
 
     Every LOAD of input t reads the same address for a given element (K = 1), so each input is
-    loaded once per iteration into x_t: a full vector, or zero-padded lanes in the tail."""
+    loaded once per iteration into x_t: a full vector, or zero-padded lanes in the tail. Every
+    input of a block is loaded before the block is stored, which epilogue maps rely on: they
+    run in place, reading element e of the output they overwrite (``epilogue_map``)."""
     code = desc.prologue + desc.epilogue  # K = 1: both run at k = 0
     if desc.K != 1 or desc.body or len(code) < min_instrs:
         return None
@@ -148,6 +157,27 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
         + f"        const vu r = body({args});\n        for (int i = 0; i < rem; i++) out[e + i] = r[i];\n    }}\n"
         + "    RP_MAP_FPENV_EXIT;\n}\n"
     )
+
+
+def epilogue_map(desc: KernelDesc) -> KernelDesc | None:
+    """The epilogue of ``desc`` (a GEMM, fold or row dot node, whose epilogue reads no register
+    but r0 before writing it: ``plan.classify``) as a K = 1 map over
+    ``(desc's own output, *desc's inputs)``: ``LOAD r0 <- input 0`` (the kernel's result, which
+    the interpreter would preset r0 to), then the epilogue with its input slots shifted by one
+    and each input map it reads fixed at k = K-1 (where the spec runs the epilogue). Registers other than
+    r0 start at +0.0 as in the interpreter, and the epilogue cannot read them unwritten. None:
+    no epilogue, or a windowed descriptor (its epilogue runs after the plan's permuting copy)."""
+    if not desc.epilogue or desc.extended:
+        return None
+    k = desc.K - 1
+    own = InputMap(desc.numel, c_strides(desc.out_shape))
+    # An input the epilogue never loads (a dot's A and B, often not periodic) gets a map that
+    # reads one valid address, element 0: the map's eligibility then depends on what it reads.
+    read = {i.imm for i in desc.epilogue if i.op in (Op.LOAD, Op.LOADIDX)}
+    inputs = (own, *(replace(m, offset=m.offset + k * m.kstride, kstride=0) if t in read
+                     else InputMap(m.numel, (0,) * len(desc.out_shape)) for t, m in enumerate(desc.inputs)))
+    code = tuple(replace(i, imm=i.imm + 1) if i.op in (Op.LOAD, Op.LOADIDX) else i for i in desc.epilogue)
+    return KernelDesc(desc.out_shape, 1, inputs, (Instr(Op.LOAD, 0, imm=0), *code), label=f"{desc.label} epilogue")
 
 
 def map_lin(desc: KernelDesc) -> torch.Tensor:

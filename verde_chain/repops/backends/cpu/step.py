@@ -6,7 +6,8 @@ pybind and allocation per node that dominated small nodes.
 
 Window nodes (``repops/windowed.py``) are in the plan too: a windowed dot chain (convolution and
 its gradients) is the windowed GEMM (implicit im2col), its ``(batch, m, n)`` result permuted
-into the output's order (with the epilogue, conv's bias, run on it with r0 preset) unless it
+into the output's order (with the epilogue, conv's bias, run on it: a compiled map in place,
+``jit.epilogue_map``, or the interpreter with r0 preset) unless it
 already is; any other window node is its dewindowed form: each windowed operand gathered into
 the plan's scratch buffer (dense ``(R, K)``), then the plain node over it as above. Scratch is a
 ring (``_Ring``): a region is reused only by a node that the plan orders after every reader of
@@ -15,6 +16,7 @@ its previous contents (the plan's rule: a node that writes where an earlier one 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -29,16 +31,18 @@ from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops import windowed
 from verde_chain.repops.backends.cpu import extension as ext
-from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.cpu.backend import CpuBackend, EpilogueMap
 from verde_chain.repops.backends.cpu.jit import map_address, map_work
 from verde_chain.repops.backends.native import ArenaLayout, encode_maps, encode_program, writable
 from verde_chain.repops.backends.plan import linear_stride
-from verde_chain.repops.isa import Op
+from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.shapes import c_strides
 from verde_chain.repops.program import InputMap, KernelDesc
 
 # The plan's own buffer after the SourceKind buffers (kernels/cpu/step_plan.cpp RP_SCRATCH).
 SCRATCH = int(SourceKind.BATCH) + 1
+# No epilogue map (StepPlan.add_dot/add_fold/add_rowdot: lin rows, function address 0, work 0).
+_NO_MAP = torch.zeros((0, 4), dtype=torch.int64)
 # The scratch ring holds at least this many float32 elements, and twice a node's largest need.
 _SCRATCH_MIN = 1 << 22
 
@@ -197,11 +201,16 @@ class StepKernel(ArenaLayout):
         zero = (0,) * rank
         maps = [InputMap(m.numel, zero) if m.windows else m for m in desc.inputs]
         maps.append(InputMap(desc.numel, c_strides(desc.out_shape)))
+        # the epilogue as a compiled map where eligible, from what this node computes as a plain
+        # descriptor: r0 = the permuted result (the last input), then the epilogue at K = 1 over
+        # these inputs (the windowed ones, which it does not read, with their empty maps)
+        epi = self.backend.epilogue(dataclasses.replace(desc, K=1, inputs=tuple(maps), kdims=(), body=(),
+                                                        prologue=(Instr(Op.LOAD, 0, imm=len(maps) - 1),)))
         empty = torch.from_numpy(encode_program(()))
         self._plan.add_permute(torch.cat([refs, torch.tensor([[SCRATCH, at, desc.numel]])]),
                                torch.from_numpy(encode_maps(maps, rank)), list(desc.out_shape), 1, empty, empty,
                                torch.from_numpy(encode_program(desc.epilogue)), out,
-                               [src[perm.index(d)] for d in range(rank)])
+                               [src[perm.index(d)] for d in range(rank)], *self._epilogue_args(epi))
         self.window_forms["gemm+permute"] += 1
 
     def _add(self, desc: KernelDesc, refs: torch.Tensor, out: int) -> None:
@@ -220,9 +229,12 @@ class StepKernel(ArenaLayout):
             empty = torch.from_numpy(encode_program(()))
             self._plan.add_permute(torch.tensor([[buf, at + m.offset, n]]),
                                    torch.from_numpy(encode_maps([InputMap(n, (0,) * len(desc.out_shape))], len(desc.out_shape))),
-                                   list(desc.out_shape), 1, empty, empty, empty, out, list(m.strides))
+                                   list(desc.out_shape), 1, empty, empty, empty, out, list(m.strides), _NO_MAP, 0, 0)
             return
         code = (prep.maps, prep.out_shape, desc.K, *prep.programs, out)
+        # the epilogue of a dot/fold/rowdot: a compiled map run in place over the kernel's
+        # result where the backend compiled one (jit.epilogue_map), else the interpreter (fn 0)
+        epi_map = self._epilogue_args(prep.epi)
         if plan.kind == "dot":
             (a_size, a_st, a_off), (b_size, b_st, b_off) = plan.views
             bshape = a_size[:-2]
@@ -234,19 +246,19 @@ class StepKernel(ArenaLayout):
                 # one B for every batch entry and A's entries one after another: one GEMM of
                 # batch x M rows (the same dot chain per element), B packed once, not per entry
                 aoff, boff, M = aoff[:1], boff[:1], M * len(aoff)
-            self._plan.add_dot(refs, *code, *plan.slots, M, N, aoff, a_st[-2], a_st[-1], boff, b_st[-2], b_st[-1])
+            self._plan.add_dot(refs, *code, *plan.slots, M, N, aoff, a_st[-2], a_st[-1], boff, b_st[-2], b_st[-1], *epi_map)
             return
         if plan.kind == "fold":
             ((_, st, x_off),) = plan.views
             m = desc.inputs[plan.slots[0]]
             sr = linear_stride(m, desc.out_shape)
             if sr is not None:
-                self._plan.add_fold(refs, *code, plan.slots[0], int(cast(int, plan.op)), x_off, sr, st[-1])
+                self._plan.add_fold(refs, *code, plan.slots[0], int(cast(int, plan.op)), x_off, sr, st[-1], *epi_map)
                 return
         elif plan.kind == "rowdot":
             (_, (sra, ska), a_at), (_, (srb, skb), b_at) = plan.views
             sa, sb = plan.slots
-            self._plan.add_rowdot(refs, *code, sa, a_at, sra, ska, sb, b_at, srb, skb)
+            self._plan.add_rowdot(refs, *code, sa, a_at, sra, ska, sb, b_at, srb, skb, *epi_map)
             return
         elif plan.kind == "binary":
             self._plan.add_binary(refs, out, desc.numel, int(cast(int, plan.op)))
@@ -255,6 +267,13 @@ class StepKernel(ArenaLayout):
             self._plan.add_scatter(refs, out, desc.K, desc.numel // desc.out_shape[0], desc.out_shape[0])
             return
         self._plan.add_program(refs, *code)
+
+    def _epilogue_args(self, epi: EpilogueMap | None) -> tuple[torch.Tensor, int, int]:
+        """The plan's (lin, function address, work) of an epilogue map; (no rows, 0, 0): none."""
+        if epi is None:
+            return _NO_MAP, 0, 0
+        self._keep.append(epi.fn)
+        return epi.lin, map_address(epi.fn), epi.work
 
     def run(self, prev_arena: np.ndarray, batch: np.ndarray, roots: np.ndarray | None = None) -> np.ndarray:
         """The new arena; with ``roots`` ((n_nodes, 32) uint8, ``hashes_outputs``), every node
@@ -275,6 +294,10 @@ class StepKernel(ArenaLayout):
             prof.node_s += times
             prof.runs += 1
         return arena
+
+    def compiled_epilogues(self) -> list[int]:
+        """The plan nodes whose epilogue runs as a compiled map (tests: the path was taken)."""
+        return list(self._plan.compiled_epilogues())
 
     def profile(self) -> PlanProfile:
         """Start profiling the plan (``plan_profile``: per plan node and per level times, added by
