@@ -7,6 +7,7 @@ agreement cannot be bitwise; the RepOps result itself is bit-reproducible (test_
 
 from __future__ import annotations
 
+import gmpy2
 import numpy as np
 import pytest
 import torch
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tests.support.graph import Attention, Mixed, build, close, grad_of, one_step, torch_grads
+from verde_chain.graph.backend import make_runner
+from verde_chain.graph.executor import StepExecutor
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
@@ -30,6 +33,49 @@ def test_mlp_relu_gradients(loss: str) -> None:
     assert abs(float(res.output(prog.graph, "loss")) - tl) <= 1e-5 * abs(tl)
     for name, g in tg.items():
         assert close(grad_of(prog, res, m, name), g), name
+
+
+def _chain_meansq(d: np.ndarray) -> np.float32:
+    """The spec's mean square of one row, evaluated with MPFR at binary32: MUL(d0, d0), then
+    FMA(d_k, d_k, acc) for k ascending (one rounding each), / fl32(len)."""
+    ctx = gmpy2.ieee(32)
+    with gmpy2.context(ctx):
+        acc = gmpy2.mpfr(float(d[0])) * gmpy2.mpfr(float(d[0]))
+        for v in d[1:]:
+            acc = gmpy2.fma(gmpy2.mpfr(float(v)), gmpy2.mpfr(float(v)), acc)
+        return np.float32(float(acc)) / np.float32(len(d))
+
+
+def test_mse_loss_is_row_chains_then_their_mean() -> None:
+    """MSE = the mean of the rows' mean squares (docs/training.md): each row a dot chain along the
+    last axis, then one chain of row values; not one chain over all N elements (which no thread
+    or vector lane could share). Checked bit for bit against MPFR on the step's own difference
+    node, on the C++ and the reference backends, and the one-chain value differs on this data."""
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(5, 48))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((37, 5)).astype(np.float32)
+    y = rng.standard_normal((37, 48)).astype(np.float32)
+    prog = build(m, torch.tensor(x), "mse")
+    graph = prog.graph
+    loss_node = graph.nodes[graph.named["loss"]]
+    rows_node = graph.nodes[loss_node.inputs[0].index]
+    assert (rows_node.desc.out_shape, rows_node.desc.K, loss_node.desc.K) == ((37,), 48, 37)
+    diff_index = rows_node.inputs[0].index
+    for backend in ("cpu", "reference"):
+        ex = StepExecutor(graph, make_runner(backend, 2))
+        res = ex.run_step(ex.initial_state(prog.initial_state()), prog.batch(1, {"x": x}, y))
+        diff = res.outputs[diff_index].reshape(37, 48)
+        rows = [_chain_meansq(r) for r in diff]
+        acc = rows[0]
+        for r in rows[1:]:
+            acc = np.float32(acc + r)
+        want = np.float32(acc / np.float32(37))
+        got = np.float32(res.output(graph, "loss"))
+        assert got.tobytes() == want.tobytes(), backend
+        assert _chain_meansq(diff.reshape(-1)).tobytes() != want.tobytes()
+    tl, _ = torch_grads(m, x, y, "mse")
+    assert abs(float(got) - tl) <= 1e-5 * abs(tl)
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["gelu_erf", "erf-decomposed"])
