@@ -260,3 +260,22 @@ def test_tiny_llama_steps_equal_the_reference_path() -> None:
     from verde_chain.examples.lm import LMConfig, lm_job
 
     _step_paths_equal_the_reference(lm_job(LMConfig("llama"), steps=2))
+
+
+def test_tiny_gpt2_steps_equal_on_every_isa_build_and_the_reference() -> None:
+    """Two steps of tiny GPT-2, whose layer norms' and softmax backward's row chains have unit k
+    stride (the 8x8 blocks on the AVX2 / AVX-512 builds; eight scalar chains on the scalar
+    build): every node output and C_2 equal across ISA builds and the numpy reference."""
+    from tests.repops.test_step_kernel import assert_same_steps, run_steps
+    from verde_chain.examples.lm import LMConfig, lm_job
+    from verde_chain.graph.backend import make_runner
+    from verde_chain.repops.backends.plan import classify
+
+    job = lm_job(LMConfig("gpt2"), steps=2)
+    graph = job.program.graph
+    blocks = [n.label for n in graph.nodes if (p := classify(n.desc)).kind == "rowdot"
+              and p.views[0][1][1] == p.views[1][1][1] == 1 and n.desc.K >= 8 and n.desc.numel >= 8]  # fmt: skip
+    assert {label.split("/")[0] for label in blocks} >= {"layer_norm", "layer_norm_bwd", "softmax_bwd"}, blocks
+    base = run_steps(graph, job.init_state, job.batch, make_runner("reference"), steps=2)
+    for isa in ISAS:
+        assert_same_steps(run_steps(graph, job.init_state, job.batch, CpuBackend(isa, threads=2), steps=2), base)
