@@ -19,29 +19,10 @@ inline Vec vreduce_step(int64_t op, Vec acc, Vec x) {
     return op == RP_REDUCE_MAX ? vmax_spec(acc, x) : op == RP_REDUCE_MIN ? vmin_spec(acc, x) : vadd(acc, x);
 }
 
-#if REPOPS_X86 && defined(__AVX2__)
+#ifdef REPOPS_HAVE_ROWS8
 // Rows-to-lanes path for reductions along a unit-stride axis (the common "reduce the last
-// dimension" case): 8 rows at a time, each 8x8 block of x transposed in registers so that lane
-// i carries row i's chain; the k order per row is unchanged. Used by the AVX2 and AVX-512
-// builds (AVX-512 machines run it on ymm registers).
-inline void transpose8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; h++) {
-        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
-        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
-    }
-}
-
+// dimension" case): 8 rows at a time, each 8x8 block of x transposed in registers (simd.h) so
+// that lane i carries row i's chain; the k order per row is unchanged.
 template <int OP>
 inline __m256 y_step(__m256 acc, __m256 x) {
     if (OP == RP_REDUCE_SUM || OP == RP_REDUCE_MEAN) return _mm256_add_ps(acc, x);
@@ -65,16 +46,13 @@ void reduce_rows8(const float* X, int64_t sr, int64_t K, float kf, float* O) {
     }
     for (; k < K; k++) {
         for (int g = 0; g < G; g++) {
-            const float* x = X + 8 * g * sr + k;
-            const __m256 col =
-                _mm256_setr_ps(x[0], x[sr], x[2 * sr], x[3 * sr], x[4 * sr], x[5 * sr], x[6 * sr], x[7 * sr]);
+            const __m256 col = y_column8(X + 8 * g * sr + k, sr);
             acc[g] = k == 0 ? col : y_step<OP>(acc[g], col);
         }
     }
     for (int g = 0; g < G; g++) {
-        __m256 v = OP == RP_REDUCE_MEAN ? _mm256_div_ps(acc[g], _mm256_set1_ps(kf)) : acc[g];
-        const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-        _mm256_storeu_ps(O + 8 * g, _mm256_blendv_ps(v, y_canonical_nan(), nan));
+        const __m256 v = OP == RP_REDUCE_MEAN ? _mm256_div_ps(acc[g], _mm256_set1_ps(kf)) : acc[g];
+        _mm256_storeu_ps(O + 8 * g, y_canon(v));
     }
 }
 
@@ -83,7 +61,6 @@ void reduce_rows_unit_k(const float* X, int64_t sr, int64_t K, float kf, float* 
     for (; r + 32 <= r1; r += 32) reduce_rows8<OP, 4>(X + r * sr, sr, K, kf, O + r);
     for (; r + 8 <= r1; r += 8) reduce_rows8<OP, 1>(X + r * sr, sr, K, kf, O + r);
 }
-#define REPOPS_HAVE_ROWS8 1
 #endif
 
 }  // namespace

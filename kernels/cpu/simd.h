@@ -77,6 +77,35 @@ inline __m256 y_extreme_spec(__m256 a, __m256 b) {
                             : _mm256_blendv_ps(_mm256_min_ps(a, b), _mm256_or_ps(a, b), eq);
     return _mm256_blendv_ps(r, y_canonical_nan(), unord);
 }
+// rp_canon on 8 lanes.
+inline __m256 y_canon(__m256 v) { return _mm256_blendv_ps(v, y_canonical_nan(), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)); }
+
+// Rows to lanes, for chains along a unit-stride axis (reduce.cpp's folds, norm.cpp's dot
+// chains; AVX-512 builds run them on ymm registers too): an 8x8 block, r[i] = row i's
+// elements k .. k+7, transposed in registers so that r[j] lane i = row i's element k+j. Each
+// lane then carries one row's chain in the row's own k order.
+#define REPOPS_HAVE_ROWS8 1
+inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+    }
+}
+// One k of 8 rows, lane i = p[i * sr] (the K tail after the 8x8 blocks, element by element).
+inline __m256 y_column8(const float* p, int64_t sr) {
+    return _mm256_setr_ps(p[0], p[sr], p[2 * sr], p[3 * sr], p[4 * sr], p[5 * sr], p[6 * sr], p[7 * sr]);
+}
 #endif
 
 // ----------------------------------------------------------------------------------------
@@ -128,10 +157,7 @@ inline Vec vadd(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vec vsub(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Vec vdiv(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline Vec vcanon(Vec a) {
-    __m256 nan = _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q);
-    return {_mm256_blendv_ps(a.v, _mm256_castsi256_ps(_mm256_set1_epi32((int)RP_CANONICAL_NAN)), nan)};
-}
+inline Vec vcanon(Vec a) { return {y_canon(a.v)}; }
 template <bool IS_MAX>
 inline Vec vextreme_spec(Vec a, Vec b) {
     return {y_extreme_spec<IS_MAX>(a.v, b.v)};

@@ -40,9 +40,11 @@ def assert_reference(be: CpuBackend, desc: KernelDesc, ins: list[np.ndarray], pa
 
 
 # (shape, reduced axes): rows of contiguous k (the norms' statistics), rows adjacent in memory
-# (a backward's sum over the batch), one row, K = 1, row counts off the vector width
+# (a backward's sum over the batch), one row, K = 1, row counts off the vector width; rows of
+# contiguous k in 8x8 blocks with row counts off 8/16/32 and K off 8 (K < 8, K = 8, a tail)
 ROWDOT_CASES = [((128, 32), (1,)), ((33, 64), (1,)), ((7, 5), (1,)), ((3, 16, 16), (2,)), ((128, 32), (0,)),
-                ((37, 19), (0,)), ((1, 40), (1,)), ((9, 1), (1,)), ((2, 3, 8), (1, 2))]  # fmt: skip
+                ((37, 19), (0,)), ((1, 40), (1,)), ((9, 1), (1,)), ((2, 3, 8), (1, 2)), ((77, 19), (1,)),
+                ((45, 5), (1,)), ((41, 8), (1,)), ((41, 1), (1,))]  # fmt: skip
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -101,6 +103,58 @@ def test_row_dot_on_every_thread_count_engages_threads(isa: str) -> None:
     for threads in THREAD_COUNTS:
         got = run_engaged(isa, threads, lambda t=threads: ext.rowdot(ta, tb, t))
         assert np.array_equal(got, want), threads
+
+
+def _rowdot_views(layout: str, R: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b) as (R, K) views with unit k stride in the layouts the row kernel tells apart:
+    rows padded apart (row stride K + 3), b the same view as a (a mean square), b or a one
+    vector broadcast over rows (row stride 0: a GEMV), and rows one element apart (row stride
+    1: the first rows go to lanes as adjacent rows, the rest to 8x8 blocks)."""
+    g = np.random.default_rng(R * 1000 + K)
+    # few edge values (-0, subnormals, inf, NaN) per row, so most chains stay finite
+    a, b = (torch.from_numpy(edges.edge_array((R, K + 3), s, frac=0.01)) for s in g.integers(1 << 30, size=2))
+    a[3 % R, :] = -0.0  # a row of -0 products: -0 by the spec's first MUL (+0 from an FMA on +0)
+    b[3 % R, :] = b[3 % R, :].abs().nan_to_num(1.0, 1.0, 1.0) + 1.0
+    a, b = a[:, :K], b[:, :K]
+    if layout == "same":
+        return a, a
+    if layout in ("bcast_b", "bcast_a"):
+        v = b[3 % R].expand(R, K)
+        return (a, v) if layout == "bcast_b" else (v, a)
+    if layout == "adjacent":
+        return tuple(torch.as_strided(x.reshape(-1)[: R + K], (R, K), (1, 1)) for x in (a, b))  # type: ignore[return-value]
+    return a, b
+
+
+@pytest.mark.parametrize("layout", ["rows", "same", "bcast_b", "bcast_a", "adjacent"])
+def test_row_dot_of_contiguous_k_in_blocks_equals_the_reference(layout: str) -> None:
+    """ext.rowdot straight on strided views (k stride 1): every ISA, 1 and 2 threads, rows off
+    8/16/32, K below, at and off 8, against the reference on contiguous copies of the rows."""
+    exts = [cpu_ext.extension(isa) for isa in ISAS]
+    for R in (7, 45, 131):
+        for K in (1, 5, 8, 19, 77):
+            ta, tb = _rowdot_views(layout, R, K)
+            assert ta.stride(1) == tb.stride(1) == 1
+            ca, cb = (np.ascontiguousarray(t.numpy()) for t in (ta, tb))
+            want = bits(reference.run(library.reduce_dot((R, K), (1,), keepdims=False), [ca, cb]))
+            if layout in ("rows", "bcast_a", "bcast_b"):
+                assert want[3] == 0x80000000  # the -0 row (the test can tell a chain started from +0)
+            for ext in exts:
+                for threads in (1, 2):
+                    got = bits(ext.rowdot(ta, tb, threads).numpy())
+                    bad = np.flatnonzero(got != want)
+                    assert bad.size == 0, f"{layout} R={R} K={K} threads={threads}: rows {bad[:8]} differ"
+
+
+def test_row_dot_test_data_tells_a_reversed_chain_apart() -> None:
+    """The blocks' data catches a kernel that ran k descending (e.g. a transposed block read
+    backwards): the reversed chain gives other bits on most rows."""
+    ta, tb = _rowdot_views("rows", 131, 77)
+    ca, cb = (np.ascontiguousarray(t.numpy()) for t in (ta, tb))
+    desc = library.reduce_dot((131, 77), (1,), keepdims=False)
+    want = bits(reference.run(desc, [ca, cb]))
+    rev = bits(reference.run(desc, [np.ascontiguousarray(ca[:, ::-1]), np.ascontiguousarray(cb[:, ::-1])]))
+    assert np.count_nonzero(rev != want) > 131 // 4, np.count_nonzero(rev != want)
 
 
 # ------------------------------------------------------------------ broadcast maps, compiled
@@ -206,3 +260,22 @@ def test_tiny_llama_steps_equal_the_reference_path() -> None:
     from verde_chain.examples.lm import LMConfig, lm_job
 
     _step_paths_equal_the_reference(lm_job(LMConfig("llama"), steps=2))
+
+
+def test_tiny_gpt2_steps_equal_on_every_isa_build_and_the_reference() -> None:
+    """Two steps of tiny GPT-2, whose layer norms' and softmax backward's row chains have unit k
+    stride (the 8x8 blocks on the AVX2 / AVX-512 builds; eight scalar chains on the scalar
+    build): every node output and C_2 equal across ISA builds and the numpy reference."""
+    from tests.repops.test_step_kernel import assert_same_steps, run_steps
+    from verde_chain.examples.lm import LMConfig, lm_job
+    from verde_chain.graph.backend import make_runner
+    from verde_chain.repops.backends.plan import classify
+
+    job = lm_job(LMConfig("gpt2"), steps=2)
+    graph = job.program.graph
+    blocks = [n.label for n in graph.nodes if (p := classify(n.desc)).kind == "rowdot"
+              and p.views[0][1][1] == p.views[1][1][1] == 1 and n.desc.K >= 8 and n.desc.numel >= 8]  # fmt: skip
+    assert {label.split("/")[0] for label in blocks} >= {"layer_norm", "layer_norm_bwd", "softmax_bwd"}, blocks
+    base = run_steps(graph, job.init_state, job.batch, make_runner("reference"), steps=2)
+    for isa in ISAS:
+        assert_same_steps(run_steps(graph, job.init_state, job.batch, CpuBackend(isa, threads=2), steps=2), base)
