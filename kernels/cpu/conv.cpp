@@ -244,9 +244,34 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
     struct Run {
         int64_t c0, len, step, delta[MAX_CHECKED];
     };
+    // No checked windows (a convolution's weights): element (c, k) of a panel is
+    // data[rows(0, r + c) + ks(k)], so a full panel whose whole box of addresses is inside the
+    // input is P loads and stores per k, no per-k bookkeeping. On a 512 x 32 x 4608 forward (a
+    // 1x1 map: each weight used 32 times) packing the weights took 1.7x the micro-kernel's time.
+    int64_t kmin = 0, kmax = 0;
+    if (NCHK == 0 && kc > 0) {
+        kmin = kmax = o.ks[p0 * cols];
+        for (int64_t k = 1; k < kc; k++) {
+            kmin = std::min(kmin, o.ks[(p0 + k) * cols]);
+            kmax = std::max(kmax, o.ks[(p0 + k) * cols]);
+        }
+    }
     for (int64_t pp = 0; pp < count; pp += P) {
         const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
         float* panel = out + pp * kc;
+        if (NCHK == 0 && valid == P && kc > 0) {
+            const int64_t* rb = o.rows + r;
+            int64_t rmin = rb[0], rmax = rb[0];
+            for (int c = 1; c < P; c++) rmin = std::min(rmin, rb[c]), rmax = std::max(rmax, rb[c]);
+            if (rmin + kmin >= 0 && rmax + kmax < o.numel) {
+                for (int64_t k = 0; k < kc; k++) {
+                    const uint32_t* src = o.data + o.ks[(p0 + k) * cols];
+                    float* d = panel + k * P;
+                    for (int c = 0; c < P; c++) d[c] = from_bits(src[rb[c]]);
+                }
+                continue;
+            }
+        }
         // the panel as runs; runs of one or two rows do not pay
         Run runs[P];
         int64_t n_runs = 0;
