@@ -69,8 +69,9 @@ def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> No
 def test_implicit_im2col_gemm_runs_on_several_os_threads(threads: int) -> None:
     """The windowed GEMM's items run on the pool: more than one OS thread at threads > 1 (one at
     1), and the bits are the reference's whatever ran them: a stride-1 forward (panels packed
-    as runs) and a stride-2 grad input (windows with divisor 2, element by element), on every
-    ISA. A window one element narrower in the divisor-2 tables (a mutated table) is caught."""
+    as runs) and a stride-2 grad input (windows with divisor 2: runs of every other element
+    where B's panels hold runs of 8, else element by element), on every ISA. A window one
+    element narrower in the divisor-2 tables (a mutated table) is caught."""
     cases = [_big_cases()[0], next(c for c in _big_cases() if (c[3].wins[:, 0] == 2).all() and len(c[3].wins))]
     for isa in ck.available_isas():
         for desc, a, a_bits, b, b_bits, shape, want in cases:
