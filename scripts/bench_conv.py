@@ -2,7 +2,7 @@
 against torch at the same thread count.
 
 Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
-       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile]] [--families]
+       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile | --nodes]] [--families]
 
 Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
 ``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
@@ -13,7 +13,8 @@ rotation of the order (``best_rotated``). Prints a table and one JSON line. ``--
 instead, one committed training step of a vision job (``examples/vision.py``, SGD with
 momentum) against torch eager's forward, backward and SGD step on the same module and batch. ``--step MODEL --profile``: where the plain step's time goes,
 per node label (the whole-step plan's ``node_times``), beside torch's per-op self CPU time
-(``torch.profiler``), same thread count. ``--families``: CPU time per call of the non-GEMM
+(``torch.profiler``), same thread count. ``--step MODEL --nodes``: per plan node of its
+convolutions (windowed GEMM, permute): shape, M N K, ms and GF/s. ``--families``: CPU time per call of the non-GEMM
 window families on resnet18's shapes (batch 32), each new path beside the one it replaced, in
 one process: max-pool backward in scatter form vs its two gathers and the interpreter, and the
 channel statistics read k-major vs row-major (the layout before; its descriptor rebuilt here).
@@ -110,6 +111,40 @@ def profile_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> 
             "torch_self_ms": round(sum(ops.values()), 1), "torch_ms": top}
 
 
+def conv_nodes(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
+    """Per plan node of the convolutions (windowed GEMMs and their permutes) of the plain step:
+    label, kind, output shape, the GEMM's M N K, ms (the plan's per node time, best of
+    ``repeat`` steps) and GF/s (2*nb*M*N*K per second)."""
+    ex, state, data, _ = _step_setup(name, batch, threads, isa)
+    kernel = ex.step_kernel()
+    assert kernel is not None, "no whole-step kernel"
+    descs = [n.desc for n in ex.graph.nodes]
+    prof = kernel.profile()
+    ex.run_plain(state, data)  # warm-up
+    best = None
+    for _ in range(repeat):
+        prof.node_s[:] = 0
+        ex.run_plain(state, data)
+        best = prof.node_s.copy() if best is None else np.minimum(best, prof.node_s)
+    assert best is not None
+    rows, total = [], 0.0
+    for i, (kind, owner) in enumerate(zip(prof.kinds, prof.owner)):
+        desc = descs[owner]
+        if kind not in ("window gemm", "permute") or not desc.label.startswith("conv"):
+            continue
+        total += 1e3 * float(best[i])
+        row: dict[str, object] = {"node": i, "label": desc.label, "kind": kind, "out": list(desc.out_shape),
+                                  "ms": round(1e3 * float(best[i]), 3)}
+        if kind == "window gemm":
+            prep = ex.runner.windowed_prepare(desc)
+            assert prep.operands is not None
+            _, _, nb, M, N = prep.operands
+            row.update(nb=nb, M=M, N=N, K=desc.K, gflops=round(2.0 * nb * M * N * desc.K / float(best[i]) / 1e9, 1))
+        rows.append(row)
+    return {"model": name, "batch": batch, "threads": threads, "isa": isa, "nodes": rows,
+            "conv_ms": round(total, 2)}
+
+
 def _cpu_best(fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -199,6 +234,8 @@ def main() -> None:
     ap.add_argument("--step", default=None, help="a vision model (resnet18, mobilenet_v2): time a training step")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--profile", action="store_true", help="with --step: per node label / per aten op times")
+    ap.add_argument("--nodes", action="store_true",
+                    help="with --step: per conv plan node (GEMM, permute) its shape, M N K, ms and GF/s")
     ap.add_argument("--families", action="store_true", help="pooling backward / channel statistics, new vs before")
     args = ap.parse_args()
     n, c, h, w, m, kh, kw, pad, stride = args.shape
@@ -210,7 +247,7 @@ def main() -> None:
         return
     if args.step:
         for t in args.threads:
-            fn = profile_step if args.profile else bench_step
+            fn = conv_nodes if args.nodes else profile_step if args.profile else bench_step
             row = fn(args.step, args.batch, t, isa, args.repeat)
             print(json.dumps(row))
         return

@@ -253,6 +253,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("probe_reset", &probe_reset, "forget the threads that ran items so far");
     m.def("probe_threads", &probe_threads, "OS thread ids that ran at least one item since probe_reset");
     m.def("pool_size", &pool_size, "pool workers started so far");
+    m.def("div_run_panels", [] { return repops_cpu::div_run_panels.load(); },
+          "panels the windowed GEMM packed as runs through div > 1 windows so far");
     m.def("set_spread_check", &set_spread_check, "tests: every thread of a call runs at least one item",
           pybind11::arg("on"));
     m.def("info", &info);

@@ -21,6 +21,8 @@
 // and which run side by side, one thread each.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 
 #include "simd.h"
@@ -97,6 +99,9 @@ const char* column_split_error(const ColumnSplit& split, int64_t batch, int64_t 
 // the dewindowed descriptors of pooling and per-channel statistics read it, k-major). False if
 // an address fell outside.
 bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t threads, bool kmajor = false);
+// Panels the windowed GEMM packed as runs through div > 1 windows (pack_steps_row_div) since
+// the library loaded: tests read it to prove that path ran.
+extern std::atomic<int64_t> div_run_panels;
 // Distinct OS threads that ran the last windowed_gemm's items.
 
 // ---------------------------------------------------------------------------- folds (reduce.cpp)

@@ -294,6 +294,80 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
             assert_same_steps(fused, base)
 
 
+def _strided_cnn() -> tuple[TrainingProgram, np.ndarray, np.ndarray]:
+    """Stride-2 convolutions on 16x16 and 8x8 maps (their grad inputs read dy through divisor-2
+    windows in runs of 16 and 8 along a row) down to a 1x1 map whose 3x3 convolution's output
+    (image, 1, channel, 1, 1) is put in order by a permute of size-1 axes."""
+    torch.manual_seed(11)
+    m = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 1, stride=2, bias=False), nn.ReLU(),
+        nn.Conv2d(16, 24, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        nn.Conv2d(24, 24, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        nn.Conv2d(24, 32, 3, padding=1, bias=False), nn.Flatten(), nn.Linear(32, 5),
+    )
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+    return build(m, torch.from_numpy(x), opt=OptimizerSpec("sgd", lr=0.05, momentum=0.9)), x, rng.integers(0, 5, 3)
+
+
+def test_strided_grad_inputs_and_size_one_permutes_equal_the_reference_every_isa_and_thread_count() -> None:
+    """The divisor-2 windows packed as runs (conv.cpp pack_steps_row_div: the counter proves it
+    ran) and the permuting copy over merged axes (window_plan.cpp permute_into) give, over three
+    steps with a committed one, every node output and C_s of the nodes one by one and of the
+    reference backend, on every ISA and thread count."""
+    prog, x, y = _strided_cnn()
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+
+    def batches(s: int) -> np.ndarray:
+        return prog.batch(s, {"x": np.roll(x, s, axis=0)}, np.roll(y, s, axis=0))
+
+    ref = run_steps(prog.graph, prog.initial_state(), batches, make_runner("reference"))
+    base = run_steps(prog.graph, prog.initial_state(), batches, node_by_node(CpuBackend(threads=1)))
+    assert_same_steps(base, ref)
+    for isa in cpu_ext.available_isas():
+        ext = cpu_ext.extension(isa)
+        for threads in THREAD_COUNTS:
+            panels = ext.div_run_panels()
+            fused = engaged(isa, threads, functools.partial(run_steps, prog.graph, prog.initial_state(), batches,
+                                                            CpuBackend(isa=isa, threads=threads)))
+            kernel = fused[2].step_kernel()
+            assert isinstance(kernel, StepKernel)
+            assert kernel.window_forms["gemm+permute"]
+            # the divisor-2 runs were packed (where B's panels hold runs of 8: not scalar's 4)
+            assert (ext.div_run_panels() > panels) == (ext.info()["nr"] >= 8), (isa, threads)
+            assert_same_steps(fused, ref)
+
+
+@pytest.mark.parametrize("shape,strides", [
+    ((4, 1, 6, 1, 1), (1, 99, 4, 7, 5)),  # a 1x1 map's (image, 1, channel, 1, 1) from (channel, image)
+    ((3, 1, 5, 2, 2), (4, 0, 12, 2, 1)),  # (image, 1, channel, pixels) from (channel, image, pixels)
+    ((2, 3, 4), (1, 2, 6)),  # a full transpose: nothing merges
+    ((1, 1), (5, 3)),  # every axis of size 1: one element
+    ((2, 3, 4), (12, 4, 1)),  # already in order: one line
+])
+def test_the_permuting_copy_over_merged_axes_equals_numpy(shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    """The plan's permuting copy (window_plan.cpp permute_into drops size-1 axes and merges axes
+    the source steps evenly across) copies element (c_0, ...) from sum c_d * strides[d], as
+    numpy's strided view of the source does, at 1 and 2 threads."""
+    from verde_chain.repops.backends.native import encode_maps
+    from verde_chain.repops.program import InputMap
+
+    n = int(np.prod(shape))
+    src_numel = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+    prev = torch.from_numpy(np.random.default_rng(3).standard_normal(max(src_numel, n)).astype(np.float32))
+    want = np.lib.stride_tricks.as_strided(prev.numpy(), shape, [4 * s for s in strides]).reshape(-1)
+    empty = torch.zeros((0, 5), dtype=torch.int64)
+    for threads in (1, 2):
+        plan = cpu_ext.extension(cpu_ext.best_isa()).StepPlan(n, prev.numel(), 1, *cpu_ext.DEFAULT_TILE, 0)
+        plan.add_permute(torch.tensor([[int(SourceKind.PREV_STEP_NODE_OUTPUT), 0, src_numel]]),
+                         torch.from_numpy(encode_maps([InputMap(src_numel, (0,) * len(shape))], len(shape))),
+                         list(shape), 1, empty, empty, empty, 0, list(strides), *_NO_EPI_MAP)
+        got = plan.run(prev, torch.zeros(1), threads).numpy()
+        assert np.array_equal(bits(got), bits(want)), (shape, strides, threads)
+
+
 def test_conv_bias_as_a_compiled_map_after_the_permute_equals_the_interpreter() -> None:
     """digits_cnn's convolutions with bias run gemm+permute in the plan; the bias epilogue then
     runs as a compiled map in place (jit.epilogue_map) with the bits of the interpreter's."""

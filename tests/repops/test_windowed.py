@@ -69,8 +69,9 @@ def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> No
 def test_implicit_im2col_gemm_runs_on_several_os_threads(threads: int) -> None:
     """The windowed GEMM's items run on the pool: more than one OS thread at threads > 1 (one at
     1), and the bits are the reference's whatever ran them: a stride-1 forward (panels packed
-    as runs) and a stride-2 grad input (windows with divisor 2, element by element), on every
-    ISA. A window one element narrower in the divisor-2 tables (a mutated table) is caught."""
+    as runs) and a stride-2 grad input (windows with divisor 2: runs of every other element
+    where B's panels hold runs of 8, else element by element), on every ISA. A window one
+    element narrower in the divisor-2 tables (a mutated table) is caught."""
     cases = [_big_cases()[0], next(c for c in _big_cases() if (c[3].wins[:, 0] == 2).all() and len(c[3].wins))]
     for isa in ck.available_isas():
         for desc, a, a_bits, b, b_bits, shape, want in cases:
@@ -83,6 +84,45 @@ def test_implicit_im2col_gemm_runs_on_several_os_threads(threads: int) -> None:
         narrower = dataclasses.replace(b, wins=b.wins - np.array([0, 1, 0]))
         bad = ck.windowed_matmul(a, a_bits, narrower, b_bits, *shape, isa, threads).numpy()
         assert (windowed.to_output(desc, windowed.plan(desc), bad).view(np.uint32).reshape(-1) != want).any()
+
+
+DIV_RUNS = [  # grad inputs whose dy windows have divisor 2 and rows of >= 8 (runs of 8 or more)
+    ((2, 8, 16, 16), (12, 8, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
+    ((3, 6, 9, 18), (8, 6, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1),  # a 1x1 downsample, odd height
+    ((2, 8, 11, 17), (6, 4, 3, 2), (2, 2), (2, 1), (2, 0, 1, 3), 2),  # dilation, groups, uneven pads
+    ((2, 4, 10, 24), (4, 4, 3, 3), (2, 4), (1, 1), (1, 1, 1, 1), 1),  # divisor 4 along a row
+]
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_divisor_windows_packed_as_runs_equal_the_reference(isa: str) -> None:
+    """Strided convolutions' grad inputs, whose dy operand has divisor-2 (and 4) windows and
+    rows of 8 or more along a window axis: the panels are packed as runs of every other element
+    (conv.cpp pack_steps_row_div; the counter proves it ran where panels hold runs of 8), with the reference's bits (edge
+    values: NaN, infinities, signed zeros, subnormals) at 1/2/3/4/7 threads and two blockings. A
+    window one element narrower in the divisor tables is caught."""
+    ext = ck.extension(isa)
+    for xs, ws, st, dil, pads, groups in DIV_RUNS:
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        desc = library.conv_grad_input(g, ws, groups)
+        plan = windowed.plan(desc)
+        assert plan is not None
+        a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+        assert (b.wins[:, 0] > 1).any(), desc.label
+        ins = [edges.edge_array((m.numel,), 31 + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+        want = reference.run(desc, ins).view(np.uint32).reshape(-1)
+        flat = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+        for threads in (1, 2, 3, 4, 7):
+            for tile in (None, (12, 37, 64)):
+                before = ext.div_run_panels()
+                got = ck.windowed_matmul(a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, threads, tile)
+                # runs of 8 fit B's panels of 32 (AVX-512) and 16 (AVX2); scalar's are 4 wide
+                assert (ext.div_run_panels() > before) == (ext.info()["nr"] >= 8), (xs, threads, tile)
+                got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
+                assert (got == want).all(), (isa, xs, threads, tile)
+        narrower = dataclasses.replace(b, wins=b.wins - np.array([0, 1, 0]))
+        bad = ck.windowed_matmul(a, flat[plan.slot_a], narrower, flat[plan.slot_b], nb, M, N, isa, 2).numpy()
+        assert (windowed.to_output(desc, plan, bad).view(np.uint32).reshape(-1) != want).any(), xs
 
 
 @pytest.mark.parametrize("threads", THREAD_COUNTS)
