@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemm import best_of
 
+from verde_chain.examples.vision import VISION_MODELS
 from verde_chain.repops import library, windowed
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -231,13 +232,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--shape", type=int, nargs=9, default=[32, 64, 32, 32, 64, 3, 3, 1, 1],
                     metavar=("N", "C", "H", "W", "M", "KH", "KW", "PAD", "STRIDE"))
-    ap.add_argument("--step", default=None, help="a vision model (resnet18, mobilenet_v2): time a training step")
+    ap.add_argument("--step", default=None, choices=VISION_MODELS, help="a vision model: time a training step")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--profile", action="store_true", help="with --step: per node label / per aten op times")
     ap.add_argument("--nodes", action="store_true",
                     help="with --step: per conv plan node (GEMM, permute) its shape, M N K, ms and GF/s")
     ap.add_argument("--families", action="store_true", help="pooling backward / channel statistics, new vs before")
     args = ap.parse_args()
+    if (args.nodes or args.profile) and not args.step:
+        ap.error("--nodes and --profile take a model: --step MODEL")
+    if args.nodes and args.profile:
+        ap.error("--nodes or --profile, not both")
     n, c, h, w, m, kh, kw, pad, stride = args.shape
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings

@@ -22,7 +22,6 @@
 #pragma once
 
 #include <atomic>
-
 #include <cstdint>
 
 #include "simd.h"
@@ -102,7 +101,6 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
 // Panels the windowed GEMM packed as runs through div > 1 windows (pack_steps_row_div) since
 // the library loaded: tests read it to prove that path ran.
 extern std::atomic<int64_t> div_run_panels;
-// Distinct OS threads that ran the last windowed_gemm's items.
 
 // ---------------------------------------------------------------------------- folds (reduce.cpp)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.threads import THREAD_COUNTS, run_engaged
+from tests.support.threads import THREAD_COUNTS, run_engaged, spread_check
 from verde_chain.repops import edges, library, reference
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -128,10 +128,11 @@ def _rowdot_views(layout: str, R: int, K: int) -> tuple[torch.Tensor, torch.Tens
 
 @pytest.mark.parametrize("layout", ["rows", "same", "bcast_b", "bcast_a", "adjacent"])
 def test_row_dot_of_contiguous_k_in_blocks_equals_the_reference(layout: str) -> None:
-    """ext.rowdot straight on strided views (k stride 1): every ISA, 1 and 2 threads, rows off
-    8/16/32, K below, at and off 8, against the reference on contiguous copies of the rows."""
-    exts = [cpu_ext.extension(isa) for isa in ISAS]
-    for R in (7, 45, 131):
+    """ext.rowdot straight on strided views (k stride 1): every ISA, 1 and 2 threads (two OS
+    threads engaged on the largest case), rows off 8/16/32, K below, at and off 8, against the
+    reference on contiguous copies of the rows."""
+    ran = dict.fromkeys(ISAS, 0)  # the most OS threads one 2-thread call engaged, per ISA
+    for R in (7, 45, 131, 1031):  # 1031 x 77 is worth two threads (the others one)
         for K in (1, 5, 8, 19, 77):
             ta, tb = _rowdot_views(layout, R, K)
             assert ta.stride(1) == tb.stride(1) == 1
@@ -139,11 +140,19 @@ def test_row_dot_of_contiguous_k_in_blocks_equals_the_reference(layout: str) -> 
             want = bits(reference.run(library.reduce_dot((R, K), (1,), keepdims=False), [ca, cb]))
             if layout in ("rows", "bcast_a", "bcast_b"):
                 assert want[3] == 0x80000000  # the -0 row (the test can tell a chain started from +0)
-            for ext in exts:
+            for isa in ISAS:
+                ext = cpu_ext.extension(isa)
                 for threads in (1, 2):
-                    got = bits(ext.rowdot(ta, tb, threads).numpy())
+                    with spread_check(isa):
+                        cpu_ext.probe_reset(isa)
+                        got = bits(ext.rowdot(ta, tb, threads).numpy())
+                        count = len(cpu_ext.probe_threads(isa))
+                    assert 1 <= count <= threads
+                    if threads == 2:
+                        ran[isa] = max(ran[isa], count)
                     bad = np.flatnonzero(got != want)
                     assert bad.size == 0, f"{layout} R={R} K={K} threads={threads}: rows {bad[:8]} differ"
+    assert all(n == 2 for n in ran.values()), ran
 
 
 def test_row_dot_test_data_tells_a_reversed_chain_apart() -> None:

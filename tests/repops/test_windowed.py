@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.threads import THREAD_COUNTS, engaged
+from tests.support.threads import THREAD_COUNTS, engaged, spread_check
 from verde_chain.repops import edges, library, reference, windowed
 from verde_chain.repops.backends.cpu import extension as ck
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -91,6 +91,7 @@ DIV_RUNS = [  # grad inputs whose dy windows have divisor 2 and rows of >= 8 (ru
     ((3, 6, 9, 18), (8, 6, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1),  # a 1x1 downsample, odd height
     ((2, 8, 11, 17), (6, 4, 3, 2), (2, 2), (2, 1), (2, 0, 1, 3), 2),  # dilation, groups, uneven pads
     ((2, 4, 10, 24), (4, 4, 3, 3), (2, 4), (1, 1), (1, 1, 1, 1), 1),  # divisor 4 along a row
+    ((12, 8, 16, 16), (12, 8, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),  # the first, worth several threads
 ]
 
 
@@ -99,9 +100,11 @@ def test_divisor_windows_packed_as_runs_equal_the_reference(isa: str) -> None:
     """Strided convolutions' grad inputs, whose dy operand has divisor-2 (and 4) windows and
     rows of 8 or more along a window axis: the panels are packed as runs of every other element
     (conv.cpp pack_steps_row_div; the counter proves it ran where panels hold runs of 8), with the reference's bits (edge
-    values: NaN, infinities, signed zeros, subnormals) at 1/2/3/4/7 threads and two blockings. A
+    values: NaN, infinities, signed zeros, subnormals) at 1/2/3/4/7 threads (more than one OS thread
+    engaged at each count above 1) and two blockings. A
     window one element narrower in the divisor tables is caught."""
     ext = ck.extension(isa)
+    ran = dict.fromkeys((1, 2, 3, 4, 7), 0)  # the most OS threads one call engaged, per thread count
     for xs, ws, st, dil, pads, groups in DIV_RUNS:
         g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
         desc = library.conv_grad_input(g, ws, groups)
@@ -115,7 +118,11 @@ def test_divisor_windows_packed_as_runs_equal_the_reference(isa: str) -> None:
         for threads in (1, 2, 3, 4, 7):
             for tile in (None, (12, 37, 64)):
                 before = ext.div_run_panels()
-                got = ck.windowed_matmul(a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, threads, tile)
+                with spread_check(isa):
+                    ck.probe_reset(isa)
+                    got = ck.windowed_matmul(a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, threads, tile)
+                    ran[threads] = max(ran[threads], len(ck.probe_threads(isa)))
+                assert 1 <= ran[threads] <= threads
                 # runs of 8 fit B's panels of 32 (AVX-512) and 16 (AVX2); scalar's are 4 wide
                 assert (ext.div_run_panels() > before) == (ext.info()["nr"] >= 8), (xs, threads, tile)
                 got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
@@ -123,6 +130,8 @@ def test_divisor_windows_packed_as_runs_equal_the_reference(isa: str) -> None:
         narrower = dataclasses.replace(b, wins=b.wins - np.array([0, 1, 0]))
         bad = ck.windowed_matmul(a, flat[plan.slot_a], narrower, flat[plan.slot_b], nb, M, N, isa, 2).numpy()
         assert (windowed.to_output(desc, plan, bad).view(np.uint32).reshape(-1) != want).any(), xs
+    # the small cases are worth one thread; the larger ones really ran on several
+    assert ran[1] == 1 and all(ran[t] > 1 for t in (2, 3, 4, 7)), ran
 
 
 @pytest.mark.parametrize("threads", THREAD_COUNTS)

@@ -67,7 +67,6 @@ def _nll_tail(
     _check_reduction("nll", reduction)
     C = ss[1]
     lshape = (ss[0],) + ss[2:]
-    weights = wts is not None
     inner = c_strides(ss)
     rest = numel(ss[2:])
     # nll[n, d] = -src[n, label[n,d], d] : data map strides (N: C*rest, d..: inner) ; idx stride rest
@@ -98,7 +97,7 @@ def _nll_tail(
         return nll
     if reduction == "sum":
         return b.reduce("sum", nll, None, keepdims=False)
-    if not weights and ignore_index is None:
+    if wts is None and ignore_index is None:
         return b.reduce("mean", nll, None, keepdims=False)
     w = _weights(b, lab, wts, lshape, C, ignore_index)
     num = b.reduce("sum", nll, None, keepdims=False)
