@@ -143,7 +143,7 @@ def _accuracy(job: Job, state: dict[str, np.ndarray]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verde_chain.graph.distributed import WorkerLostError, distributed_env
+    from verde_chain.graph.distributed import PEER_LOST_STATUS, WorkerLostError, distributed_env
 
     if not distributed_env():
         return _run(args)
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         # a rank that lost a peer leaves at once: tearing down the gloo group would abort the
         # interpreter (its threads still wait on the dead peer), hiding this one line
         print(f"verde-chain train: error: {exc}", file=sys.stderr, flush=True)
-        os._exit(2)
+        os._exit(PEER_LOST_STATUS)
 
 
 def _run(args: argparse.Namespace) -> int:

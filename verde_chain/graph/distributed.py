@@ -40,6 +40,9 @@ from verde_chain.graph.executor import _NOT_RUN, Executed, PlainState, StepExecu
 from verde_chain.graph.structure import SourceKind, TrainingGraph
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# The exit status of a rank that stopped because a collective failed (a peer was lost): the
+# launcher reads it as a consequence, so it names the rank that was lost, not the one that noticed.
+PEER_LOST_STATUS = 3
 
 
 class WorkerLostError(GraphError):
