@@ -37,11 +37,13 @@
  * H(ZERO_l || ZERO_l)). The result is independent of the thread count.
  *
  * Many tensors in one call (tensor_roots: a training step's node outputs, a model's state):
- * trees of at most 256 leaves are hashed together, their leaves and then each level's pairs
- * packed into the vector lanes ACROSS tensors, the trees shared out among the threads by leaf
- * count; larger trees go one by one through the threaded path above. A ragged group fills its
- * spare lanes with a copy rather than falling back to scalar permutations (one eight-lane
- * permutation costs less than one scalar one on AVX-512 CPUs).
+ * trees of at most 256 leaves are hashed together in groups, their leaves and then each level's
+ * pairs packed into the vector lanes ACROSS tensors; larger trees are cut into subtree tasks as
+ * above, and the tasks of all of them and the groups form one list of items that the threads
+ * share out (one start and join per call, not per large tensor). The caller may bring its own
+ * threads (tensor_roots_on's runner: the RepOps whole-step plan runs the items on its persistent
+ * pool). A ragged group fills its spare lanes with a copy rather than falling back to scalar
+ * permutations (one eight-lane permutation costs less than one scalar one on AVX-512 CPUs).
  */
 #include <pthread.h>
 #include <stddef.h>
