@@ -37,11 +37,13 @@
  * H(ZERO_l || ZERO_l)). The result is independent of the thread count.
  *
  * Many tensors in one call (tensor_roots: a training step's node outputs, a model's state):
- * trees of at most 256 leaves are hashed together, their leaves and then each level's pairs
- * packed into the vector lanes ACROSS tensors, the trees shared out among the threads by leaf
- * count; larger trees go one by one through the threaded path above. A ragged group fills its
- * spare lanes with a copy rather than falling back to scalar permutations (one eight-lane
- * permutation costs less than one scalar one on AVX-512 CPUs).
+ * trees of at most 256 leaves are hashed together in groups, their leaves and then each level's
+ * pairs packed into the vector lanes ACROSS tensors; larger trees are cut into subtree tasks as
+ * above, and the tasks of all of them and the groups form one list of items that the threads
+ * share out (one start and join per call, not per large tensor). The caller may bring its own
+ * threads (tensor_roots_on's runner: the RepOps whole-step plan runs the items on its persistent
+ * pool). A ragged group fills its spare lanes with a copy rather than falling back to scalar
+ * permutations (one eight-lane permutation costs less than one scalar one on AVX-512 CPUs).
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -792,51 +794,6 @@ static int small_trees_roots(const small_tree_t* trees, size_t n_trees) {
     return 0;
 }
 
-typedef struct {
-    const small_tree_t* trees;
-    const size_t* group_start; /* group g = trees [group_start[g], group_start[g + 1]) */
-    size_t n_groups;
-    size_t next_group; /* the next group not yet claimed (atomic) */
-    int rc;
-} small_job_t;
-
-static void* small_worker(void* arg) {
-    small_job_t* job = (small_job_t*)arg;
-    for (size_t g; (g = __atomic_fetch_add(&job->next_group, 1, __ATOMIC_RELAXED)) < job->n_groups;) {
-        int rc = small_trees_roots(job->trees + job->group_start[g], job->group_start[g + 1] - job->group_start[g]);
-        if (rc) __atomic_store_n(&job->rc, rc, __ATOMIC_RELAXED);
-    }
-    return NULL;
-}
-
-/* small_trees_roots on up to `threads` threads (at least MIN_LEAVES_PER_THREAD leaves each, as
- * for one big tensor). The trees are cut into runs of whole trees of ~512 leaves or more, about
- * eight per thread, which the threads claim one at a time (as tree_worker claims tasks). */
-static int small_trees_parallel(const small_tree_t* trees, size_t n_trees, int threads) {
-    size_t n_leaves = 0;
-    for (size_t t = 0; t < n_trees; t++) n_leaves += leaves_of(trees[t].n);
-    threads = clamp_threads(threads);
-    if ((size_t)threads > n_leaves / MIN_LEAVES_PER_THREAD) threads = (int)(n_leaves / MIN_LEAVES_PER_THREAD);
-    if (threads <= 1) return n_trees ? small_trees_roots(trees, n_trees) : 0;
-    size_t goal = n_leaves / (8 * (size_t)threads);
-    if (goal < 2 * BLOCK_LEAVES) goal = 2 * BLOCK_LEAVES;
-    size_t* start = (size_t*)malloc(sizeof(size_t) * (n_trees + 1));
-    if (!start) return -2;
-    size_t n_groups = 0, run = 0;
-    start[0] = 0;
-    for (size_t t = 0; t < n_trees; t++) {
-        run += leaves_of(trees[t].n);
-        if (run >= goal || t == n_trees - 1) {
-            start[++n_groups] = t + 1;
-            run = 0;
-        }
-    }
-    small_job_t job = {trees, start, n_groups, 0, 0};
-    run_parallel(small_worker, &job, 0, threads);
-    free(start);
-    return job.rc;
-}
-
 /* Root of the leaves padded with ZERO to 2^depth (depth < 0: the smallest that fits).
  * Returns 0 on success, -1 on bad arguments (no leaves, or more than 2^depth), -2 when out of
  * memory. */
@@ -949,44 +906,191 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
 /* One committed training step in two calls (verde_chain/graph/executor.py run_step)           */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i].
+/* Tensors that tensor_roots_on has cut into more than one subtree task since the library was
+ * loaded (keccak_trees_split): tests prove with it that their sizes took the split path. */
+static size_t TREES_SPLIT;
+
+size_t keccak_trees_split(void) { return __atomic_load_n(&TREES_SPLIT, __ATOMIC_RELAXED); }
+
+/* How tensor_roots_on runs its items: item(arg, i, worker) once for every i in [0, n_items) on
+ * up to `threads` threads, returning when all are done (worker < threads indexes the thread).
+ * The RepOps whole-step plan passes its persistent pool here (kernels/cpu/step_plan.cpp), so a
+ * committed step's hash points wake parked threads instead of starting new ones. */
+typedef void (*keccak_item_fn)(void* arg, int64_t item, int64_t worker);
+typedef void (*keccak_runner_fn)(void* ctx, int64_t n_items, int64_t threads, keccak_item_fn item, void* arg);
+
+/* The work of one tensor_roots_on call as one list of items: the subtree tasks of every tree of
+ * more than BLOCK_LEAVES leaves (items [0, n_tasks): tree k's tasks are [task_start[k],
+ * task_start[k + 1])), then the groups of small trees (items n_tasks + g). Items are claimed
+ * from one counter, so the threads finish together once per call, not once per big tensor. */
+typedef struct {
+    tree_job_t* big;
+    size_t n_big;
+    const size_t* task_start; /* n_big + 1 */
+    size_t n_tasks;
+    const small_tree_t* small;
+    const size_t* group_start; /* group g = small trees [group_start[g], group_start[g + 1]) */
+    size_t n_groups;
+    size_t next; /* the next item not yet claimed (atomic; the pthread workers) */
+    int rc;
+} roots_job_t;
+
+static void roots_item(void* arg, int64_t item, int64_t worker) {
+    (void)worker;
+    roots_job_t* job = (roots_job_t*)arg;
+    size_t i = (size_t)item;
+    if (i < job->n_tasks) {
+        size_t lo = 0, hi = job->n_big; /* the tree whose tasks hold i: task_start[lo] <= i < task_start[lo + 1] */
+        while (hi - lo > 1) {
+            size_t mid = (lo + hi) / 2;
+            if (job->task_start[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        run_task(&job->big[lo], i - job->task_start[lo]);
+        return;
+    }
+    size_t g = i - job->n_tasks;
+    int rc = small_trees_roots(job->small + job->group_start[g], job->group_start[g + 1] - job->group_start[g]);
+    if (rc) __atomic_store_n(&job->rc, rc, __ATOMIC_RELAXED);
+}
+
+static void* roots_worker(void* arg) {
+    roots_job_t* job = (roots_job_t*)arg;
+    size_t n_items = job->n_tasks + job->n_groups;
+    /* claimed one at a time, as tree_worker claims tasks */
+    for (size_t i; (i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < n_items;) roots_item(job, (int64_t)i, 0);
+    return NULL;
+}
+
+/* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i],
+ * on up to `threads` threads, each given min_leaves leaves at least (fewer threads otherwise).
  * A step commits every node output, most of them a few thousand elements: one call for all of
  * them saves the per-call cost that dominated small tensors. Trees of at most BLOCK_LEAVES
- * leaves are hashed together (small_trees_parallel: leaves and levels across tensors, the
- * trees shared out among the threads); larger ones one by one with tensor_root's threads.
- * Returns 0, -1 on an empty tensor, -2 when out of memory. */
-int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
-    size_t n_small = 0, slots = 0;
+ * leaves are hashed together in groups (small_trees_roots: leaves and levels across tensors);
+ * larger ones are cut into subtree tasks as tensor_root cuts one tensor (same tasks, same top
+ * fold, so the same roots), and the tasks of all of them and the groups are one list of items
+ * that the threads share out, the big tensors' tasks first. Before, the larger trees went one
+ * by one through tensor_root, starting and joining its threads per tensor, and one of fewer than
+ * 2 * MIN_LEAVES_PER_THREAD leaves ran on one thread while the others waited.
+ * runner: NULL, the library's own threads (started per call: min_leaves should be
+ * MIN_LEAVES_PER_THREAD); else the caller's (keccak_runner_fn). Returns 0, -1 on an empty
+ * tensor, -2 when out of memory. */
+int tensor_roots_on(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads,
+                    size_t min_leaves, keccak_runner_fn runner, void* ctx) {
+    size_t n_small = 0, slots = 0, n_big = 0, small_leaves = 0, all_leaves = 0;
     for (size_t i = 0; i < n; i++) {
         if (numels[i] == 0) return -1;
         size_t nl = leaves_of(numels[i]);
+        all_leaves += nl;
         if (nl <= BLOCK_LEAVES) {
             n_small++;
             slots += nl + 1; /* room for a level's ZERO padding */
+            small_leaves += nl;
+        } else {
+            n_big++;
         }
     }
     pthread_once(&ZERO_ONCE, init_zero_hashes);
+    threads = clamp_threads(threads);
+    if (min_leaves < 1) min_leaves = 1;
+    if ((size_t)threads > all_leaves / min_leaves) threads = (int)(all_leaves / min_leaves);
+    if (threads < 1) threads = 1;
     uint8_t* buf = (uint8_t*)malloc(32 * (slots ? slots : 1));
     small_tree_t* trees = (small_tree_t*)malloc(sizeof(small_tree_t) * (n_small ? n_small : 1));
-    if (!buf || !trees) {
-        free(buf);
-        free(trees);
-        return -2;
+    size_t* group_start = (size_t*)malloc(sizeof(size_t) * (n_small + 1));
+    tree_job_t* big = (tree_job_t*)malloc(sizeof(tree_job_t) * (n_big ? n_big : 1));
+    size_t* task_start = (size_t*)malloc(sizeof(size_t) * (n_big + 1));
+    int* depth = (int*)malloc(sizeof(int) * (n_big ? n_big : 1));
+    uint8_t* task_roots = NULL;
+    int rc = -2;
+    if (!buf || !trees || !group_start || !big || !task_start || !depth) goto done;
+    {
+        /* Small trees in groups of whole trees, ~8 per thread (min_leaves leaves at least, and
+         * 2 * BLOCK_LEAVES where that is less: a group fills the vector lanes many times). */
+        size_t goal = small_leaves / (8 * (size_t)threads);
+        size_t floor_ = min_leaves < 2 * BLOCK_LEAVES ? min_leaves : 2 * BLOCK_LEAVES;
+        if (threads == 1 || goal < floor_) goal = threads == 1 ? small_leaves : floor_;
+        size_t k = 0, off = 0, n_groups = 0, run = 0;
+        group_start[0] = 0;
+        for (size_t i = 0; i < n; i++) {
+            size_t nl = leaves_of(numels[i]);
+            if (nl > BLOCK_LEAVES) continue;
+            small_tree_t t = {elems[i], numels[i], buf + 32 * off, roots + 32 * i};
+            trees[k++] = t;
+            off += nl + 1;
+            run += nl;
+            if (run >= goal || k == n_small) {
+                group_start[++n_groups] = k;
+                run = 0;
+            }
+        }
+        /* Big trees: subtrees of at most 2^14 leaves (as tree_root), smaller (down to one
+         * block) until all the items come to ~8 per thread; one task per tree on one thread. */
+        int cap = 14;
+        size_t n_tasks = 0;
+        for (;; cap--) {
+            n_tasks = 0;
+            for (size_t b = 0, i = 0; i < n; i++) {
+                size_t nl = leaves_of(numels[i]);
+                if (nl <= BLOCK_LEAVES) continue;
+                depth[b] = depth_for(nl);
+                int sub = threads == 1 ? depth[b] : depth[b] < cap ? depth[b] : cap;
+                n_tasks += (nl + ((size_t)1 << sub) - 1) >> sub;
+                b++;
+            }
+            if (threads == 1 || cap <= BLOCK_LOG || n_tasks + n_groups >= 8 * (size_t)threads) break;
+        }
+        task_roots = (uint8_t*)malloc(32 * (n_tasks ? n_tasks : 1));
+        if (!task_roots) goto done;
+        task_start[0] = 0;
+        for (size_t b = 0, i = 0; i < n; i++) {
+            size_t nl = leaves_of(numels[i]);
+            if (nl <= BLOCK_LEAVES) continue;
+            int sub = threads == 1 ? depth[b] : depth[b] < cap ? depth[b] : cap;
+            size_t tasks = (nl + ((size_t)1 << sub) - 1) >> sub;
+            tree_job_t job = {elems[i], numels[i], NULL, nl, sub, tasks, task_roots + 32 * task_start[b], 0};
+            big[b] = job;
+            task_start[b + 1] = task_start[b] + tasks;
+            if (tasks > 1) __atomic_fetch_add(&TREES_SPLIT, 1, __ATOMIC_RELAXED);
+            b++;
+        }
+        roots_job_t job = {big, n_big, task_start, n_tasks, trees, group_start, n_groups, 0, 0};
+        size_t n_items = n_tasks + n_groups;
+        int t = (size_t)threads < n_items ? threads : (int)n_items;
+        if (runner) { /* at one thread too: the caller sees which of its threads hashed */
+            if (n_items) runner(ctx, (int64_t)n_items, t < 1 ? 1 : t, roots_item, &job);
+        } else if (t <= 1) {
+            for (size_t i = 0; i < n_items; i++) roots_item(&job, (int64_t)i, 0);
+        } else {
+            run_parallel(roots_worker, &job, 0, t); /* every worker shares the one job */
+        }
+        rc = job.rc;
+        /* each big tree's task roots folded on top, as tree_root does (ZERO_{sub + l} padding) */
+        for (size_t b = 0, i = 0; i < n && rc == 0; i++) {
+            if (leaves_of(numels[i]) <= BLOCK_LEAVES) continue;
+            fold_t top;
+            fold_init(&top, big[b].sub_depth, depth[b] - big[b].sub_depth);
+            for (size_t r = 0; r < big[b].n_tasks; r++) fold_push(&top, big[b].task_roots + 32 * r);
+            fold_finish(&top, roots + 32 * i);
+            b++;
+        }
     }
-    size_t k = 0, off = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t nl = leaves_of(numels[i]);
-        if (nl > BLOCK_LEAVES) continue;
-        small_tree_t t = {elems[i], numels[i], buf + 32 * off, roots + 32 * i};
-        trees[k++] = t;
-        off += nl + 1;
-    }
-    int rc = small_trees_parallel(trees, k, threads);
-    for (size_t i = 0; i < n && rc == 0; i++)
-        if (leaves_of(numels[i]) > BLOCK_LEAVES) rc = tensor_root(elems[i], numels[i], roots + 32 * i, threads);
+done:
     free(buf);
     free(trees);
+    free(group_start);
+    free(big);
+    free(task_start);
+    free(depth);
+    free(task_roots);
     return rc;
+}
+
+/* tensor_roots_on with the library's own threads. */
+int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
+    return tensor_roots_on(elems, numels, n, roots, threads, MIN_LEAVES_PER_THREAD, NULL, NULL);
 }
 
 static void put_word(uint8_t* p, uint64_t x) {

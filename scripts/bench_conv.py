@@ -2,7 +2,8 @@
 against torch at the same thread count.
 
 Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
-       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile | --nodes]] [--families]
+       [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile | --nodes | --hashing]]
+       [--families]
 
 Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
 ``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
@@ -13,7 +14,13 @@ rotation of the order (``best_rotated``). Prints a table and one JSON line. ``--
 instead, one committed training step of a vision job (``examples/vision.py``, SGD with
 momentum) against torch eager's forward, backward and SGD step on the same module and batch. ``--step MODEL --profile``: where the plain step's time goes,
 per node label (the whole-step plan's ``node_times``), beside torch's per-op self CPU time
-(``torch.profiler``), same thread count. ``--step MODEL --nodes``: per plan node of its
+(``torch.profiler``), same thread count. ``--step MODEL --hashing``: what committing costs the
+whole-step plan, per layout (``full``: every output kept, hashed after the last level; ``shared``:
+only the loss kept, outputs hashed between levels before their slots are reused): the plan run
+plain and committed (``roots``), the committed run's seconds in its hash points
+(``StepPlan.hash_seconds``), and, over the same outputs, one keccak tree
+(``tensor_root`` of them all concatenated: the ideal) and ``tensor_roots`` of them as a list;
+``overhead`` = committed - plain. ``--step MODEL --nodes``: per plan node of its
 convolutions (windowed GEMM, permute): shape, M N K, ms and GF/s. ``--families``: CPU time per call of the non-GEMM
 window families on resnet18's shapes (batch 32), each new path beside the one it replaced, in
 one process: max-pool backward in scatter form vs its two gathers and the interpreter, and the
@@ -110,6 +117,42 @@ def profile_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> 
     return {"model": name, "batch": batch, "threads": threads, "isa": isa,
             "repops_plan_ms": round(sum(rep.values()), 1), "repops_ms": rep,
             "torch_self_ms": round(sum(ops.values()), 1), "torch_ms": top}
+
+
+def hashing_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
+    """ms of the whole-step plan plain and committed, its hash points' seconds, and one tree /
+    ``tensor_roots`` over the same outputs, best of ``repeat`` round-robin, per layout."""
+    from verde_chain.commit import native as commit_native
+
+    ex, state, data, _ = _step_setup(name, batch, threads, isa)
+    outputs = ex.run_plain(state, data).outputs
+    flat = np.concatenate(outputs)
+    row: dict[str, object] = {"model": name, "batch": batch, "threads": threads, "isa": isa,
+                              "outputs_MB": round(flat.nbytes / 1e6, 1), "n_outputs": len(outputs)}
+    tree, roots = best_of([functools.partial(commit_native.tensor_root, flat, threads),
+                           functools.partial(commit_native.tensor_roots, outputs, threads)], repeat)
+    row.update(one_tree_ms=round(1e3 * tree[0], 1), tensor_roots_ms=round(1e3 * roots[0], 1))
+    batch_bits = ex._batch(data)
+    for layout, keep in (("full", None), ("shared", frozenset({len(ex.graph.nodes) - 1}))):
+        kernel = ex.step_kernel(keep)
+        assert kernel is not None and kernel.hashes_outputs, "no whole-step kernel hashing in the plan"
+        prev = kernel.pack(ex.run_step(state, data, keep=keep).state.tensors)
+        rows = np.empty((len(ex.graph.nodes), 32), dtype=np.uint8)
+        hash_s: list[float] = []
+
+        def committed(kernel: Any = kernel, prev: np.ndarray = prev, rows: np.ndarray = rows,
+                      hash_s: list[float] = hash_s) -> None:
+            kernel.run(prev, batch_bits, rows)
+            seconds = getattr(kernel._plan, "hash_seconds", None)  # absent before it was added
+            if seconds is not None:
+                hash_s.append(seconds())
+
+        plain, comm = best_of([functools.partial(kernel.run, prev, batch_bits), committed], repeat)
+        row[layout] = {"plain_ms": round(1e3 * plain[0], 1), "committed_ms": round(1e3 * comm[0], 1),
+                       "overhead_ms": round(1e3 * (comm[0] - plain[0]), 1),
+                       "hash_points_ms": round(1e3 * min(hash_s), 1) if hash_s else None,
+                       "cpu_util_plain": round(plain[1], 2), "cpu_util_committed": round(comm[1], 2)}
+    return row
 
 
 def conv_nodes(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
@@ -237,12 +280,14 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="with --step: per node label / per aten op times")
     ap.add_argument("--nodes", action="store_true",
                     help="with --step: per conv plan node (GEMM, permute) its shape, M N K, ms and GF/s")
+    ap.add_argument("--hashing", action="store_true",
+                    help="with --step: the plan plain vs committed, its hash points, one keccak tree over the outputs")
     ap.add_argument("--families", action="store_true", help="pooling backward / channel statistics, new vs before")
     args = ap.parse_args()
-    if (args.nodes or args.profile) and not args.step:
-        ap.error("--nodes and --profile take a model: --step MODEL")
-    if args.nodes and args.profile:
-        ap.error("--nodes or --profile, not both")
+    if (args.nodes or args.profile or args.hashing) and not args.step:
+        ap.error("--nodes, --profile and --hashing take a model: --step MODEL")
+    if args.nodes + args.profile + args.hashing > 1:
+        ap.error("one of --nodes, --profile, --hashing")
     n, c, h, w, m, kh, kw, pad, stride = args.shape
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings
@@ -252,7 +297,7 @@ def main() -> None:
         return
     if args.step:
         for t in args.threads:
-            fn = conv_nodes if args.nodes else profile_step if args.profile else bench_step
+            fn = conv_nodes if args.nodes else profile_step if args.profile else hashing_step if args.hashing else bench_step
             row = fn(args.step, args.batch, t, isa, args.repeat)
             print(json.dumps(row))
         return

@@ -17,8 +17,8 @@
 // region lives in the scratch buffer after the window ring, so it is reused from run to run and
 // never returned. A committed run (hash_outputs, then run(..., roots)) hashes every node output
 // before any later node overwrites its slot: before a level that writes over an output not yet
-// hashed, every pending output is hashed (the keccak tree's tensor_roots, on the run's threads:
-// hash_nodes), and the rest at the end.
+// hashed, every pending output is hashed (the keccak tree's tensor_roots_on, on the run's
+// threads through the kernels' persistent pool: hash_nodes), and the rest at the end.
 //
 // Threads: the nodes are grouped into levels when they are added (a node's level is one more
 // than that of the last earlier node it must follow: it reads that node's output, or writes
@@ -54,13 +54,34 @@ enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18, 
 // A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
 // intermediates (a gathered operand, a GEMM result before its permutation), one per run (BufferPool).
 constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
-// The in-plan hashing's units (hash_nodes): a leaf is 128 elements (keccak_tree.c LEAF_ELEMS,
-// ~0.3 us of one core's hashing here); a thread is woken for at least HASH_MIN_LEAVES leaves
-// (~20 us, several wake-ups' worth), and an output of HASH_SPLIT_LEAVES leaves or more is split
-// across the threads by the keccak tree itself (its threads start per call: worth ~0.6 ms).
-constexpr size_t HASH_LEAF_ELEMS = 128;
-constexpr double HASH_MIN_LEAVES = 64;
-constexpr double HASH_SPLIT_LEAVES = 2048;
+// The in-plan hashing's unit (hash_nodes): a leaf is 128 elements (keccak_tree.c LEAF_ELEMS,
+// ~0.3 us of one core's hashing here); a pool thread is woken for at least HASH_MIN_LEAVES
+// leaves (~20 us, several wake-ups' worth).
+constexpr size_t HASH_MIN_LEAVES = 64;
+
+// The keccak tree's tensor_roots_on and its runner types (keccak_tree.c keccak_item_fn,
+// keccak_runner_fn): the plan reaches the tree through a function address (hash_outputs).
+using KeccakItem = void (*)(void* arg, int64_t item, int64_t worker);
+using KeccakRunner = void (*)(void* ctx, int64_t n_items, int64_t threads, KeccakItem item, void* arg);
+using RootsFn = int (*)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int, size_t, KeccakRunner, void*);
+
+// The keccak tree's runner: its items on the kernels' pool, every worker that ran one recorded
+// in *ctx (a std::atomic<uint64_t>, bit w: worker w; the hash_workers probe).
+void pool_runner(void* ctx, int64_t n_items, int64_t threads, KeccakItem item, void* arg) {
+    auto* workers = static_cast<std::atomic<uint64_t>*>(ctx);
+    parallel_items(n_items, threads, [&](int64_t i, int64_t worker) {
+        item(arg, i, worker);
+        workers->fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
+    });
+}
+
+// Roots of n tensors into out[32 i] by `roots_fn` on up to `threads` threads of the pool (the
+// in-plan hashing, hash_nodes; and pool_tensor_roots for tests of it on any sizes).
+void pool_roots(RootsFn roots_fn, const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* out,
+                int64_t threads, std::atomic<uint64_t>& workers) {
+    const int rc = roots_fn(elems, numels, n, out, (int)threads, HASH_MIN_LEAVES, pool_runner, &workers);
+    TORCH_CHECK(rc == 0, "tensor_roots_on failed (", rc, ")");
+}
 
 struct Ref {
     int64_t buf, offset, numel;
@@ -388,8 +409,8 @@ class StepPlan {
     int64_t size() const { return (int64_t)nodes_.size(); }
 
     // Committed runs: plan node i's output is hashed into row rows[i] of run's `roots` (-1: not
-    // hashed; a scratch-ring intermediate), by fn_addr, the keccak tree's
-    // tensor_roots(elems, numels, n, roots, threads) (kernels/keccak_tree.c), on hash_threads
+    // hashed; a scratch-ring intermediate), by fn_addr, the keccak tree's tensor_roots_on(elems,
+    // numels, n, roots, threads, min_leaves, runner, ctx) (kernels/keccak_tree.c), on hash_threads
     // threads (the hashing's own count, as when the executor hashes an arena). Call after the
     // last node is added: it fixes where the hashing goes between the levels (see the top).
     void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows, int64_t hash_threads) {
@@ -497,15 +518,22 @@ class StepPlan {
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         hash_workers_.store(0, std::memory_order_relaxed);
+        double hash_s = 0;
         for (size_t l = 0; l < levels_.size(); l++) {
-            if (root_rows) hash_nodes(hash_before_[l], base, root_rows, threads);
+            if (root_rows) hash_s += hash_nodes(hash_before_[l], base, root_rows, threads);
             const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
             if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
-        if (root_rows) hash_nodes(hash_last_, base, root_rows, threads);
+        if (root_rows) hash_s += hash_nodes(hash_last_, base, root_rows, threads);
+        hash_s_.store(hash_s, std::memory_order_relaxed);
         return arena;
     }
+
+    // Wall seconds the last committed run spent hashing (its hash points together), for
+    // benchmarks that set the hashing beside one keccak tree over the same bytes
+    // (scripts/bench_conv.py --step MODEL --hashing).
+    double hash_seconds() const { return hash_s_.load(std::memory_order_relaxed); }
 
     // How many distinct threads hashed outputs in the last committed run (tests: proof that the
     // hashing really ran on several threads; worker indices are distinct OS threads, pool.h).
@@ -514,9 +542,8 @@ class StepPlan {
   private:
     int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch (ring + work)
     int64_t ring_, work_;           // the scratch: the window ring [0, ring_), then the work region
-    // Committed runs (hash_outputs): tensor_roots, each plan node's root row (-1: none), the
+    // Committed runs (hash_outputs): tensor_roots_on, each plan node's root row (-1: none), the
     // nodes hashed before each level and after the last.
-    using RootsFn = int (*)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int);
     RootsFn roots_fn_ = nullptr;
     int64_t hash_threads_ = 1;
     std::vector<int64_t> root_row_;
@@ -524,6 +551,7 @@ class StepPlan {
     std::vector<std::vector<int64_t>> hash_before_;
     std::vector<int64_t> hash_last_;
     mutable std::atomic<uint64_t> hash_workers_{0};  // bit w: worker w hashed in the last run
+    mutable std::atomic<double> hash_s_{0};          // the last committed run's hashing seconds
     // The arena and scratch (ring + work region) of each run, recycled (BufferPool); declared
     // after size_, which their initialisers read.
     std::shared_ptr<BufferPool> arena_pool_ = BufferPool::make(size_[RP_SOURCE_NODE_OUTPUT]);
@@ -534,15 +562,20 @@ class StepPlan {
     std::vector<Level> levels_;
 
     // The tensor roots of plan nodes `which` into their rows of `roots`, on up to min(threads,
-    // hash_threads_) threads. A step's hash points hold a few to a few dozen outputs of 16-1000
-    // leaves in all, under the keccak tree's own threshold for a second thread (it starts
-    // threads per call: MIN_LEAVES_PER_THREAD leaves each): measured on the tiny Llama, 50 calls
-    // a step and no thread ever started. So the small outputs are cut into runs of whole tensors
-    // that the kernels' persistent pool hashes side by side (one tensor_roots call per run, one
-    // thread each), and an output big enough to split is hashed alone on all the threads.
-    // A root depends only on its tensor's elements, so the grouping never changes a bit.
-    void hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots, int64_t threads) const {
-        if (which.empty()) return;
+    // hash_threads_) threads; returns the wall seconds it took. One tensor_roots_on call per hash
+    // point, its items run by the kernels' persistent pool (pool_runner): the keccak tree cuts
+    // the big outputs into subtree tasks and groups the small ones (a step's hash points hold a
+    // few to a few dozen outputs of 16-1000 leaves, and resnet18's also outputs of 2,048-16,384),
+    // and the pool's threads share all of them out, finishing together once per hash point.
+    // Before, the small outputs went in runs on the pool and each big one alone through the
+    // tree's own threads, started and joined per output: resnet18's 404 outputs (171 MB, 29 of
+    // 2,048+ leaves) at 2 threads took 37-45 ms against 34-36 now and 33 for one tree over the
+    // same bytes, and 78-91 ms against 56-65 (one tree 52-66) while another process held a
+    // core: a joined thread the OS ran late held up every big output. A root depends only on
+    // its tensor's elements, so how the work is cut and who hashes it never changes a bit.
+    double hash_nodes(const std::vector<int64_t>& which, float* const* base, uint8_t* roots, int64_t threads) const {
+        if (which.empty()) return 0;
+        const auto t0 = std::chrono::steady_clock::now();
         const size_t n = which.size();
         std::vector<const uint32_t*> elems(n);
         std::vector<size_t> numels(n);
@@ -553,68 +586,11 @@ class StepPlan {
             numels[j] = (size_t)nd.out_numel;
         }
         const int64_t t = std::max<int64_t>(1, std::min(threads, hash_threads_));
-        auto leaves = [](size_t numel) { return (double)((numel + HASH_LEAF_ELEMS - 1) / HASH_LEAF_ELEMS); };
-        double small_leaves = 0;
-        std::vector<size_t> small;  // indices into which: the outputs hashed in runs
-        for (size_t j = 0; j < n; j++) {
-            if (t > 1 && leaves(numels[j]) >= HASH_SPLIT_LEAVES) {
-                check_roots(roots_fn_(&elems[j], &numels[j], 1, &out[32 * j], (int)t));
-                hash_workers_.fetch_or(1, std::memory_order_relaxed);
-            } else {
-                small.push_back(j);
-                small_leaves += leaves(numels[j]);
-            }
-        }
-        if (!small.empty()) {
-            const int64_t want = threads_for(t, (int64_t)small.size(), small_leaves, HASH_MIN_LEAVES);
-            if (want <= 1) {
-                check_roots(hash_run(small, 0, small.size(), elems, numels, out));
-                hash_workers_.fetch_or(1, std::memory_order_relaxed);
-            } else {
-                // runs of about a quarter of a thread's share (claimed one at a time, so a thread
-                // the OS runs late does not hold up the others), and at least HASH_MIN_LEAVES
-                const double goal = std::max(HASH_MIN_LEAVES, small_leaves / (4.0 * (double)want));
-                std::vector<size_t> start{0};
-                double run = 0;
-                for (size_t k = 0; k < small.size(); k++) {
-                    run += leaves(numels[small[k]]);
-                    if (run >= goal || k + 1 == small.size()) {
-                        start.push_back(k + 1);
-                        run = 0;
-                    }
-                }
-                const int64_t n_runs = (int64_t)start.size() - 1;
-                std::atomic<int> rc{0};
-                parallel_items(n_runs, std::min(want, n_runs), [&](int64_t r, int64_t worker) {
-                    const int c = hash_run(small, start[r], start[r + 1], elems, numels, out);
-                    if (c != 0) rc.store(c, std::memory_order_relaxed);
-                    hash_workers_.fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
-                });
-                check_roots(rc.load());
-            }
-        }
+        pool_roots(roots_fn_, elems.data(), numels.data(), n, out.data(), t, hash_workers_);
         for (size_t j = 0; j < n; j++)
             std::copy(out.begin() + 32 * j, out.begin() + 32 * (j + 1), roots + 32 * root_row_[which[j]]);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-
-    // One tensor_roots call, on the calling thread, for outputs small[first .. last) (indices
-    // into elems/numels/out). Returns its result code.
-    int hash_run(const std::vector<size_t>& small, size_t first, size_t last, const std::vector<const uint32_t*>& elems,
-                 const std::vector<size_t>& numels, std::vector<uint8_t>& out) const {
-        const size_t m = last - first;
-        std::vector<const uint32_t*> e(m);
-        std::vector<size_t> ne(m);
-        std::vector<uint8_t> o(32 * m);
-        for (size_t k = 0; k < m; k++) {
-            e[k] = elems[small[first + k]];
-            ne[k] = numels[small[first + k]];
-        }
-        const int c = roots_fn_(e.data(), ne.data(), m, o.data(), 1);
-        for (size_t k = 0; c == 0 && k < m; k++) std::copy(o.begin() + 32 * k, o.begin() + 32 * (k + 1), out.begin() + 32 * small[first + k]);
-        return c;
-    }
-
-    static void check_roots(int rc) { TORCH_CHECK(rc == 0, "tensor_roots failed (", rc, ")"); }
 
     // Whether two nodes' outputs share memory.
     static bool same_place(const PlanNode& a, const PlanNode& b) {
@@ -908,7 +884,32 @@ class StepPlan {
 
 }  // namespace
 
+// Tests: the in-plan hashing's code (pool_roots) on any tensors. fn_addr: tensor_roots_on;
+// tensors: contiguous float32, >= 1 element each. Returns (roots (n, 32) uint8, how many
+// distinct pool workers hashed).
+static std::pair<torch::Tensor, int64_t> pool_tensor_roots(int64_t fn_addr, const std::vector<torch::Tensor>& tensors,
+                                                    int64_t threads) {
+    TORCH_CHECK(fn_addr != 0, "null tensor_roots_on function");
+    TORCH_CHECK(threads >= 1, "threads must be >= 1");
+    std::vector<const uint32_t*> elems;
+    std::vector<size_t> numels;
+    for (const torch::Tensor& t : tensors) {
+        TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() >= 1,
+                    "tensors must be contiguous float32 with at least one element");
+        elems.push_back(reinterpret_cast<const uint32_t*>(t.data_ptr<float>()));
+        numels.push_back((size_t)t.numel());
+    }
+    torch::Tensor roots = torch::empty({(int64_t)tensors.size(), 32}, torch::kUInt8);
+    std::atomic<uint64_t> workers{0};
+    if (!tensors.empty())
+        pool_roots(reinterpret_cast<RootsFn>(fn_addr), elems.data(), numels.data(), elems.size(),
+                   roots.data_ptr<uint8_t>(), threads, workers);
+    return {roots, __builtin_popcountll(workers.load())};
+}
+
 void bind_step_plan(pybind11::module& m) {
+    m.def("pool_tensor_roots", &pool_tensor_roots, pybind11::arg("fn_addr"), pybind11::arg("tensors"),
+          pybind11::arg("threads"), pybind11::call_guard<pybind11::gil_scoped_release>());
     pybind11::class_<StepPlan>(m, "StepPlan", "all nodes of one training step in one call")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(),
              pybind11::arg("arena_numel"), pybind11::arg("prev_numel"), pybind11::arg("batch_numel"),
@@ -929,6 +930,7 @@ void bind_step_plan(pybind11::module& m) {
         .def("add_pool_backward", &StepPlan::add_pool_backward)
         .def("hash_outputs", &StepPlan::hash_outputs)
         .def("hash_workers", &StepPlan::hash_workers)
+        .def("hash_seconds", &StepPlan::hash_seconds)
         .def("__len__", &StepPlan::size)
         .def("schedule", &StepPlan::schedule)
         .def("describe", &StepPlan::describe)

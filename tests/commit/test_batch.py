@@ -61,6 +61,33 @@ def test_tensor_roots_of_many_small_tensors_do_not_depend_on_threads() -> None:
         assert native.threads_started() - started == threads - 1, threads
 
 
+# trees of more than 256 leaves (elements): the smallest, ragged last leaves, 2,048 and 2^14 + 1
+# leaves (tasks of the largest size and a one-leaf last task)
+BIG = [128 * 256 + 1, 128 * 257 - 3, 128 * 2048, 128 * 2048 + 1, 128 * 2**14 + 1]
+
+
+def test_tensor_roots_cut_big_trees_into_tasks_the_threads_share() -> None:
+    """``tensor_roots`` cuts every tree of more than 256 leaves into subtree tasks (as
+    ``tensor_root`` cuts one tensor) and shares them and the small trees' groups among its
+    threads: the twin's roots at 1-4 threads, each big tree alone split when it is worth two
+    threads (2,048 leaves or more: ``MIN_LEAVES_PER_THREAD`` each) and then hashed on every
+    thread started for it."""
+    if native.load_library() is None:
+        pytest.skip("no C compiler: the native library is not built here")
+    rng = np.random.default_rng(5)
+    big = [rng.standard_normal(n).astype(np.float32) for n in BIG]
+    small = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1, 128 * 40, size=60)]
+    expected = {id(t): ref_root(t.view(np.uint32)) for t in big + small}
+    for threads in (1, 2, 3, 4):
+        assert [bytes(r) for r in native.tensor_roots(small + big, threads)] == [expected[id(t)] for t in small + big]
+        for t in big:
+            started, split = native.threads_started(), native.trees_split()
+            assert bytes(native.tensor_roots([t], threads)[0]) == expected[id(t)], (threads, t.size)
+            workers = min(threads, t.size // (128 * 1024))
+            assert native.trees_split() - split == (workers > 1), (threads, t.size)
+            assert native.threads_started() - started == max(workers, 1) - 1, (threads, t.size)
+
+
 def test_arena_roots_refuse_slices_outside_the_arena() -> None:
     arena = np.zeros(100, dtype=np.float32)
     for offsets, numels in (([0, 90], [10, 11]), ([-1], [5]), ([0], [0])):

@@ -4,10 +4,14 @@ and every root, node hash, C_s and state tensor is that of the layout that keeps
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+import torch
 
-from tests.support.threads import spread_check
+from tests.support.tensor_ref import ref_root
+from tests.support.threads import engaged, spread_check
 from verde_chain.commit import native as commit_native
 from verde_chain.commit.native import default_threads
 from verde_chain.errors import RepOpsError
@@ -15,8 +19,9 @@ from verde_chain.examples import EXAMPLES
 from verde_chain.examples.lm import LMConfig, lm_job
 from verde_chain.graph.executor import StepExecutor, StepResult
 from verde_chain.repops.backends import native
+from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
-from verde_chain.repops.backends.cpu.step import StepKernel
+from verde_chain.repops.backends.cpu.step import StepKernel, roots_function
 
 JOBS = {"transformer": {}, "digits_cnn": {"batch_size": 4}}
 STEPS = 3
@@ -143,19 +148,60 @@ def test_in_plan_hashing_on_threads_gives_the_reference_roots(llama, threads: in
 
 @pytest.mark.slow
 def test_in_plan_hashing_splits_big_outputs_across_threads() -> None:
-    """Outputs of 2,048 leaves or more (digits_cnn at batch 256 has six of exactly 2,048) are
-    hashed one by one on all the run's threads by the keccak tree itself: same roots, node
-    hashes and C_s as the node-by-node reference, and the keccak tree started threads for them."""
+    """Outputs of more than 256 leaves (digits_cnn at batch 256 has six of exactly 2,048) are cut
+    into subtree tasks that the pool's threads share with the small outputs' groups: same
+    roots, node hashes and C_s as the node-by-node reference, big outputs really split, and
+    both threads hashed (no thread of the keccak tree's own was started)."""
     if default_threads() < 2:
         pytest.skip("one core: the hashing cannot be shown to run on several threads")
     job = EXAMPLES["digits_cnn"](steps=2, batch_size=256)
-    ex = StepExecutor(job.program.graph, CpuBackend(threads=2))
+    backend = CpuBackend(threads=2)
+    ex = StepExecutor(job.program.graph, backend)
     st = ex.initial_state(job.init_state)
     ref = ex.run_step(st, job.batch(1), tamper=lambda d, out: out)
-    started = commit_native.threads_started()
-    got = ex.run_step(st, job.batch(1), keep=_loss(job))
-    assert commit_native.threads_started() > started
+    started, split = commit_native.threads_started(), commit_native.trees_split()
+    with spread_check(backend.isa):
+        got = ex.run_step(st, job.batch(1), keep=_loss(job))
+    assert commit_native.trees_split() > split
+    assert commit_native.threads_started() == started
     kernel = ex.step_kernel(_loss(job))
     assert isinstance(kernel, StepKernel) and kernel.hashes_outputs and not kernel.keeps_all
     assert sum(n >= 2048 * 128 for n in kernel.numels) >= 1
+    assert kernel.hash_workers() == 2
     _assert_same(ref, got)
+
+
+# Sizes around the in-plan hashing's boundaries (elements): the largest small tree (256 leaves),
+# the smallest split one (257), ragged last leaves, 2,048 leaves (the old split threshold) and
+# 2^14 + 1 (tasks of the largest size, a one-leaf last task, the top fold's ZERO padding).
+POOL_SIZES = [128 * 256, 128 * 256 + 1, 128 * 257 - 3, 128 * 2047 + 5, 128 * 2048, 128 * 2048 + 1, 128 * 2**14 + 1]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_pool_hashing_of_big_outputs_gives_the_reference_roots(threads: int) -> None:
+    """The in-plan hashing's code (``pool_tensor_roots``: ``tensor_roots_on`` with the plan's
+    pool as the runner) on sizes around its thresholds, each alone and all of them with small
+    tensors in one call: the roots of the Python twin, every big tensor cut into subtree tasks
+    when more than one thread may hash, and more than one OS thread hashing (the pool's probe)."""
+    want = min(threads, default_threads())
+    if threads > 1 and want < 2:
+        pytest.skip("one core: the hashing cannot be shown to run on several threads")
+    if commit_native.load_library() is None:
+        pytest.skip("no C compiler: the native library is not built here")
+    isa = cpu_ext.best_isa()
+    ext, fn = cpu_ext.extension(isa), roots_function()
+    rng = np.random.default_rng(threads)
+    small = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1, 128 * 40, size=40)]
+    big = [rng.standard_normal(n).astype(np.float32) for n in POOL_SIZES]
+    big[1][[0, 1, 2, 3]] = [-0.0, np.inf, np.nan, 1e-45]  # bits taken as they are
+    expected = {id(t): ref_root(t.view(np.uint32)) for t in small + big}
+    # each tensor split alone (the 256-leaf one is a small tree: one item, one thread), then all
+    for case in [[t] for t in big if t.size > 128 * 256] + [small + big]:
+        split = commit_native.trees_split()
+        tensors = [torch.from_numpy(t) for t in case]
+        roots, workers = engaged(isa, want, functools.partial(ext.pool_tensor_roots, fn, tensors, want))
+        assert [bytes(r) for r in roots.numpy()] == [expected[id(t)] for t in case]
+        assert (workers > 1) == (want > 1), (want, workers)
+        if len(case) == 1:  # one big tensor: split exactly when several threads may hash it
+            assert commit_native.trees_split() - split == (want > 1), case[0].size
+

@@ -110,6 +110,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.zero_subtree_root.restype = ctypes.c_int
     lib.tensor_roots.argtypes = [u8p, u8p, size, u8p, ctypes.c_int]
     lib.tensor_roots.restype = ctypes.c_int
+    # (..., threads, min_leaves, runner, runner_ctx): called by the RepOps whole-step plan, which
+    # passes its thread pool as the runner (repops/backends/cpu/step.py roots_function)
+    lib.tensor_roots_on.argtypes = [u8p, u8p, size, u8p, ctypes.c_int, size, ctypes.c_void_p, ctypes.c_void_p]
+    lib.tensor_roots_on.restype = ctypes.c_int
     lib.node_hashes.argtypes = [u8p, size, u8p, u8p, u8p, size, u8p]
     lib.node_hashes.restype = ctypes.c_int
     lib.keccak256_many.argtypes = [u8p, size, size, u8p]
@@ -118,6 +122,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.leaf_elems.restype = size
     lib.keccak_threads_started.argtypes = []
     lib.keccak_threads_started.restype = size
+    lib.keccak_trees_split.argtypes = []
+    lib.keccak_trees_split.restype = size
 
 
 def load_library() -> ctypes.CDLL | None:
@@ -159,6 +165,14 @@ def threads_started() -> int:
     thread counts reads it before and after to prove that more than one thread hashed."""
     lib = load_library()
     return 0 if lib is None else int(lib.keccak_threads_started())
+
+
+def trees_split() -> int:
+    """Tensors ``tensor_roots`` (or the whole-step plan's in-plan hashing) has cut into more than
+    one subtree task so far (0 without the library): tests read it before and after to prove
+    that their sizes took the split path."""
+    lib = load_library()
+    return 0 if lib is None else int(lib.keccak_trees_split())
 
 
 def _ptr(a: np.ndarray | ctypes.Array[Any]) -> int | None:

@@ -318,11 +318,12 @@ class StepKernel(ArenaLayout):
 
 @functools.cache
 def roots_function() -> int | None:
-    """The address of the keccak tree's ``tensor_roots`` (kernels/keccak_tree.c), which the plan
-    calls to hash outputs in a committed run; None without the native library (then committed
-    steps take their roots from a whole arena: ``keep=None``)."""
+    """The address of the keccak tree's ``tensor_roots_on`` (kernels/keccak_tree.c), which the
+    plan calls, with its thread pool as the runner, to hash outputs in a committed run; None
+    without the native library (then committed steps take their roots from a whole arena:
+    ``keep=None``)."""
     lib = load_library()
-    return None if lib is None else ctypes.cast(lib.tensor_roots, ctypes.c_void_p).value
+    return None if lib is None else ctypes.cast(lib.tensor_roots_on, ctypes.c_void_p).value
 
 
 def plain_copy(desc: KernelDesc) -> tuple[int, InputMap] | None:
