@@ -557,7 +557,20 @@ inline Vec span_lanes(const uint32_t* data, int64_t ebase, const Span& sp, int64
     const __mmask16 m = _mm512_cmpge_epi32_mask(j, zero) &
                         _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32((int)(sp.n << sp.pshift))) &
                         _mm512_cmpeq_epi32_mask(_mm512_and_si512(j, _mm512_set1_epi32((1 << sp.pshift) - 1)), zero);
-    const __m512i idx = _mm512_mullo_epi32(_mm512_srav_epi32(j, _mm512_set1_epi32(sp.pshift)), _mm512_set1_epi32((int)sp.s));
+    if (m == 0) return fill;
+    const __m512i i = _mm512_srav_epi32(j, _mm512_set1_epi32(sp.pshift));  // element index per lane
+    // the lanes' elements within 32 consecutive floats (a stride-2 forward's row, a stride-2 grad
+    // input's every other lane): two masked loads and a permute, cheaper than a gather here
+    const int64_t i_lo = (j0 + __builtin_ctz(m)) >> sp.pshift, i_hi = (j0 + 31 - __builtin_clz(m)) >> sp.pshift;
+    const int64_t span = (i_hi - i_lo) * sp.s + 1;
+    if (sp.s > 0 && span <= 2 * W) {
+        const float* q = p + i_lo * sp.s;
+        const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)((1u << std::min<int64_t>(span, W)) - 1), q);
+        const __m512 hi = span > W ? _mm512_maskz_loadu_ps((__mmask16)((1u << (span - W)) - 1), q + W) : lo;
+        const __m512i idx = _mm512_mullo_epi32(_mm512_sub_epi32(i, _mm512_set1_epi32((int)i_lo)), _mm512_set1_epi32((int)sp.s));
+        return {_mm512_mask_blend_ps(m, fill.v, _mm512_permutex2var_ps(lo, idx, hi))};
+    }
+    const __m512i idx = _mm512_mullo_epi32(i, _mm512_set1_epi32((int)sp.s));
     return {_mm512_mask_i32gather_ps(fill.v, m, idx, p, 4)};
 #elif REPOPS_ISA == 1
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -680,6 +693,16 @@ void run_row_plan(const WinOperand& b, const RowPlan& pl, int64_t blk, int64_t e
             for (int64_t v = 0; v < ceil_div(pl.run_len[u], W); v++) uof[nslots] = u, vof[nslots++] = v;
         const PlanSpan* sp[RUN_V];
         for (int i = 0; i < nslots; i++) sp[i] = pl.spans.data() + uof[i] * K;
+        // the next group's reads (its runs' first and last elements in range at each k) asked for
+        // now: an entry's plane is read in short rows far apart (one image's plane of one channel)
+        if (g + 1 < pl.block_group[blk + 1])
+            for (int64_t u = pl.group_run[g + 1]; u < pl.group_run[g + 2]; u++)
+                for (int64_t k = 0; k < K; k++) {
+                    const PlanSpan& ps = pl.spans[u * K + k];
+                    if (ps.n == 0) continue;
+                    __builtin_prefetch(b.data + ebase + ps.first);
+                    __builtin_prefetch(b.data + ebase + ps.first + (int64_t)(ps.n - 1) * ps.s);
+                }
         Vec acc[RUN_V];
         for (int64_t k = 0; k < K; k++) {
             const Vec ak = vbcast(a[k]);
