@@ -37,7 +37,9 @@ CASES = [
     ((2, 4, 17), (4, 1, 3), (2,), (2,), (0, 3)),  # 1-D, stride 2, dilation 2
     ((2, 4, 10, 12), (8, 1, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # multiplier 2 (Mg = 2)
     ((2, 3, 1, 1), (3, 1, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 1x1 maps: runs along images
+    ((16, 3, 2, 2), (3, 1, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # runs of 2: the GEMM's tiles (vector ISAs)
 ]
+SHORT_RUNS = CASES[-1]
 
 
 def _descs(xs: tuple[int, ...], ws: tuple[int, ...], st: tuple[int, ...], dil: tuple[int, ...],
@@ -71,7 +73,8 @@ def test_depthwise_equals_the_reference(isa: str) -> None:
                 got = CpuBackend(isa=isa, threads=threads)(desc, ins).view(np.uint32)
                 assert got.shape == want.shape and (got == want).all(), (isa, case, desc.label, threads)
                 ran = _counters(isa)
-                assert (ran[0] > before[0]) == (M == 1), (case, desc.label, M)
+                if case != SHORT_RUNS:
+                    assert (ran[0] > before[0]) == (M == 1), (case, desc.label, M)
                 assert ran[1] == before[1], (case, desc.label)
 
 
