@@ -65,7 +65,7 @@ def test_depthwise_equals_the_reference(isa: str) -> None:
         for desc in _descs(*case):
             plan = windowed.plan(desc)
             assert plan is not None, desc.label
-            _, _, nb, M, N = windowed.gemm_operands(desc, plan)
+            M = windowed.gemm_operands(desc, plan)[3]
             ins = [edges.edge_array((m.numel,), 40 + i + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
             want = reference.run(desc, ins).view(np.uint32)
             for threads in (1, 2, 3):
@@ -129,18 +129,23 @@ def _chain(a: windowed.Operand, a_bits: np.ndarray, b: windowed.Operand, b_bits:
     return np.where(np.isnan(acc.view(np.float32)), np.uint32(0x7FC00000), acc).reshape(nb, 1, N)
 
 
+def _first_forward(seed: int) -> tuple:  # type: ignore[type-arg]
+    """The first case's forward: its GEMM plan, operands, (nb, M, N) and edge inputs' bits."""
+    desc = _descs(*CASES[0])[0]
+    plan = windowed.plan(desc)
+    assert plan is not None
+    a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+    ins = [edges.edge_array((m.numel,), seed + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
+    return plan, a, b, nb, M, N, [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+
+
 @pytest.mark.parametrize("isa", ck.available_isas())
 def test_entries_that_differ_are_packed_per_item(isa: str) -> None:
     """Tables whose entries are not entry 0's at an offset (one entry's window parts moved by a
     row, another's address part off by one element) are not read through the shared plan: those
     entries are packed per item (row_chains) and still give the spec's chain for their own
     tables; a plan read with the wrong offset (the mutant that skips the check) would not."""
-    desc = _descs(*CASES[0])[0]
-    plan = windowed.plan(desc)
-    assert plan is not None
-    a, b, nb, M, N = windowed.gemm_operands(desc, plan)
-    ins = [edges.edge_array((m.numel,), 90 + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
-    flat = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+    plan, a, b, nb, M, N, flat = _first_forward(90)
     rows = b.rows.copy()
     rows[1, 2 * N:3 * N] += 1  # entry 2: every window part one row down (padding moves)
     rows[0, 4 * N + 5] += 1  # entry 4: one address one element on
@@ -178,12 +183,7 @@ def test_depthwise_written_in_the_output_order(isa: str) -> None:
 def test_an_address_outside_the_input_is_refused() -> None:
     """A table pointing past its input is refused with a clear error, through the plan (every
     entry shifted out) as through the per-item packing."""
-    desc = _descs(*CASES[0])[0]
-    plan = windowed.plan(desc)
-    assert plan is not None
-    a, b, nb, M, N = windowed.gemm_operands(desc, plan)
-    ins = [edges.edge_array((m.numel,), 3 + t, 0.2, 3.0) for t, m in enumerate(desc.inputs)]
-    flat = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+    plan, a, b, nb, M, N, flat = _first_forward(3)
     uniform, one = b.rows.copy(), b.rows.copy()
     uniform[0, -N:] += 10**6  # the last entry, every address: read through the plan
     one[0, -1] += 10**6  # the last entry, one address: packed per item
