@@ -255,6 +255,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("pool_size", &pool_size, "pool workers started so far");
     m.def("div_run_panels", [] { return repops_cpu::div_run_panels.load(); },
           "panels the windowed GEMM packed as runs through div > 1 windows so far");
+    m.def("row_plan_items", [] { return repops_cpu::row_plan_items.load(); },
+          "M == 1 windowed GEMM items run with lanes over columns from the call's shared plan so far");
+    m.def("row_chain_items", [] { return repops_cpu::row_chain_items.load(); },
+          "M == 1 windowed GEMM items run with lanes over columns so far");
     m.def("set_spread_check", &set_spread_check, "tests: every thread of a call runs at least one item",
           pybind11::arg("on"));
     m.def("info", &info);

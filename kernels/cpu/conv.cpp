@@ -23,8 +23,10 @@
 // reads an element, and the layout, change nothing but the time.
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -34,6 +36,7 @@
 namespace repops_cpu {
 
 std::atomic<int64_t> div_run_panels{0};
+std::atomic<int64_t> row_plan_items{0}, row_chain_items{0};
 
 namespace {
 
@@ -121,13 +124,21 @@ inline uint32_t as_elem<uint32_t>(uint32_t bits) {
     return bits;
 }
 
-// One run (table_run) from row r and k row kk: a run of rows at one k, or a run of k at one
-// row (kk its first k). Element c is in range iff every window has 0 <= v0_w + c*delta_w <
-// size_w, i.e. c in [lo, hi). Element c goes to d[c * ds]: a panel's k row (ds = 1, floats for
-// the micro-kernel), a gather's column (ds = K) or line (ds = 1; raw bits).
-template <int NCHK, typename T>
-void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
-                    const int64_t* delta, const uint64_t* size, T* d, int64_t ds, bool& ok) {
+// The elements in range of one run (table_run) at one k: c = c1 + (j << pshift), j < n, each at
+// address first + j*s; every other element of the run is the fill.
+struct Span {
+    int64_t first = 0, s = 0, c1 = 0, n = 0;
+    int pshift = 0;
+    int64_t last() const { return first + (n - 1) * s; }
+    bool inside(int64_t numel) const { return n == 0 || (std::min(first, last()) >= 0 && std::max(first, last()) < numel); }
+};
+
+// The Span of one run from row r and k row kk through NCHK div == 1 windows: a run of rows at
+// one k, or a run of k at one row (kk its first k). Element c is in range iff every window has
+// 0 <= v0_w + c*delta_w < size_w, i.e. c in [lo, hi).
+template <int NCHK>
+Span span_steps(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step, const int64_t* delta,
+                const uint64_t* size) {
     int64_t lo = 0, hi = valid;
     for (int w = 0; w < NCHK; w++) {
         const int64_t v0 = o.rows[(1 + w) * o.R + r] + kk[1 + w], sz = (int64_t)size[w], dl = delta[w];
@@ -135,43 +146,37 @@ void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t
             if (v0 < 0 || v0 >= sz) hi = 0;
             continue;
         }
+        if (dl == 1) {  // a run along a unit-step window axis: no division (a convolution's row)
+            lo = std::max(lo, -v0);
+            hi = std::min(hi, sz - v0);
+            continue;
+        }
         if (v0 < 0) lo = std::max(lo, (-v0 + dl - 1) / dl);
         hi = sz - v0 <= 0 ? 0 : std::min(hi, (sz - v0 + dl - 1) / dl);
     }
-    const T fill = as_elem<T>(o.fill);
-    if (hi <= lo) {
-        lo = hi = 0;
-    } else {
-        const int64_t base = o.rows[r] + kk[0];
-        const int64_t first = base + lo * step, last = base + (hi - 1) * step;
-        if (std::min(first, last) < 0 || std::max(first, last) >= o.numel) {
-            ok = false;
-            return;
-        }
-        if (step == 1 && ds == 1) {
-            std::memcpy(d + lo, o.data + first, sizeof(T) * (hi - lo));
-        } else {
-            for (int64_t c = lo; c < hi; c++) d[c * ds] = as_elem<T>(o.data[base + c * step]);
-        }
-    }
-    for (int64_t c = 0; c < lo; c++) d[c * ds] = fill;
-    for (int64_t c = hi; c < valid; c++) d[c * ds] = fill;
+    Span sp;
+    if (hi <= lo) return sp;
+    sp.c1 = lo;
+    sp.n = hi - lo;
+    sp.first = o.rows[r] + kk[0] + lo * step;
+    sp.s = step;
+    return sp;
 }
 
-// pack_steps_row for a run through windows some of which have div > 1, every div a power of
-// two (a strided convolution's grad input reads dy at v / stride): element c is in range iff,
-// for every window w, 0 <= v_w(c) = v0_w + c*delta_w < size_w*div_w and div_w divides v_w(c);
-// its address is then rows(0, r) + kk[0] + c*step + sum_w (v_w(c) / div_w)*stride_w (the stride
-// entry of a div == 1 window is 0: its term is in rows(0) / ks(0)). The divisibility holds for
-// c in one residue class modulo p_w = div_w / gcd(delta_w, div_w) (for no c if that gcd does not
-// divide v0_w), so with at most one window of p_w > 1 the elements in range are c = c1, c1 + p,
-// ... < hi, whose addresses step evenly: a strided copy, the fill everywhere else. Shifts and
-// masks only (a division per run and k cost more than fetch_any per element). Two windows of
-// p_w > 1 (a run along a diagonal, which the tables never give a convolution): false, nothing
-// written (the caller packs the run element by element).
-template <int NCHK, typename T>
-bool pack_steps_row_div(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
-                        const int64_t* delta, const int* shift, T* d, int64_t ds, bool& ok) {
+// span_steps for a run through windows some of which have div > 1, every div a power of two (a
+// strided convolution's grad input reads dy at v / stride): element c is in range iff, for every
+// window w, 0 <= v_w(c) = v0_w + c*delta_w < size_w*div_w and div_w divides v_w(c); its address
+// is then rows(0, r) + kk[0] + c*step + sum_w (v_w(c) / div_w)*stride_w (the stride entry of a
+// div == 1 window is 0: its term is in rows(0) / ks(0)). The divisibility holds for c in one
+// residue class modulo p_w = div_w / gcd(delta_w, div_w) (for no c if that gcd does not divide
+// v0_w), so with at most one window of p_w > 1 the elements in range are c = c1, c1 + p, ... <
+// hi, whose addresses step evenly. Shifts and masks only (a division per run and k cost more
+// than fetch_any per element). Two windows of p_w > 1 (a run along a diagonal, which the tables
+// never give a convolution): false (the caller reads the run element by element).
+template <int NCHK>
+bool span_steps_div(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
+                    const int64_t* delta, const int* shift, Span& sp) {
+    sp = Span{};
     int64_t lo = 0, hi = valid, residue = 0;
     int pshift = 0;                  // log2 of the period
     int64_t a0 = o.rows[r] + kk[0];  // the address at c = 0 without the terms of windows that move
@@ -202,29 +207,64 @@ bool pack_steps_row_div(const WinOperand& o, int64_t r, int64_t valid, const int
             while (((v0 + residue * dl) & mask) != 0) residue++;  // < p_w steps
         }
     }
-    const T fill = as_elem<T>(o.fill);
-    for (int64_t c = 0; c < valid; c++) d[c * ds] = fill;
     const int64_t period = int64_t(1) << pshift;
     const int64_t c1 = lo <= residue ? residue : residue + (((lo - residue + period - 1) >> pshift) << pshift);
     if (c1 >= hi) return true;
-    const int64_t n = (hi - c1 + period - 1) >> pshift;
+    sp.c1 = c1;
+    sp.pshift = pshift;
+    sp.n = (hi - c1 + period - 1) >> pshift;
     // the address of c1 and its step per element in range: a window that moves (dl != 0) adds
     // period*dl/div (an integer: p_w divides period) strides per element (fetch_any's address;
     // 0 for a div == 1 window, whose stride entry is 0)
-    int64_t first = a0 + c1 * step, s = period * step;
+    sp.first = a0 + c1 * step;
+    sp.s = period * step;
     for (int w = 0; w < NCHK; w++) {
         const int64_t dl = delta[w];
         if (dl == 0) continue;
         const int64_t v1 = o.rows[(1 + w) * o.R + r] + kk[1 + w] + c1 * dl;
-        first += (v1 >> shift[w]) * o.wins[3 * w + 2];
-        s += ((period * dl) >> shift[w]) * o.wins[3 * w + 2];
+        sp.first += (v1 >> shift[w]) * o.wins[3 * w + 2];
+        sp.s += ((period * dl) >> shift[w]) * o.wins[3 * w + 2];
     }
-    const int64_t last = first + (n - 1) * s;
-    if (std::min(first, last) < 0 || std::max(first, last) >= o.numel) {
+    return true;
+}
+
+// A Span's run of `valid` elements written to d[c * ds]: a panel's k row (ds = 1, floats for the
+// micro-kernel), a gather's column (ds = K) or line (ds = 1; raw bits). False (ok cleared,
+// nothing written) if an address in range falls outside the operand.
+template <typename T>
+void write_span(const WinOperand& o, const Span& sp, int64_t valid, T* d, int64_t ds, bool& ok) {
+    if (!sp.inside(o.numel)) {
         ok = false;
-        return true;
+        return;
     }
-    for (int64_t j = 0; j < n; j++) d[(c1 + (j << pshift)) * ds] = as_elem<T>(o.data[first + j * s]);
+    const T fill = as_elem<T>(o.fill);
+    if (sp.pshift > 0) {
+        for (int64_t c = 0; c < valid; c++) d[c * ds] = fill;
+        for (int64_t j = 0; j < sp.n; j++) d[(sp.c1 + (j << sp.pshift)) * ds] = as_elem<T>(o.data[sp.first + j * sp.s]);
+        return;
+    }
+    const int64_t lo = sp.c1, hi = sp.c1 + sp.n;
+    if (sp.n > 0 && sp.s == 1 && ds == 1) {
+        std::memcpy(d + lo, o.data + sp.first, sizeof(T) * sp.n);
+    } else {
+        for (int64_t j = 0; j < sp.n; j++) d[(lo + j) * ds] = as_elem<T>(o.data[sp.first + j * sp.s]);
+    }
+    for (int64_t c = 0; c < lo; c++) d[c * ds] = fill;
+    for (int64_t c = hi; c < valid; c++) d[c * ds] = fill;
+}
+
+template <int NCHK, typename T>
+void pack_steps_row(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
+                    const int64_t* delta, const uint64_t* size, T* d, int64_t ds, bool& ok) {
+    write_span(o, span_steps<NCHK>(o, r, valid, kk, step, delta, size), valid, d, ds, ok);
+}
+
+template <int NCHK, typename T>
+bool pack_steps_row_div(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step,
+                        const int64_t* delta, const int* shift, T* d, int64_t ds, bool& ok) {
+    Span sp;
+    if (!span_steps_div<NCHK>(o, r, valid, kk, step, delta, shift, sp)) return false;
+    write_span(o, sp, valid, d, ds, ok);
     return true;
 }
 
@@ -325,24 +365,40 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
     }
 }
 
-template <int P>
-void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
+template <int NCHK, bool DIV>
+struct WinKind {
+    static constexpr int nchk = NCHK;
+    static constexpr bool div = DIV;
+};
+
+// f(WinKind<NCHK, DIV>{}) for operand o's windows: at most three, every divisor a power of two
+// (NCHK of them, DIV if some divisor > 1), else NCHK = -1 (any windows: fetch_any).
+template <class F>
+void by_windows(const WinOperand& o, F&& f) {
     bool pow2 = o.nchk <= 3;
     for (int64_t w = 0; w < o.nchk && pow2; w++) pow2 = (o.wins[3 * w] & (o.wins[3 * w] - 1)) == 0;
-    if (!pow2) return pack_panels<P, -1>(o, r0, count, p0, kc, out, ok);
+    if (!pow2) return f(WinKind<-1, false>{});
     if (!all_div1(o)) {
         switch (o.nchk) {
-            case 1: return pack_panels<P, 1, true>(o, r0, count, p0, kc, out, ok);
-            case 2: return pack_panels<P, 2, true>(o, r0, count, p0, kc, out, ok);
-            default: return pack_panels<P, 3, true>(o, r0, count, p0, kc, out, ok);
+            case 1: return f(WinKind<1, true>{});
+            case 2: return f(WinKind<2, true>{});
+            default: return f(WinKind<3, true>{});
         }
     }
     switch (o.nchk) {
-        case 0: return pack_panels<P, 0>(o, r0, count, p0, kc, out, ok);
-        case 1: return pack_panels<P, 1>(o, r0, count, p0, kc, out, ok);
-        case 2: return pack_panels<P, 2>(o, r0, count, p0, kc, out, ok);
-        default: return pack_panels<P, 3>(o, r0, count, p0, kc, out, ok);
+        case 0: return f(WinKind<0, false>{});
+        case 1: return f(WinKind<1, false>{});
+        case 2: return f(WinKind<2, false>{});
+        default: return f(WinKind<3, false>{});
     }
+}
+
+template <int P>
+void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc, float* out, bool& ok) {
+    by_windows(o, [&](auto kind) {
+        using Kind = decltype(kind);
+        pack_panels<P, Kind::nchk, Kind::div>(o, r0, count, p0, kc, out, ok);
+    });
 }
 
 // Rows [r0, r1) of the gather, NCHK div == 1 windows: runs of evenly stepping entries (along k,
@@ -350,7 +406,8 @@ void pack(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int64_t kc
 // (R, K) (out[r*K + k]) or k-major (K, R) (out[k*R + r]: an interpreter reading it has its lanes,
 // the rows, contiguous at every k).
 template <int NCHK>
-void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool kmajor, bool& ok) {
+void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool kmajor, int64_t row0,
+                 bool& ok) {
     uint64_t size[MAX_CHECKED] = {};
     for (int w = 0; w < NCHK; w++) size[w] = (uint64_t)o.wins[3 * w + 1];
     const int64_t cols = 1 + NCHK;
@@ -383,7 +440,7 @@ void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_
         for (int64_t r = r0; r < r1; r++)
             for (const KRun& u : kruns)
                 pack_steps_row<NCHK, uint32_t>(o, r, u.len, o.ks + u.k0 * cols, u.step, u.delta, size,
-                                               out + r * K + u.k0, 1, ok);
+                                               out + (r - row0) * K + u.k0, 1, ok);
         return;
     }
     // Else runs of rows (pooling: a row's taps are short runs), each k's column written as them.
@@ -391,23 +448,279 @@ void gather_runs(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_
         const int64_t len = run_length(o, r, r1 - r, step, delta);
         for (int64_t k = 0; k < K; k++)
             pack_steps_row<NCHK, uint32_t>(o, r, len, o.ks + k * cols, step, delta, size,
-                                           kmajor ? out + k * o.R + r : out + r * K + k, kmajor ? 1 : K, ok);
+                                           kmajor ? out + k * o.R + r : out + (r - row0) * K + k, kmajor ? 1 : K, ok);
         r += len;
     }
 }
 
-void gather_block(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool kmajor, bool& ok) {
+// Rows [r0, r1) of the gather: out[k * R + r] if kmajor, else out[(r - row0) * K + k] (row0 = 0:
+// the whole operand's layout; row0 = r0: a buffer of those rows alone).
+void gather_block(const WinOperand& o, int64_t r0, int64_t r1, int64_t K, uint32_t* out, bool kmajor, int64_t row0,
+                  bool& ok) {
     if (all_div1(o)) {
         switch (o.nchk) {
-            case 0: return gather_runs<0>(o, r0, r1, K, out, kmajor, ok);
-            case 1: return gather_runs<1>(o, r0, r1, K, out, kmajor, ok);
-            case 2: return gather_runs<2>(o, r0, r1, K, out, kmajor, ok);
-            default: return gather_runs<3>(o, r0, r1, K, out, kmajor, ok);
+            case 0: return gather_runs<0>(o, r0, r1, K, out, kmajor, row0, ok);
+            case 1: return gather_runs<1>(o, r0, r1, K, out, kmajor, row0, ok);
+            case 2: return gather_runs<2>(o, r0, r1, K, out, kmajor, row0, ok);
+            default: return gather_runs<3>(o, r0, r1, K, out, kmajor, row0, ok);
         }
     }
     const int64_t cols = 1 + o.nchk;
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t k = 0; k < K; k++) out[kmajor ? k * o.R + r : r * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
+        for (int64_t k = 0; k < K; k++)
+            out[kmajor ? k * o.R + r : (r - row0) * K + k] = fetch_any(o, r, o.ks + k * cols, ok);
+}
+
+// ---------------------------------------------------------------- one row per batch entry (M == 1)
+//
+// A depthwise convolution (groups = channels, one output channel per group) is a windowed GEMM
+// of one row per batch entry: M == 1. The micro-kernel's MR-row tile would do MR times the work
+// with MR - 1 rows of zeros, and its B panels are packed to be read once. Instead each output
+// element's chain stays in its own vector lane, lanes over up to W consecutive columns of a run
+// (B's rows that step evenly: output positions along a row of the map, forward and grad input;
+// the taps along a kernel row, grad weight), k ascending; a tap out of range is the fill (+0)
+// and takes its FMA like any other. acc = a_0 * b_0, then fma(a_k, b_k, acc), NaN canonical at
+// the end: the micro-kernel's chain, so the same bits. Items are (batch entry, column block)
+// as before; one element's chain is never split.
+//  - RowPlan (the usual case): every entry's B rows are entry 0's at an address offset (each
+//    channel reads its own plane through the same windows), so entry 0's runs and, per (run, k),
+//    the Span of elements in range are built once per call; an entry reads each (run, k) as one
+//    masked load (or gather) from its plane. Up to RUN_V vectors (one run's or several short
+//    runs') are carried together: independent chains that hide the FMA latency (the grad
+//    weight's 3 runs of 3 taps over K = 8192).
+//  - row_chains (any other tables): each (run, k) packed into a buffer in L1 (pack_steps_row),
+//    or element by element where rows do not step evenly.
+
+constexpr int RUN_V = 4;  // vectors of accumulators carried together (4 x W columns at most)
+
+// out[c] (c < count) = the chain of the dense row a (K) with B's row r0 + c. Runs of rows that
+// step evenly (run_length; at least 4 rows, 8 through divisor windows, as pack_panels asks)
+// are packed per k as one interval; other rows W at a time, element by element (fetch_any).
+template <int NCHK, bool DIV>
+void row_chains(const WinOperand& b, const float* a, int64_t K, int64_t r0, int64_t count, float* out, bool& ok) {
+    uint64_t size[MAX_CHECKED] = {};
+    int shift[MAX_CHECKED] = {};
+    for (int w = 0; w < NCHK; w++) {
+        size[w] = (uint64_t)b.wins[3 * w + 1];
+        shift[w] = __builtin_ctzll((uint64_t)b.wins[3 * w]);
+    }
+    const int64_t cols = 1 + b.nchk;
+    alignas(64) float lanes[RUN_V * W] = {};  // lanes past a run's end: +0, computed and dropped
+    for (int64_t c = 0; c < count;) {
+        const int64_t r = r0 + c, span = std::min<int64_t>(count - c, RUN_V * W);
+        int64_t step = 0, delta[MAX_CHECKED] = {};
+        int64_t len = NCHK >= 0 ? run_length(b, r, span, step, delta) : 1;
+        const bool as_run = NCHK >= 0 && len >= std::min<int64_t>(span, DIV ? 8 : 4);
+        if (!as_run) len = std::min<int64_t>(span, W);
+        const int64_t nv = ceil_div(len, W);
+        Vec acc[RUN_V];
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t* kk = b.ks + k * cols;
+            if (as_run && !DIV) {
+                pack_steps_row<NCHK < 0 ? 0 : NCHK, float>(b, r, len, kk, step, delta, size, lanes, 1, ok);
+            } else if (!as_run ||
+                       !pack_steps_row_div<NCHK < 0 ? 0 : NCHK, float>(b, r, len, kk, step, delta, shift, lanes, 1, ok)) {
+                for (int64_t e = 0; e < len; e++) lanes[e] = from_bits(fetch_any(b, r + e, kk, ok));
+            }
+            const Vec ak = vbcast(a[k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < RUN_V; v++)
+                if (v < nv) acc[v] = k == 0 ? vmul(ak, vload(lanes + v * W)) : vfma(ak, vload(lanes + v * W), acc[v]);
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < RUN_V; v++)
+            if (v < nv) vstore(lanes + v * W, vcanon(acc[v]));
+        std::memcpy(out + c, lanes, sizeof(float) * len);
+        c += len;
+    }
+}
+
+// Lane l of a Span's run, starting at element c0: element c0 + l (its address first + j*s for
+// c0 + l = c1 + (j << pshift)), the fill elsewhere; entry ebase added to every address, which the
+// caller checked (Span::inside). Unit steps: one (masked) load; other steps and periods: a masked
+// gather. Masked-off lanes read nothing (expand-load from the first element where lanes begin
+// before it), so no address outside the operand is formed.
+inline Vec span_lanes(const uint32_t* data, int64_t ebase, const Span& sp, int64_t c0, Vec fill) {
+    if (sp.n == 0) return fill;
+    const int64_t j0 = c0 - sp.c1;
+    const float* p = reinterpret_cast<const float*>(data + ebase + sp.first);
+#if REPOPS_ISA == 2
+    if (sp.pshift == 0 && sp.s == 1) {
+        const int64_t lo = std::max<int64_t>(0, -j0), hi = std::min<int64_t>(W, sp.n - j0);
+        if (lo >= hi) return fill;
+        if (lo == 0 && hi == W) return {_mm512_loadu_ps(p + j0)};
+        const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        return {j0 >= 0 ? _mm512_mask_loadu_ps(fill.v, m, p + j0) : _mm512_mask_expandloadu_ps(fill.v, m, p)};
+    }
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i j = _mm512_add_epi32(_mm512_set1_epi32((int)j0), iota), zero = _mm512_setzero_si512();
+    const __mmask16 m = _mm512_cmpge_epi32_mask(j, zero) &
+                        _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32((int)(sp.n << sp.pshift))) &
+                        _mm512_cmpeq_epi32_mask(_mm512_and_si512(j, _mm512_set1_epi32((1 << sp.pshift) - 1)), zero);
+    if (m == 0) return fill;
+    const __m512i i = _mm512_srav_epi32(j, _mm512_set1_epi32(sp.pshift));  // element index per lane
+    // the lanes' elements within 32 consecutive floats (a stride-2 forward's row, a stride-2 grad
+    // input's every other lane): two masked loads and a permute, cheaper than a gather here
+    const int64_t i_lo = (j0 + __builtin_ctz(m)) >> sp.pshift, i_hi = (j0 + 31 - __builtin_clz(m)) >> sp.pshift;
+    const int64_t span = (i_hi - i_lo) * sp.s + 1;
+    if (sp.s > 0 && span <= 2 * W) {
+        const float* q = p + i_lo * sp.s;
+        const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)((1u << std::min<int64_t>(span, W)) - 1), q);
+        const __m512 hi = span > W ? _mm512_maskz_loadu_ps((__mmask16)((1u << (span - W)) - 1), q + W) : lo;
+        const __m512i idx = _mm512_mullo_epi32(_mm512_sub_epi32(i, _mm512_set1_epi32((int)i_lo)), _mm512_set1_epi32((int)sp.s));
+        return {_mm512_mask_blend_ps(m, fill.v, _mm512_permutex2var_ps(lo, idx, hi))};
+    }
+    const __m512i idx = _mm512_mullo_epi32(i, _mm512_set1_epi32((int)sp.s));
+    return {_mm512_mask_i32gather_ps(fill.v, m, idx, p, 4)};
+#elif REPOPS_ISA == 1
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    if (sp.pshift == 0 && sp.s == 1 && j0 >= 0) {
+        const int64_t hi = std::min<int64_t>(W, sp.n - j0);
+        if (hi <= 0) return fill;
+        if (hi == W) return vload(p + j0);
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), iota);
+        return {_mm256_blendv_ps(fill.v, _mm256_maskload_ps(p + j0, m), _mm256_castsi256_ps(m))};
+    }
+    const __m256i j = _mm256_add_epi32(_mm256_set1_epi32((int)j0), iota);
+    const __m256i in_lo = _mm256_cmpgt_epi32(j, _mm256_set1_epi32(-1));
+    const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(sp.n << sp.pshift)), j);
+    const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(j, _mm256_set1_epi32((1 << sp.pshift) - 1)),
+                                          _mm256_setzero_si256());
+    const __m256i m = _mm256_and_si256(in_lo, _mm256_and_si256(in_hi, on));
+    const __m256i idx = _mm256_mullo_epi32(_mm256_srav_epi32(j, _mm256_set1_epi32(sp.pshift)), _mm256_set1_epi32((int)sp.s));
+    return {_mm256_mask_i32gather_ps(fill.v, p, idx, _mm256_castsi256_ps(m), 4)};
+#else
+    if (j0 < 0 || (j0 & ((int64_t(1) << sp.pshift) - 1)) != 0 || (j0 >> sp.pshift) >= sp.n) return fill;
+    return {p[(j0 >> sp.pshift) * sp.s]};
+#endif
+}
+
+// The lanes of every batch entry at once (see above): entry 0's runs, grouped (consecutive runs of
+// at most RUN_V vectors in all, never across a column block), and per (run, k) the Span of its
+// elements in range, addresses relative to entry 0's first row, compacted to 16 bytes (the grad
+// weight's plan is 3 runs x K spans, read once per entry).
+struct PlanSpan {
+    int32_t first, s;
+    int16_t c1, n;
+    int32_t pshift;
+};
+struct RowPlan {
+    bool ok = false;
+    std::vector<int64_t> run_c0, run_len, group_run, block_group;  // block_group[blk]: first group of blk
+    std::vector<PlanSpan> spans;                                    // [run * K + k]
+    int64_t lo_addr = 0, hi_addr = -1;                              // least / greatest relative address in range
+};
+
+// Spans held at most (beyond it: row_chains, which needs no plan).
+constexpr int64_t ROW_PLAN_MAX_SPANS = int64_t(1) << 20;
+
+template <int NCHK, bool DIV>
+void build_row_plan(const WinOperand& b, int64_t K, int64_t nblocks, const std::function<int64_t(int64_t)>& block_begin,
+                    RowPlan& pl) {
+    uint64_t size[MAX_CHECKED] = {};
+    int shift[MAX_CHECKED] = {};
+    for (int w = 0; w < NCHK; w++) {
+        size[w] = (uint64_t)b.wins[3 * w + 1];
+        shift[w] = __builtin_ctzll((uint64_t)b.wins[3 * w]);
+    }
+    const int64_t cols = 1 + b.nchk, base0 = b.rows[0];
+    pl.lo_addr = INT64_MAX;
+    pl.hi_addr = INT64_MIN;
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        pl.block_group.push_back((int64_t)pl.group_run.size());
+        const int64_t end = block_begin(blk + 1);
+        int64_t group_vectors = RUN_V;
+        for (int64_t c = block_begin(blk); c < end;) {
+            int64_t step, delta[MAX_CHECKED];
+            const int64_t len = run_length(b, c, std::min<int64_t>(end - c, RUN_V * W), step, delta);
+            if ((int64_t)pl.spans.size() + K > ROW_PLAN_MAX_SPANS) return;
+            const int64_t nv = ceil_div(len, W);
+            if (group_vectors + nv > RUN_V) {
+                pl.group_run.push_back((int64_t)pl.run_c0.size());
+                group_vectors = 0;
+            }
+            group_vectors += nv;
+            pl.run_c0.push_back(c);
+            pl.run_len.push_back(len);
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t* kk = b.ks + k * cols;
+                Span sp;
+                if (!DIV) sp = span_steps<NCHK>(b, c, len, kk, step, delta, size);
+                else if (!span_steps_div<NCHK>(b, c, len, kk, step, delta, shift, sp)) return;
+                PlanSpan ps{0, 0, 0, 0, 0};
+                if (sp.n > 0) {
+                    sp.first -= base0;
+                    // the lanes' int32 indices and the compact fields must hold the values
+                    if (std::abs(sp.s) >= (int64_t(1) << 24) || std::abs(sp.first) >= (int64_t(1) << 31)) return;
+                    pl.lo_addr = std::min({pl.lo_addr, sp.first, sp.last()});
+                    pl.hi_addr = std::max({pl.hi_addr, sp.first, sp.last()});
+                    ps = PlanSpan{(int32_t)sp.first, (int32_t)sp.s, (int16_t)sp.c1, (int16_t)sp.n, sp.pshift};
+                }
+                pl.spans.push_back(ps);
+            }
+            c += len;
+        }
+    }
+    pl.block_group.push_back((int64_t)pl.group_run.size());
+    pl.group_run.push_back((int64_t)pl.run_c0.size());
+    pl.ok = true;
+}
+
+// Whether batch entry bi's B rows in columns [j0, j0 + cols) are entry 0's at one offset
+// (ebase): its address parts shifted by it, its window parts equal.
+bool same_rows(const WinOperand& b, int64_t bi, int64_t N, int64_t j0, int64_t cols, int64_t& ebase) {
+    ebase = b.rows[bi * N] - b.rows[0];
+    uint64_t diff = 0;  // no early exit: the loop vectorises (an exit per entry cost as much as the FMAs)
+    for (int64_t w = 0; w <= b.nchk; w++) {
+        const int64_t* mine = b.rows + w * b.R + bi * N;
+        const int64_t* first = b.rows + w * b.R;
+        const int64_t off = w == 0 ? ebase : 0;
+        for (int64_t j = j0; j < j0 + cols; j++) diff |= (uint64_t)(mine[j] - first[j] - off);
+    }
+    return diff == 0;
+}
+
+// out[c - j0] for the columns of block blk, entry ebase: each group's vectors carried over k.
+void run_row_plan(const WinOperand& b, const RowPlan& pl, int64_t blk, int64_t ebase, const float* a, int64_t K,
+                  int64_t j0, float* out) {
+    const Vec fill = vbcast(from_bits(b.fill));
+    alignas(64) float lanes[W];
+    for (int64_t g = pl.block_group[blk]; g < pl.block_group[blk + 1]; g++) {
+        // the group's vectors: slot i is vector vof[i] of run uof[i]
+        int64_t uof[RUN_V], vof[RUN_V];
+        int nslots = 0;
+        for (int64_t u = pl.group_run[g]; u < pl.group_run[g + 1]; u++)
+            for (int64_t v = 0; v < ceil_div(pl.run_len[u], W); v++) uof[nslots] = u, vof[nslots++] = v;
+        const PlanSpan* sp[RUN_V];
+        for (int i = 0; i < nslots; i++) sp[i] = pl.spans.data() + uof[i] * K;
+        // the next group's reads (its runs' first and last elements in range at each k) asked for
+        // now: an entry's plane is read in short rows far apart (one image's plane of one channel)
+        if (g + 1 < pl.block_group[blk + 1])
+            for (int64_t u = pl.group_run[g + 1]; u < pl.group_run[g + 2]; u++)
+                for (int64_t k = 0; k < K; k++) {
+                    const PlanSpan& ps = pl.spans[u * K + k];
+                    if (ps.n == 0) continue;
+                    __builtin_prefetch(b.data + ebase + ps.first);
+                    __builtin_prefetch(b.data + ebase + ps.first + (int64_t)(ps.n - 1) * ps.s);
+                }
+        Vec acc[RUN_V];
+        for (int64_t k = 0; k < K; k++) {
+            const Vec ak = vbcast(a[k]);
+#pragma GCC unroll 4
+            for (int i = 0; i < RUN_V; i++)
+                if (i < nslots) {
+                    const PlanSpan& ps = sp[i][k];
+                    const Span s{ps.first, ps.s, ps.c1, ps.n, ps.pshift};
+                    const Vec x = span_lanes(b.data, ebase, s, vof[i] * W, fill);
+                    acc[i] = k == 0 ? vmul(ak, x) : vfma(ak, x, acc[i]);
+                }
+        }
+        for (int i = 0; i < nslots; i++) {
+            vstore(lanes, vcanon(acc[i]));
+            const int64_t c = pl.run_c0[uof[i]] + vof[i] * W;
+            std::memcpy(out + (c - j0), lanes, sizeof(float) * std::min<int64_t>(W, pl.run_len[uof[i]] - vof[i] * W));
+        }
+    }
 }
 
 // The column blocks of the windowed GEMM's items: block j is columns [begin(j), begin(j + 1)).
@@ -467,6 +780,52 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
     const int64_t mblocks = ceil_div(M, mc);
     const ColumnBlocks cb = column_blocks(batch * mblocks, std::min(mc, M), N, nc, threads);
     std::atomic<bool> all_ok{true};
+    RowPlan plan;
+    if (M == 1)
+        by_windows(b, [&](auto kind) {
+            using Kind = decltype(kind);
+            if constexpr (Kind::nchk >= 0)
+                build_row_plan<Kind::nchk, Kind::div>(b, K, cb.n, [&](int64_t j) { return cb.begin(j); }, plan);
+        });
+    // Runs shorter than 4 columns on average (a 2x2 map's rows) leave most lanes empty: with
+    // enough columns for the micro-tile the GEMM below is faster (mobilenet_v2's 2x2 depthwise
+    // layers, 2026-12-02: 0.5 ms against 0.8 ms); a grad weight's 9 taps in runs of 3 are not.
+    constexpr int64_t MIN_RUN = W >= 8 ? 4 : 1;  // scalar: every lane is full
+    if (M == 1 && !(plan.ok && (int64_t)plan.run_c0.size() * MIN_RUN > N && N >= GEMM_NR)) {
+        // one row per batch entry (see RowPlan): items (batch entry, column block); each item's
+        // outputs written in C's layout, segment by segment
+        const int64_t nblocks = cb.n;
+        parallel_items(batch * nblocks, threads, [&](int64_t item, int64_t) {
+            thread_local std::vector<float> arow, outbuf;
+            const int64_t bi = item / nblocks, blk = item % nblocks;
+            const int64_t j0 = cb.begin(blk), cols = cb.begin(blk + 1) - j0;
+            bool ok = true;
+            outbuf.resize(cols);
+            arow.resize(K);
+            gather_block(a, bi, bi + 1, K, reinterpret_cast<uint32_t*>(arow.data()), false, bi, ok);
+            int64_t ebase = 0;
+            if (plan.ok && same_rows(b, bi, N, j0, cols, ebase)) {
+                if (ebase + plan.lo_addr >= 0 && ebase + plan.hi_addr < b.numel)
+                    run_row_plan(b, plan, blk, ebase, arow.data(), K, j0, outbuf.data());
+                else
+                    ok = false;
+                row_plan_items.fetch_add(1, std::memory_order_relaxed);
+            } else {
+                by_windows(b, [&](auto kind) {
+                    using Kind = decltype(kind);
+                    row_chains<Kind::nchk, Kind::div>(b, arow.data(), K, bi * N + j0, cols, outbuf.data(), ok);
+                });
+                row_chain_items.fetch_add(1, std::memory_order_relaxed);
+            }
+            for (int64_t j = 0; j < cols;) {  // contiguous within a split's n_inner columns
+                const int64_t seg = n_inner ? std::min(cols - j, n_inner - (j0 + j) % n_inner) : cols - j;
+                std::memcpy(c_at(bi, 0, j0 + j), outbuf.data() + j, sizeof(float) * seg);
+                j += seg;
+            }
+            if (!ok) all_ok = false;
+        });
+        return all_ok;
+    }
     const int64_t nblocks = cb.n, n_items = batch * nblocks * mblocks;
     parallel_items(n_items, threads, [&](int64_t item, int64_t) {
         thread_local std::vector<float> abuf, bbuf;
@@ -510,7 +869,7 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
     threads = threads_for(threads, n_items, (double)o.R * (double)K, BINARY_MIN_ELEMS);
     parallel_items(n_items, threads, [&](int64_t item, int64_t) {
         bool ok = true;
-        gather_block(o, item * per_item, std::min(o.R, (item + 1) * per_item), K, out, kmajor, ok);
+        gather_block(o, item * per_item, std::min(o.R, (item + 1) * per_item), K, out, kmajor, 0, ok);
         if (!ok) all_ok = false;
     });
     return all_ok;

@@ -312,18 +312,22 @@ def _strided_cnn() -> tuple[TrainingProgram, np.ndarray, np.ndarray]:
     return build(m, torch.from_numpy(x), opt=OptimizerSpec("sgd", lr=0.05, momentum=0.9)), x, rng.integers(0, 5, 3)
 
 
-def test_strided_grad_inputs_and_size_one_permutes_equal_the_reference_every_isa_and_thread_count() -> None:
-    """The divisor-2 windows packed as runs (conv.cpp pack_steps_row_div: the counter proves it
-    ran) and the permuting copy over merged axes (window_plan.cpp permute_into) give, over three
-    steps with a committed one, every node output and C_s of the nodes one by one and of the
-    reference backend, on every ISA and thread count."""
-    prog, x, y = _strided_cnn()
+def _reference_steps(prog: TrainingProgram, x: np.ndarray, y: np.ndarray) -> tuple:  # type: ignore[type-arg]
+    """(prog, its batches (step s: the batch rolled by s), the reference backend's steps)."""
     x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
 
     def batches(s: int) -> np.ndarray:
         return prog.batch(s, {"x": np.roll(x, s, axis=0)}, np.roll(y, s, axis=0))
 
-    ref = run_steps(prog.graph, prog.initial_state(), batches, make_runner("reference"))
+    return prog, batches, run_steps(prog.graph, prog.initial_state(), batches, make_runner("reference"))
+
+
+def test_strided_grad_inputs_and_size_one_permutes_equal_the_reference_every_isa_and_thread_count() -> None:
+    """The divisor-2 windows packed as runs (conv.cpp pack_steps_row_div: the counter proves it
+    ran) and the permuting copy over merged axes (window_plan.cpp permute_into) give, over three
+    steps with a committed one, every node output and C_s of the nodes one by one and of the
+    reference backend, on every ISA and thread count."""
+    prog, batches, ref = _reference_steps(*_strided_cnn())
     base = run_steps(prog.graph, prog.initial_state(), batches, node_by_node(CpuBackend(threads=1)))
     assert_same_steps(base, ref)
     for isa in cpu_ext.available_isas():
@@ -337,6 +341,40 @@ def test_strided_grad_inputs_and_size_one_permutes_equal_the_reference_every_isa
             assert kernel.window_forms["gemm+permute"]
             # the divisor-2 runs were packed (where B's panels hold runs of 8: not scalar's 4)
             assert (ext.div_run_panels() > panels) == (ext.info()["nr"] >= 8), (isa, threads)
+            assert_same_steps(fused, ref)
+
+
+def _depthwise_cnn() -> tuple[TrainingProgram, np.ndarray, np.ndarray]:
+    """mobilenet_v2's block in small: depthwise 3x3 convolutions (groups = channels) at stride 1
+    and 2, with and without bias, between 1x1 convolutions, down to a 1x1 map."""
+    torch.manual_seed(13)
+    m = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 1, bias=False), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=(0, 1), groups=16, bias=False), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16, bias=False), nn.Flatten(), nn.Linear(16, 5),
+    )
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    return build(m, torch.from_numpy(x), opt=OptimizerSpec("sgd", lr=0.05, momentum=0.9)), x, rng.integers(0, 5, 4)
+
+
+def test_depthwise_convolutions_in_the_plan_equal_the_reference_every_isa_and_thread_count() -> None:
+    """Depthwise convolutions and their gradients in the plan (the windowed GEMM's one-row path:
+    conv.cpp RowPlan, whose counter proves it ran) give, over three steps with a committed one,
+    every node output and C_s of the reference backend, on every ISA and thread count."""
+    prog, batches, ref = _reference_steps(*_depthwise_cnn())
+    for isa in cpu_ext.available_isas():
+        ext = cpu_ext.extension(isa)
+        for threads in THREAD_COUNTS:
+            items = ext.row_plan_items()
+            fused = engaged(isa, threads, functools.partial(run_steps, prog.graph, prog.initial_state(), batches,
+                                                            CpuBackend(isa=isa, threads=threads)))
+            assert isinstance(fused[2].step_kernel(), StepKernel)
+            assert ext.row_plan_items() > items, (isa, threads)
             assert_same_steps(fused, ref)
 
 
