@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -330,18 +331,25 @@ def test_strided_grad_inputs_and_size_one_permutes_equal_the_reference_every_isa
     prog, batches, ref = _reference_steps(*_strided_cnn())
     base = run_steps(prog.graph, prog.initial_state(), batches, node_by_node(CpuBackend(threads=1)))
     assert_same_steps(base, ref)
+    for isa, threads, fused, packed in _plan_steps(prog, batches, "div_run_panels"):
+        kernel = fused[2].step_kernel()
+        assert isinstance(kernel, StepKernel)
+        assert kernel.window_forms["gemm+permute"]
+        # the divisor-2 runs were packed (where B's panels hold runs of 8: not scalar's 4)
+        assert packed == (cpu_ext.extension(isa).info()["nr"] >= 8), (isa, threads)
+        assert_same_steps(fused, ref)
+
+
+def _plan_steps(prog: TrainingProgram, batches: list, counter: str) -> Iterator[tuple[str, int, list, bool]]:  # type: ignore[type-arg]
+    """(isa, threads, the steps in one plan on engaged threads, whether the extension's
+    ``counter`` grew meanwhile) for every ISA and thread count."""
     for isa in cpu_ext.available_isas():
         ext = cpu_ext.extension(isa)
         for threads in THREAD_COUNTS:
-            panels = ext.div_run_panels()
+            before = getattr(ext, counter)()
             fused = engaged(isa, threads, functools.partial(run_steps, prog.graph, prog.initial_state(), batches,
                                                             CpuBackend(isa=isa, threads=threads)))
-            kernel = fused[2].step_kernel()
-            assert isinstance(kernel, StepKernel)
-            assert kernel.window_forms["gemm+permute"]
-            # the divisor-2 runs were packed (where B's panels hold runs of 8: not scalar's 4)
-            assert (ext.div_run_panels() > panels) == (ext.info()["nr"] >= 8), (isa, threads)
-            assert_same_steps(fused, ref)
+            yield isa, threads, fused, getattr(ext, counter)() > before
 
 
 def _depthwise_cnn() -> tuple[TrainingProgram, np.ndarray, np.ndarray]:
@@ -367,15 +375,10 @@ def test_depthwise_convolutions_in_the_plan_equal_the_reference_every_isa_and_th
     conv.cpp RowPlan, whose counter proves it ran) give, over three steps with a committed one,
     every node output and C_s of the reference backend, on every ISA and thread count."""
     prog, batches, ref = _reference_steps(*_depthwise_cnn())
-    for isa in cpu_ext.available_isas():
-        ext = cpu_ext.extension(isa)
-        for threads in THREAD_COUNTS:
-            items = ext.row_plan_items()
-            fused = engaged(isa, threads, functools.partial(run_steps, prog.graph, prog.initial_state(), batches,
-                                                            CpuBackend(isa=isa, threads=threads)))
-            assert isinstance(fused[2].step_kernel(), StepKernel)
-            assert ext.row_plan_items() > items, (isa, threads)
-            assert_same_steps(fused, ref)
+    for isa, threads, fused, planned in _plan_steps(prog, batches, "row_plan_items"):
+        assert isinstance(fused[2].step_kernel(), StepKernel)
+        assert planned, (isa, threads)
+        assert_same_steps(fused, ref)
 
 
 @pytest.mark.parametrize("shape,strides", [
