@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script bench_training
 from bench_lm import torch_step as lm_torch_step
 from bench_training import CONFIGS as TRAINING_CONFIGS
-from bench_training import median_time, torch_step_fn
+from bench_training import torch_step_fn
 
 from verde_chain.examples import EXAMPLES
 from verde_chain.examples.lm import LMConfig, lm_job
@@ -56,6 +56,13 @@ from verde_chain.repops.backends.cpu.step import PlanProfile
 # hidden 256 (examples/lm.py LMConfig's other sizes: 2 layers, 4 heads, sequence 16, batch 2).
 LM_H256 = LMConfig("llama", hidden=256)
 VISION_BATCH = {"digits_cnn": 32, "resnet18": 32}
+# measure's turns: each thread count runs BLOCK_WARM untimed and BLOCK timed steps at a time
+BLOCK, BLOCK_WARM = 10, 5
+OMP_SLEEP_S = 0.02  # before a block: torch's idle OpenMP workers stop spinning after a few ms
+
+
+def rounds(steps: int) -> int:
+    return -(-steps // BLOCK)
 
 
 def _example(example: str, kw: dict[str, int]) -> tuple[Callable[[int], Job], Callable[[Job], Any]]:
@@ -98,44 +105,130 @@ def vision_torch_step(name: str, job: Job) -> Any:
     return step
 
 
-def measure(config: str, threads: int, steps: int, nodes: int, families: int = 0) -> dict[str, Any]:
-    make_job, make_torch_step = CONFIGS[config]
-    torch.set_num_threads(threads)
-    job = make_job(steps + 3)
-    backend = CpuBackend(threads=threads)
-    run = job.make_run(None, 0, backend, steps + 3)
-    run.run(until=3)  # warm-up: preparation, compiled maps, the plan, first-touch of its buffers
-    # every whole-step kernel the run has compiled (a plain step's keeps fewer outputs than C_0's)
-    kernels = [k for k in run.exec._kernels.values() if k is not None]
-    for kernel in kernels:
-        if nodes:
-            kernel.node_times = np.zeros(len(job.program.graph.nodes))
-        if families:
-            kernel.profile()
-    w0, c0, f0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    final = run.run()
-    w1, c1, f1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    walls = [log.wall_s for log in run.logs[3:]]
-    if nodes and kernels:
-        print(f"{config} at {threads} threads, the {nodes} longest nodes (ms per step):")
-        graph_nodes = job.program.graph.nodes
-        node_times = sum(k.node_times for k in kernels)
-        for i in np.argsort(-node_times)[:nodes]:
-            desc = graph_nodes[i].desc
-            path = "window" if desc.extended else backend.path(desc)
-            print(f"  {1e3 * node_times[i] / steps:8.3f}  {path:7s} {desc.label or '?'} "
-                  f"{tuple(desc.out_shape)} K={desc.K}")
-    profiles = [k.plan_profile for k in kernels if k.plan_profile is not None and k.plan_profile.runs]
-    return {
-        "example": config,
-        "threads": threads,
-        "repops_ms/step": round(1e3 * statistics.median(walls), 2),
-        "repops_cpu": round((c1 - c0) / (w1 - w0), 2),
-        "faults/step": round((f1 - f0) / steps),
-        "torch_ms/step": round(1e3 * median_time(make_torch_step(job), steps), 2),
-        "_final": final,
-        "_families": family_times(job, profiles, threads) if families else None,
-    }
+class Side:
+    """One thread count's run of a config and its torch twin, stepped a block at a time so that
+    the thread counts can take turns (``measure``)."""
+
+    def __init__(self, config: str, threads: int, steps: int, nodes: int, families: int) -> None:
+        make_job, make_torch_step = CONFIGS[config]
+        self.config, self.threads, self.nodes = config, threads, nodes
+        torch.set_num_threads(threads)
+        # 3 warm-up steps, the blocks' steps (timed and untimed), C_T's step
+        total = 3 + rounds(steps) * (BLOCK + BLOCK_WARM) + 1
+        self.job = make_job(total)
+        self.backend = CpuBackend(threads=threads)
+        self.run = self.job.make_run(None, 0, self.backend, total)
+        self.run.run(until=3)  # warm-up: preparation, compiled maps, the plan, first-touch of its buffers
+        # every whole-step kernel the run has compiled (a plain step's keeps fewer outputs than C_0's)
+        self.kernels = [k for k in self.run.exec._kernels.values() if k is not None]
+        self.torch_fn = make_torch_step(self.job)
+        for _ in range(3):
+            self.torch_fn()
+        self.walls: list[float] = []
+        self.torch_walls: list[float] = []
+        self.wall = self.cpu = 0.0
+        self.faults = 0
+        self.families = families
+        self.profiled = 0  # plain steps since the node times were reset
+
+    def _plain_step(self) -> None:
+        run = self.run
+        s = run.state.step + 1
+        run.state = run.exec.run_plain(run.state, run.batches(s), keep=run.keep).state
+        self.profiled += 1
+
+    def block(self) -> None:
+        """BLOCK_WARM + BLOCK plain RepOps steps (what a run does between checkpoints), then as
+        many torch steps, after a pause in which torch's OpenMP workers stop spinning (they spin
+        for milliseconds after a parallel region, on the cores this count's threads want); the
+        first BLOCK_WARM steps of each kind are not timed (caches hold the other count's
+        tensors, the pool's workers are asleep)."""
+        torch.set_num_threads(self.threads)
+        time.sleep(OMP_SLEEP_S)
+        for _ in range(BLOCK_WARM):
+            self._plain_step()
+        if not self.walls:  # node times and profiles over the timed steps only
+            for kernel in self.kernels:
+                if self.nodes:
+                    kernel.node_times = np.zeros(len(self.job.program.graph.nodes))
+                if self.families:
+                    kernel.profile()
+            self.profiled = 0
+        for _ in range(BLOCK):
+            w0, c0, f0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            self._plain_step()
+            w1, c1, f1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            self.walls.append(w1 - w0)
+            self.wall += w1 - w0
+            self.cpu += c1 - c0
+            self.faults += f1 - f0
+        for _ in range(BLOCK_WARM):
+            self.torch_fn()
+        for _ in range(BLOCK):
+            t0 = time.perf_counter()
+            self.torch_fn()
+            self.torch_walls.append(time.perf_counter() - t0)
+
+    def finish(self, families: int) -> dict[str, Any]:
+        """This side's figures, and its last step, committed (C_T)."""
+        steps = len(self.walls)
+        if self.nodes and self.kernels:
+            print(f"{self.config} at {self.threads} threads, the {self.nodes} longest nodes (ms per step):")
+            graph_nodes = self.job.program.graph.nodes
+            node_times = sum(k.node_times for k in self.kernels)
+            for i in np.argsort(-node_times)[:self.nodes]:
+                desc = graph_nodes[i].desc
+                path = "window" if desc.extended else self.backend.path(desc)
+                print(f"  {1e3 * node_times[i] / self.profiled:8.3f}  {path:7s} {desc.label or '?'} "
+                      f"{tuple(desc.out_shape)} K={desc.K}")
+        profiles = [k.plan_profile for k in self.kernels if k.plan_profile is not None and k.plan_profile.runs]
+        fams = family_times(self.job, profiles, self.threads) if families else None
+        torch.set_num_threads(self.threads)
+        final = self.run.run()
+        return {
+            "example": self.config,
+            "threads": self.threads,
+            "repops_ms/step": round(1e3 * statistics.median(self.walls), 2),
+            "repops_cpu": round(self.cpu / self.wall, 2),
+            "faults/step": round(self.faults / steps),
+            "torch_ms/step": round(1e3 * statistics.median(self.torch_walls), 2),
+            "_walls": self.walls,
+            "_torch_walls": self.torch_walls,
+            "_final": final,
+            "_families": fams,
+        }
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to others while this VM's CPUs wanted to run (/proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def measure(config: str, threads: list[int], steps: int, nodes: int, families: int = 0) -> list[dict[str, Any]]:
+    """Every thread count's plain steps taking turns, a block of steps each per round (the order
+    rotated every round), so that whatever else the machine does in those seconds falls on every
+    count alike; the speed-up and the ratio to torch are medians of the quotients of steps in
+    the same place of the same round."""
+    sides = [Side(config, t, steps, nodes, families) for t in threads]
+    steal0 = steal_seconds()
+    for r in range(rounds(steps)):
+        for i in range(len(sides)):
+            sides[(r + i) % len(sides)].block()
+    steal = steal_seconds() - steal0
+    per = [side.finish(families) for side in sides]
+    base = per[0]
+    for row in per:
+        pair = zip(base["_walls"], row["_walls"])
+        row["speedup"] = round(statistics.median(b / x for b, x in pair), 2)
+        row["torch_speedup"] = round(statistics.median(b / x for b, x in zip(base["_torch_walls"], row["_torch_walls"])), 2)
+        row["ratio/torch"] = round(statistics.median(x / t for x, t in zip(row["_walls"], row["_torch_walls"])), 2)
+        row["same_C_T"] = row["_final"] == base["_final"]
+        row["steal_s"] = round(steal, 2)
+    return per
 
 
 def family_times(job: Job, profiles: list[PlanProfile], threads: int) -> dict[str, Any]:
@@ -198,13 +291,8 @@ def main() -> None:
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     rows = []
     for config in args.configs:
-        per = [measure(config, t, args.steps, args.nodes, args.families) for t in args.threads]
-        base = per[0]
+        per = measure(config, args.threads, args.steps, args.nodes, args.families)
         for r in per:
-            r["speedup"] = round(base["repops_ms/step"] / r["repops_ms/step"], 2)
-            r["torch_speedup"] = round(base["torch_ms/step"] / r["torch_ms/step"], 2)
-            r["ratio/torch"] = round(r["repops_ms/step"] / r["torch_ms/step"], 2)
-            r["same_C_T"] = r["_final"] == base["_final"]
             print(" | ".join(f"{k} {v}" for k, v in r.items() if not k.startswith("_")), flush=True)
         if args.families:
             print_families(config, per, args.families)
