@@ -219,6 +219,22 @@ def test_matmul_tiles_and_threads_do_not_change_bits(isa: str) -> None:
         assert_same_bits(cpu_ext.matmul(at, tb, trans_a=True, isa=isa, threads=threads, tile=tile), want)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_row_tails_of_every_height(isa: str) -> None:
+    """The micro-kernel computes a tail of mr rows as 4, 8 or MR rows (gemm_tile.h): every tail
+    height 1..12 (MR is 12, 6 or 4), N past the small path's limit with a column tail, and K in
+    three blocks (the accumulators resumed from C), against the exact chain."""
+    need(isa)
+    k, n = 37, 133
+    b = edge_matrix((k, n), 5, 0.05)
+    for m in range(24, 37):
+        a = edge_matrix((m, k), m, 0.05)
+        want = ref_matmul(a, b)
+        for tile in (None, (600, 16, 600)):
+            assert_same_bits(cpu_ext.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=1, tile=tile),
+                             want)
+
+
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
 def test_matmul_transposes(trans_a: bool, trans_b: bool) -> None:
     m, k, n = 17, 29, 21
