@@ -268,6 +268,10 @@ bool pack_steps_row_div(const WinOperand& o, int64_t r, int64_t valid, const int
     return true;
 }
 
+template <int NCHK>
+void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* kk, int64_t step, const int64_t* delta,
+                    const uint64_t* size, float* d, bool& ok);
+
 // Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
 // `count` (those outputs are discarded). NCHK >= 0: that many checked windows, all div == 1
 // (a range check each) unless DIV (some div > 1, every div a power of two: pack_steps_row_div);
@@ -341,8 +345,8 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
                 c = valid;
             } else if (use_runs) {
                 for (int64_t i = 0; i < n_runs; i++)
-                    pack_steps_row<NCHK, float>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta,
-                                                size, d + runs[i].c0, 1, ok);
+                    pack_run_lanes<NCHK>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta, size,
+                                         d + runs[i].c0, ok);
                 c = valid;
             } else {
                 const int64_t* ra = o.rows + r;
@@ -593,6 +597,38 @@ inline Vec span_lanes(const uint32_t* data, int64_t ebase, const Span& sp, int64
     if (j0 < 0 || (j0 & ((int64_t(1) << sp.pshift) - 1)) != 0 || (j0 >> sp.pshift) >= sp.n) return fill;
     return {p[(j0 >> sp.pshift) * sp.s]};
 #endif
+}
+
+// One run of a panel's k row (pack_panels). On AVX-512 a unit-step span is moved 16 lanes at a
+// time (masked at its ends) after the fill is written where the run is out of range; otherwise,
+// and on the other ISAs, write_span. Bits are moved, never computed on (a NaN's payload survives
+// as through a scalar copy). Through write_span (a memcpy call and scalar fills per k row), the
+// im2col operand of the 64 -> 64 forward on 32 x 32 maps took as long to pack as its FMAs.
+template <int NCHK>
+void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* kk, int64_t step, const int64_t* delta,
+                    const uint64_t* size, float* d, bool& ok) {
+    const Span sp = span_steps<NCHK>(o, r, len, kk, step, delta, size);
+#if REPOPS_ISA == 2
+    if (len >= 2 * W && sp.n > 0 && sp.pshift == 0 && sp.s == 1) {
+        if (!sp.inside(o.numel)) {
+            ok = false;
+            return;
+        }
+        auto first_n = [](int64_t n) { return n >= W ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); };
+        if (sp.c1 > 0 || sp.n < len) {
+            const __m512 fill = _mm512_set1_ps(from_bits(o.fill));
+            for (int64_t c = 0; c < len; c += W) _mm512_mask_storeu_ps(d + c, first_n(len - c), fill);
+        }
+        const float* src = reinterpret_cast<const float*>(o.data + sp.first);
+        float* dst = d + sp.c1;
+        for (int64_t j = 0; j < sp.n; j += W) {
+            const __mmask16 m = first_n(sp.n - j);
+            _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
+        }
+        return;
+    }
+#endif
+    write_span(o, sp, len, d, 1, ok);
 }
 
 // The lanes of every batch entry at once (see above): entry 0's runs, grouped (consecutive runs of

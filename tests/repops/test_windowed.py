@@ -49,13 +49,18 @@ BIG = [  # big enough for threads (>= 2^20 FMAs per GEMM); strides, dilation, gr
     ((3, 12, 17, 19), (12, 4, 3, 2), (2, 3), (2, 1), (2, 0, 1, 3), 3),
     ((4, 16, 24, 22), (32, 16, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),  # grad input: divisors 2
 ]
+WIDE = [  # rows of 40 and a 1x1 map: runs of 32 columns and more (conv.cpp moves those in vector
+    # lanes), padded at one end or not at all
+    ((2, 8, 6, 40), (8, 8, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),
+    ((2, 16, 8, 36), (16, 16, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1),
+]
 
 
 @pytest.mark.parametrize("isa", ck.available_isas())
 def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> None:
     """The native windowed GEMM (kernels/cpu/conv.cpp) against the reference for 1/2/3/4/7
     threads and two blockings (K cut into several blocks, narrow column blocks)."""
-    for desc, a, a_bits, b, b_bits, shape, want in _big_cases():
+    for desc, a, a_bits, b, b_bits, shape, want in _big_cases() + _big_cases(tuple(WIDE)):
         plan = windowed.plan(desc)
         assert plan is not None
         for threads in (1, 2, 3, 4, 7):
@@ -170,9 +175,9 @@ def test_a_gather_worth_two_threads_runs_on_two(threads: int) -> None:
 
 
 @functools.cache
-def _big_cases() -> list[tuple]:  # type: ignore[type-arg]
+def _big_cases(shapes: tuple[tuple, ...] = tuple(BIG)) -> list[tuple]:  # type: ignore[type-arg]
     out = []
-    for i, (xs, ws, st, dil, pads, groups) in enumerate(BIG):
+    for i, (xs, ws, st, dil, pads, groups) in enumerate(shapes):
         g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
         for desc in (library.convolution(g, ws, groups), library.conv_grad_input(g, ws, groups),
                      library.conv_grad_weight(g, ws, groups)):
