@@ -259,12 +259,15 @@ def best_rotated(fns: list[Callable[[], object]], repeat: int) -> list[float]:
     """Best wall time of each function over ``best_of`` runs in every rotation of their order:
     in a fixed round-robin the function after torch's convolution always ran on the cache and
     memory state torch left (one call order measured the forward call 2.7 ms slower than the
-    same kernel called right after it: CPU time, 01:21 UTC)."""
+    same kernel called right after it: CPU time, 01:21 UTC). Bursts of two, the first call
+    untimed (``best_of``): after torch's call at 2 threads its OpenMP worker spins for ~5 ms on
+    the core the next function's worker needs (at 2 threads the backend's whole call measured
+    3.4-6 ms above the same kernel in single calls, 2026-12-02, and equal to it alone)."""
     n = len(fns)
     best = [float("inf")] * n
     for r in range(n):
         order = [(i + r) % n for i in range(n)]
-        for i, (t, _) in zip(order, best_of([fns[i] for i in order], max(1, -(-repeat // n)))):
+        for i, (t, _) in zip(order, best_of([fns[i] for i in order], max(1, -(-repeat // n)), burst=2)):
             best[i] = min(best[i], t)
     return best
 
