@@ -137,7 +137,7 @@ struct Span {
 // one k, or a run of k at one row (kk its first k). Element c is in range iff every window has
 // 0 <= v0_w + c*delta_w < size_w, i.e. c in [lo, hi).
 template <int NCHK>
-Span span_steps(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step, const int64_t* delta,
+__attribute__((always_inline)) inline Span span_steps(const WinOperand& o, int64_t r, int64_t valid, const int64_t* kk, int64_t step, const int64_t* delta,
                 const uint64_t* size) {
     int64_t lo = 0, hi = valid;
     for (int w = 0; w < NCHK; w++) {
@@ -232,7 +232,7 @@ bool span_steps_div(const WinOperand& o, int64_t r, int64_t valid, const int64_t
 // micro-kernel), a gather's column (ds = K) or line (ds = 1; raw bits). False (ok cleared,
 // nothing written) if an address in range falls outside the operand.
 template <typename T>
-void write_span(const WinOperand& o, const Span& sp, int64_t valid, T* d, int64_t ds, bool& ok) {
+__attribute__((always_inline)) inline void write_span(const WinOperand& o, const Span& sp, int64_t valid, T* d, int64_t ds, bool& ok) {
     if (!sp.inside(o.numel)) {
         ok = false;
         return;
