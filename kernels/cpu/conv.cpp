@@ -245,6 +245,12 @@ __attribute__((always_inline)) inline void write_span(const WinOperand& o, const
     }
     const int64_t lo = sp.c1, hi = sp.c1 + sp.n;
     if (sp.n > 0 && sp.s == 1 && ds == 1) {
+#if REPOPS_ISA == 2
+        if (sp.n <= 8) {  // one masked move, not a memcpy call (runs of 16: slower, see pack_run_lanes)
+            const __mmask16 m = (__mmask16)((1u << sp.n) - 1);
+            _mm512_mask_storeu_epi32(d + lo, m, _mm512_maskz_loadu_epi32(m, o.data + sp.first));
+        } else
+#endif
         std::memcpy(d + lo, o.data + sp.first, sizeof(T) * sp.n);
     } else {
         for (int64_t j = 0; j < sp.n; j++) d[(lo + j) * ds] = as_elem<T>(o.data[sp.first + j * sp.s]);
