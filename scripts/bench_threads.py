@@ -8,10 +8,14 @@ hashing: what a run does between checkpoints) with ``torch.set_num_threads`` and
 count both set to that number, the process's CPU utilisation over those steps (CPU time / wall
 time: 2.0 = two cores busy throughout), and the median step of the same model in plain torch
 eager FP32 at the same count (``bench_training.torch_step_fn``, ``bench_lm.torch_step``, or the
-vision twin below). Then the speed-up over the
-smallest thread count (goal >= 1.6x from 1 to 2 threads) and the ratio to torch at equal threads
-(goal <= 1.5x), and whether the final commitment C_T of the runs is the same at every thread
-count (it must be). Prints the load average first: figures from a busy machine do not compare.
+vision twin below). The thread counts take turns (``measure``): blocks of BLOCK timed steps
+after BLOCK_WARM untimed ones, RepOps then torch, the order rotated every round, so a slow
+phase of a shared machine falls on every count alike. Then the speed-up over the smallest
+thread count (goal >= 1.6x from 1 to 2 threads) and the ratio to torch at equal threads (goal
+<= 1.5x), each the median of the quotients of steps in the same place of the same round, and
+whether the final commitment C_T of the runs is the same at every thread count (it must be).
+Prints the load average first and, per example, the CPU time the hypervisor took from this VM
+during the timed rounds (``steal_s``, /proc/stat): figures from a busy machine do not compare.
 ``--nodes N`` also prints, per thread count, the N plan nodes that took longest (the whole-step
 kernel's own per-node times, summed over the timed steps, ms per step) and the page faults per step.
 ``--families N`` prints, per example, the N families (plan node kind and node label) with the
