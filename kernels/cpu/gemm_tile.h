@@ -11,15 +11,17 @@
 
 namespace repops_cpu {
 
-// One R x NR tile (R <= MR rows of an MR-row panel, of which the first mr are real) over kc
-// steps of k. `first`: this block starts at k = 0, so the chain opens with one rounded multiply;
-// otherwise the accumulators resume from C. `last`: canonicalise NaN before the final store.
-// Every element's chain is the same whatever R is: R only decides how many rows of the panel
-// are computed, so a tail of 4 rows of a 12-row tile does not pay for 12.
-template <int R>
+// One R x NR tile (R <= MR rows of an MR-row panel, of which the first mr are real; the first V
+// of its GEMM_NV vectors of columns, which hold its nr real columns) over kc steps of k.
+// `first`: this block starts at k = 0, so the chain opens with one rounded multiply; otherwise
+// the accumulators resume from C. `last`: canonicalise NaN before the final store.
+// Every element's chain is the same whatever R and V are: they only decide how many rows and
+// vectors of the panel are computed, so a tail of 4 rows of a 12-row tile does not pay for 12,
+// nor a GEMM of 10 columns (a classifier's logits) for 32.
+template <int R, int V = GEMM_NV>
 inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
                               int64_t ldc, bool first, bool last, int64_t mr, int64_t nr) {
-    Vec acc[R][GEMM_NV];
+    Vec acc[R][V];
     alignas(64) float tile[R * GEMM_NR];
     const bool full_cols = nr == GEMM_NR;
     float* Cw = full_cols ? C : tile;
@@ -29,54 +31,62 @@ inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const floa
             for (int64_t j = 0; j < nr; j++) tile[i * GEMM_NR + j] = C[i * ldc + j];
     int64_t k = 0;
     if (first) {
-        Vec b[GEMM_NV];
+        Vec b[V];
 #pragma GCC unroll 8
-        for (int j = 0; j < GEMM_NV; j++) b[j] = vload(Bp + j * W);
+        for (int j = 0; j < V; j++) b[j] = vload(Bp + j * W);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
             Vec a = vbcast(Ap[i]);
 #pragma GCC unroll 8
-            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = vmul(a, b[j]);
+            for (int j = 0; j < V; j++) acc[i][j] = vmul(a, b[j]);
         }
         k = 1;
     } else {
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = i < mr ? vload(Cw + i * ld + j * W) : vbcast(0.0f);
+            for (int j = 0; j < V; j++) acc[i][j] = i < mr ? vload(Cw + i * ld + j * W) : vbcast(0.0f);
     }
     for (; k < kc; k++) {
         const float* bk = Bp + k * GEMM_NR;
         const float* ak = Ap + k * GEMM_MR;  // the panel's rows stay MR apart whatever R is
-        Vec b[GEMM_NV];
+        Vec b[V];
 #pragma GCC unroll 8
-        for (int j = 0; j < GEMM_NV; j++) b[j] = vload(bk + j * W);
+        for (int j = 0; j < V; j++) b[j] = vload(bk + j * W);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
             Vec a = vbcast(ak[i]);
 #pragma GCC unroll 8
-            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = vfma(a, b[j], acc[i][j]);
+            for (int j = 0; j < V; j++) acc[i][j] = vfma(a, b[j], acc[i][j]);
         }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++)
         if (i < mr)
 #pragma GCC unroll 8
-            for (int j = 0; j < GEMM_NV; j++) vstore(Cw + i * ld + j * W, last ? vcanon(acc[i][j]) : acc[i][j]);
+            for (int j = 0; j < V; j++) vstore(Cw + i * ld + j * W, last ? vcanon(acc[i][j]) : acc[i][j]);
     if (!full_cols)
         for (int64_t i = 0; i < mr; i++)
             for (int64_t j = 0; j < nr; j++) C[i * ldc + j] = tile[i * GEMM_NR + j];
 }
 
 // One mr x nr tile (mr <= MR, nr <= NR) of an MR x NR panel pair: the rows computed are rounded
-// up to 4 or 8 where that is fewer than MR.
+// up to 4 or 8 where that is fewer than MR, the columns to one vector where they fit in one.
+template <int V>
+inline void micro_kernel_cols(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
+                              int64_t ldc, bool first, bool last, int64_t mr, int64_t nr) {
+    if constexpr (GEMM_MR > 4)
+        if (mr <= 4) return micro_kernel_rows<4, V>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
+    if constexpr (GEMM_MR > 8)
+        if (mr <= 8) return micro_kernel_rows<8, V>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
+    micro_kernel_rows<GEMM_MR, V>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
+}
+
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* C, int64_t ldc,
                          bool first, bool last, int64_t mr, int64_t nr) {
-    if constexpr (GEMM_MR > 4)
-        if (mr <= 4) return micro_kernel_rows<4>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
-    if constexpr (GEMM_MR > 8)
-        if (mr <= 8) return micro_kernel_rows<8>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
-    micro_kernel_rows<GEMM_MR>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
+    if constexpr (GEMM_NV > 1)
+        if (nr <= W) return micro_kernel_cols<1>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
+    micro_kernel_cols<GEMM_NV>(kc, Ap, Bp, C, ldc, first, last, mr, nr);
 }
 
 }  // namespace repops_cpu

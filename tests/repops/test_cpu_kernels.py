@@ -221,18 +221,21 @@ def test_matmul_tiles_and_threads_do_not_change_bits(isa: str) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_row_tails_of_every_height(isa: str) -> None:
-    """The micro-kernel computes a tail of mr rows as 4, 8 or MR rows (gemm_tile.h): every tail
-    height 1..12 (MR is 12, 6 or 4), N past the small path's limit with a column tail, and K in
-    three blocks (the accumulators resumed from C), against the exact chain."""
+    """The micro-kernel computes a tail of mr rows as 4, 8 or MR rows and a tail of nr columns as
+    one vector where they fit in one (gemm_tile.h): every tail height 1..12 (MR is 12, 6 or 4),
+    N past the small path's limit with column tails of 5, 13, 18 and 22 (one or two vectors of
+    16 or 8 lanes), and K in three blocks (the accumulators resumed from C), against the exact
+    chain."""
     need(isa)
-    k, n = 37, 133
-    b = edge_matrix((k, n), 5, 0.05)
-    for m in range(24, 37):
-        a = edge_matrix((m, k), m, 0.05)
-        want = ref_matmul(a, b)
-        for tile in (None, (600, 16, 600)):
-            assert_same_bits(cpu_ext.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=1, tile=tile),
-                             want)
+    k = 37
+    for n in (133, 141, 146, 150):
+        b = edge_matrix((k, n), n, 0.05)
+        for m in range(24, 37):
+            a = edge_matrix((m, k), m, 0.05)
+            want = ref_matmul(a, b)
+            for tile in (None, (600, 16, 600)):
+                got = cpu_ext.matmul(torch.from_numpy(a), torch.from_numpy(b), isa=isa, threads=1, tile=tile)
+                assert_same_bits(got, want)
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
