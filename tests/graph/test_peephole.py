@@ -1,8 +1,9 @@
 """graph/peephole.py: summed slice gradients become one node, an ADD of a single-use dot output
-moves into the dot's epilogue. No value may change: three AdamW steps of the language models
-end on the same loss and state bits with the rewrites on and off (C++ and reference backends),
-and small hand-built graphs with -0, NaN, overlapping and stepped slices give the same bits;
-each test also checks that the rewrite fired (fewer nodes)."""
+moves into the dot's epilogue, a convolution's weight gradient carries the optimizer's state
+update in its epilogue. No value may change: three AdamW steps of the language models and three
+SGD steps of the CNNs end on the same loss and state bits with the rewrites on and off (C++ and
+reference backends), and small hand-built graphs with -0, NaN, overlapping and stepped slices
+give the same bits; each test also checks that the rewrite fired (fewer nodes)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from verde_chain.examples import EXAMPLES
 from verde_chain.examples.lm import ARCHS, LMConfig, hf_model, lm_job
+from verde_chain.examples.vision import vision_job
 from verde_chain.graph.backend import make_runner
 from verde_chain.graph.builder import GraphBuilder, Ref
 from verde_chain.graph.executor import StepExecutor
+from verde_chain.graph.onnx_import import export_torch, import_onnx
 from verde_chain.graph.peephole import MAX_LEAVES, peephole
-from verde_chain.graph.structure import TrainingGraph
-from verde_chain.graph.training import build_training_graph
+from verde_chain.graph.structure import SourceKind, TrainingGraph
+from verde_chain.graph.training import LossSpec, OptimizerSpec, TrainingProgram, build_training_graph
 from verde_chain.job import Job
 from verde_chain.repops import library
 from verde_chain.repops.backends.plan import classify
@@ -29,16 +34,20 @@ BACKENDS = ("cpu", "reference")
 
 
 def _state_bits(job: Job, on: bool, backend: str) -> tuple[list[bytes], dict[str, bytes], int]:
-    """Loss bits of three steps and the final state's bits (parameters, Adam m and v) of
-    ``job``'s model with the rewrites on or off."""
-    p = job.program
+    """Loss bits of three steps and the final state's bits (parameters, Adam m and v, momenta)
+    of ``job``'s model with the rewrites on or off."""
+    return _steps(job.program, job.init_state, job.batch, on, backend)
+
+
+def _steps(p: TrainingProgram, init: dict[str, np.ndarray], batch: Callable[[int], np.ndarray], on: bool,
+           backend: str) -> tuple[list[bytes], dict[str, bytes], int]:
     assert p.loss is not None and p.optimizer is not None
     graph = build_training_graph(p.model, p.loss, p.optimizer, peephole=on).graph
     ex = StepExecutor(graph, make_runner(backend))
-    st = ex.initial_state(job.init_state)
+    st = ex.initial_state(init)
     losses = []
     for s in range(1, 4):
-        res = ex.run_plain(st, job.batch(s))  # the batch layout does not depend on the rewrite
+        res = ex.run_plain(st, batch(s))  # the batch layout does not depend on the rewrite
         losses.append(res.outputs[graph.named["loss"]].tobytes())
         st = res.state
     return losses, {slot.name: st.tensors[slot.producer].tobytes() for slot in graph.states}, len(graph.nodes)
@@ -249,6 +258,119 @@ def test_the_scalarvm_twin_runs_a_fused_node(which: str) -> None:
     d = g.named["out"]
     assert g.nodes[d].label.startswith(which) or g.nodes[d].desc == library.gemm((5, 7), (7, 4), (5, 4))
     ins = ex.node_inputs(d, st, res.outputs, batch)
+    want = res.outputs[d].view(np.uint32)
+    for e in (0, want.size // 2, want.size - 1):
+        assert vm.run_states(g.nodes[d].desc, ins, e)[-1].regs[0] == int(want[e])
+
+
+# --------------------------------------------- a state update in a convolution's weight gradient
+
+
+class _Convs(nn.Module):
+    """Plain, grouped + strided + dilated, 1x1 without bias, and depthwise convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.c2 = nn.Conv2d(4, 4, 3, stride=2, padding=(1, 2), dilation=(1, 2), groups=2)
+        self.c3 = nn.Conv2d(4, 6, 1, bias=False)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.fc = nn.Linear(6 * 4 * 3, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.c1(x)))
+        h = self.dw(torch.relu(self.c3(self.c2(h))))
+        return self.fc(torch.flatten(h, 1))
+
+
+CONV_WEIGHTS = 4
+OPTIMIZERS = {  # name -> (spec, how many conv weight gradients take their update)
+    "momentum": (OptimizerSpec("sgd", lr=0.1, momentum=0.9), CONV_WEIGHTS),
+    "momentum + weight decay": (OptimizerSpec("sgd", lr=0.1, momentum=0.9, weight_decay=1e-2), CONV_WEIGHTS),
+    # no momentum: the parameter update itself is the gradient's one reader
+    "plain sgd": (OptimizerSpec("sgd", lr=0.1), CONV_WEIGHTS),
+    # Nesterov's parameter update reads the gradient too: two readers, nothing fused
+    "nesterov": (OptimizerSpec("sgd", lr=0.1, momentum=0.9, nesterov=True), 0),
+}
+
+
+def _conv_program(opt: OptimizerSpec) -> tuple[TrainingProgram, Callable[[int], np.ndarray]]:
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).standard_normal((4, 3, 2, 7, 6)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 5, (4, 3)).astype(np.float32)
+    model = import_onnx(export_torch(_Convs(), torch.tensor(x[0]), ["x"], training=True))
+    prog = build_training_graph(model, LossSpec("cross_entropy"), opt)
+    return prog, lambda s: prog.batch(s, {"x": _specials_if(s, x[s])}, y[s])
+
+
+def _specials_if(step: int, x: np.ndarray) -> np.ndarray:
+    """Step 3's images with -0, infinities and NaNs: the update must carry them as the
+    unfused nodes do."""
+    return _specials(np.random.default_rng(step), x.shape) if step == 3 else x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_a_convolution_weight_gradient_carries_the_state_update(opt: str, backend: str) -> None:
+    spec, fused = OPTIMIZERS[opt]
+    prog, batch = _conv_program(spec)
+    init = prog.initial_state()
+    loss_on, state_on, n_on = _steps(prog, init, batch, True, backend)
+    loss_off, state_off, n_off = _steps(prog, init, batch, False, backend)
+    assert n_off - n_on == fused
+    g = prog.graph
+    labels = [n.label for n in g.nodes if "+" in n.label]
+    assert len(labels) == fused and all(lb.startswith("conv_grad_weight+sgd_") for lb in labels)
+    if fused:  # the fused gradients are no longer tensors of the step, nor named
+        assert sum(k.startswith("grad:") for k in g.named) == len(prog.model.params()) - CONV_WEIGHTS
+    assert loss_on == loss_off
+    assert state_on.keys() == state_off.keys() and all(state_on[k] == state_off[k] for k in state_on), \
+        [k for k in state_on if state_on[k] != state_off[k]]
+    assert len(set(loss_on[:2])) == 2  # the steps really trained
+
+
+def test_the_fused_update_runs_in_the_windowed_gemm_epilogue_compiled() -> None:
+    """On the C++ backend's whole-step plan each fused node is a windowed GEMM whose epilogue
+    (the update) is a compiled map, not the interpreter."""
+    prog, batch = _conv_program(OPTIMIZERS["momentum"][0])
+    kernels = {}
+    for on in (True, False):
+        g = build_training_graph(prog.model, prog.loss, prog.optimizer, peephole=on).graph
+        ex = StepExecutor(g, make_runner("cpu"))
+        ex.run_plain(ex.initial_state(prog.initial_state()), batch(1))
+        kernels[on] = ex.step_kernel()
+    on, off = kernels[True], kernels[False]
+    assert on is not None and off is not None
+    assert len(on.compiled_epilogues()) - len(off.compiled_epilogues()) == CONV_WEIGHTS
+    assert on.window_forms["gemm+permute"] - off.window_forms["gemm+permute"] == CONV_WEIGHTS
+    assert sum(on.window_forms.values()) == sum(off.window_forms.values())
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "resnet18", "mobilenet_v2"])
+def test_cnn_jobs_train_bit_identically_with_the_updates_fused(name: str) -> None:
+    job = vision_job(name, steps=3, batch_size=2, samples=8)
+    loss_on, state_on, n_on = _state_bits(job, True, "cpu")
+    loss_off, state_off, n_off = _state_bits(job, False, "cpu")
+    convs = sum(1 for n in build_training_graph(job.program.model, job.program.loss, job.program.optimizer,
+                                                 peephole=False).graph.nodes if n.label == "conv_grad_weight")
+    assert n_off - n_on == convs > 0  # every convolution's weight gradient took its update
+    assert loss_on == loss_off
+    assert all(state_on[k] == state_off[k] for k in state_on)
+
+
+def test_the_scalarvm_twin_runs_a_fused_weight_gradient() -> None:
+    """The fused node is an ordinary descriptor: the on-chain VM's twin ends on the backend's
+    bits at its first, middle and last element (the chain, then the update's instructions)."""
+    prog, batch = _conv_program(OPTIMIZERS["momentum + weight decay"][0])
+    g = prog.graph
+    ex = StepExecutor(g, make_runner("cpu"))
+    st = ex.run_plain(ex.initial_state(prog.initial_state()), batch(1)).state  # momenta not zero
+    data = batch(2)
+    res = ex.run_plain(st, data)
+    d = next(n.index for n in g.nodes if n.label == "conv_grad_weight+sgd_buf" and n.desc.K > 1)
+    ins = ex.node_inputs(d, st, res.outputs, data)
+    assert [s.kind for s in g.nodes[d].inputs[-2:]] == [SourceKind.PREV_STEP_NODE_OUTPUT] * 2  # p, buf
     want = res.outputs[d].view(np.uint32)
     for e in (0, want.size // 2, want.size - 1):
         assert vm.run_states(g.nodes[d].desc, ins, e)[-1].regs[0] == int(want[e])

@@ -16,9 +16,12 @@ from verde_chain.graph.training import LossSpec, OptimizerSpec, TrainingProgram,
 from verde_chain.repops import rng
 
 
-def _program(module: nn.Module, x: torch.Tensor, opt: OptimizerSpec | None = None, fuse: bool = True) -> TrainingProgram:
+def _program(module: nn.Module, x: torch.Tensor, opt: OptimizerSpec | None = None, fuse: bool = True,
+             peephole: bool = True) -> TrainingProgram:
+    """``peephole=False`` keeps every weight gradient a tensor of the step, to compare with
+    torch's (the peephole runs a convolution's in its update: tests/graph/test_peephole.py)."""
     model = import_onnx(export_torch(module, x, ["x"], training=True), fuse=fuse)
-    return build_training_graph(model, LossSpec("cross_entropy"), opt or OptimizerSpec("sgd", lr=0.1))
+    return build_training_graph(model, LossSpec("cross_entropy"), opt or OptimizerSpec("sgd", lr=0.1), peephole=peephole)
 
 
 def _grads_by_state(prog: TrainingProgram, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
@@ -56,7 +59,7 @@ def test_vision_ops_gradients_match_torch(fuse: bool) -> None:
     m = _Net()
     x = np.random.default_rng(0).standard_normal((4, 2, 7, 7)).astype(np.float32)
     y = np.array([0, 3, 1, 4], np.float32)
-    prog = _program(m, torch.tensor(x), fuse=fuse)
+    prog = _program(m, torch.tensor(x), fuse=fuse, peephole=False)
     ops = {op.op for op in prog.model.ops}
     assert {"conv", "batch_norm", "max_pool", "avg_pool", "activation", "concat", "pad"} <= ops
     # ReLU6 after the batch norm: a ``clip`` op, or folded into the batch norm (graph/fusion.py)

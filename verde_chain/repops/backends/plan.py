@@ -206,13 +206,13 @@ def classify(desc: KernelDesc, kinds: frozenset[str] = ALL_KINDS) -> Plan:
         and pro[1] == Instr(Op.LOAD, 1, imm=1)
         and pro[2].op in _BINARY_OPS
         and (pro[2].dst, pro[2].a, pro[2].b) == (0, 0, 1)
-        and all(_is_identity(m, desc.out_shape) for m in desc.inputs)
+        and all(is_identity(m, desc.out_shape) for m in desc.inputs)
     ):
         return Plan("binary", (0, 1), _BINARY_OPS[pro[2].op])
     return Plan("program")
 
 
-def _is_identity(m: InputMap, shape: tuple[int, ...]) -> bool:
+def is_identity(m: InputMap, shape: tuple[int, ...]) -> bool:
     """The map reads a C-contiguous tensor of exactly the output's shape, element for element
     (the stride of a size-1 dim is never used, so it may be anything)."""
     acc, ok = 1, m.offset == 0 and m.numel == math.prod(shape)
