@@ -255,6 +255,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("pool_size", &pool_size, "pool workers started so far");
     m.def("div_run_panels", [] { return repops_cpu::div_run_panels.load(); },
           "panels the windowed GEMM packed as runs through div > 1 windows so far");
+    m.def("phased_gemms", [] { return repops_cpu::phased_gemms.load(); },
+          "windowed GEMMs run phase by phase, only the taps that read the input (strided grad inputs), so far");
+    m.def("phase_zero_columns", [] { return repops_cpu::phase_zero_columns.load(); },
+          "columns of phased windowed GEMMs recomputed with every tap (zeros: their sign) so far");
     m.def("row_plan_items", [] { return repops_cpu::row_plan_items.load(); },
           "M == 1 windowed GEMM items run with lanes over columns from the call's shared plan so far");
     m.def("row_chain_items", [] { return repops_cpu::row_chain_items.load(); },

@@ -807,8 +807,192 @@ ColumnBlocks column_blocks(int64_t row_items, int64_t rows, int64_t N, int64_t n
 
 }  // namespace
 
+// ------------------------------------------------------------- strided taps, skipped exactly
+//
+// A strided convolution's grad input reads dy through windows of div = the stride: at stride 2
+// three of every four (output position, tap) pairs fall between dy's elements and read the
+// fill, +0, so the chain spends 3/4 of its FMAs on fma(+0, w, acc). Each of those adds a signed
+// zero: exactly acc when acc != 0 (infinities and NaN included), and at most a zero's sign when
+// acc is a zero, provided w is finite (0 * inf is NaN). So the chain over only the taps that read
+// dy (its first one rounded, then FMA, k ascending: the same order) and the descriptor's chain
+// are at every step either equal or both zeros: a product that is not exactly zero makes both
+// round(a*b) whatever the zero's sign. Their final values are equal unless both are zeros.
+//
+// phased_gemm runs that: B's columns (output positions) grouped by their phase (v mod div of
+// each div > 1 window, the same for every batch entry), per phase a GEMM over its columns and
+// its taps only (those whose v is divisible; after dividing, plain div == 1 windows), scattered
+// into C; then every column holding a zero, or of a phase without taps, recomputed with every
+// tap (the descriptor's chain, sign of zero included). Taken only when A's elements and fill
+// are finite and B's fill is a zero (else, or when it would not save a quarter of the FMAs,
+// the caller runs the one GEMM).
+std::atomic<int64_t> phased_gemms{0}, phase_zero_columns{0};
+
+namespace {
+
+constexpr int64_t MAX_PHASES = 64;
+
+bool finite_bits(uint32_t u) { return ((u >> 23) & 0xff) != 0xff; }
+
+// C's element (bi, i, j): row-major (batch, M, N) or the column split's layout.
+struct CLayout {
+    float* C;
+    int64_t M, N, n_inner;
+    ColumnSplit split;
+    float* at(int64_t bi, int64_t i, int64_t j) const {
+        return n_inner ? C + bi * split.batch_stride + (j / n_inner) * split.outer_stride + i * n_inner + j % n_inner
+                       : C + bi * M * N + i * N + j;
+    }
+};
+
+// An operand's tables restricted to some rows (B: per batch entry the columns `cols` of N) and
+// the k rows `kk`. With a phase `ph`, its div > 1 windows become div == 1 windows over
+// q = v / div (v - ph of a row and v + ph of a tap are multiples of div by construction), whose
+// address term q*stride is folded into the row and k address parts as windowed.Operand does for
+// div == 1 windows (stride entry 0). Owns the tables the WinOperand points to.
+struct SubOperand {
+    std::vector<int64_t> rows, ks, wins;
+    WinOperand op;
+    SubOperand(const WinOperand& o, int64_t batch, int64_t N, const std::vector<int64_t>* cols,
+               const std::vector<int64_t>& kk, const int64_t* ph) {
+        const int64_t w1 = 1 + o.nchk, R = cols ? batch * (int64_t)cols->size() : o.R;
+        auto divided = [&](int64_t w) { return ph && o.wins[3 * w] > 1; };
+        rows.resize(w1 * R);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t src = cols ? (r / (int64_t)cols->size()) * N + (*cols)[r % cols->size()] : r;
+            rows[r] = o.rows[src];
+            for (int64_t w = 0; w < o.nchk; w++) {
+                int64_t v = o.rows[(1 + w) * o.R + src];
+                if (divided(w)) {
+                    v = (v - ph[w]) / o.wins[3 * w];
+                    rows[r] += v * o.wins[3 * w + 2];
+                }
+                rows[(1 + w) * R + r] = v;
+            }
+        }
+        ks.resize(w1 * kk.size());
+        for (size_t k = 0; k < kk.size(); k++) {
+            ks[k * w1] = o.ks[kk[k] * w1];
+            for (int64_t w = 0; w < o.nchk; w++) {
+                int64_t v = o.ks[kk[k] * w1 + 1 + w];
+                if (divided(w)) {
+                    v = (v + ph[w]) / o.wins[3 * w];
+                    ks[k * w1] += v * o.wins[3 * w + 2];
+                }
+                ks[k * w1 + 1 + w] = v;
+            }
+        }
+        wins.assign(o.wins, o.wins + 3 * o.nchk);
+        for (int64_t w = 0; w < o.nchk; w++)
+            if (divided(w)) wins[3 * w] = 1, wins[3 * w + 2] = 0;
+        op = WinOperand{o.data, o.numel, rows.data(), ks.data(), R, o.nchk, wins.data(), o.fill};
+    }
+};
+
+int64_t mod_pos(int64_t v, int64_t d) { return ((v % d) + d) % d; }
+
+}  // namespace
+
+bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N,
+                       int64_t K, int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split);
+
+// The phased form (see above) if it applies: true with `ok` set, else false (nothing written).
+bool phased_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
+                 int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split, int64_t n_inner, bool& ok) {
+    if (M <= 1 || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill) || b.nchk > MAX_CHECKED) return false;
+    std::vector<int64_t> divs(b.nchk, 1);
+    int64_t n_phases = 1;
+    for (int64_t w = 0; w < b.nchk; w++) n_phases *= (divs[w] = b.wins[3 * w]);
+    for (int64_t w = 0; w < a.nchk; w++)
+        if (a.wins[3 * w] != 1) return false;
+    if (n_phases <= 1 || n_phases > MAX_PHASES) return false;
+    // phase of each column (the same in every batch entry), and which phases each k serves
+    const int64_t w1 = 1 + b.nchk;
+    auto phase_of = [&](int64_t r) {
+        int64_t p = 0;
+        for (int64_t w = 0; w < b.nchk; w++) p = p * divs[w] + mod_pos(b.rows[(1 + w) * b.R + r], divs[w]);
+        return p;
+    };
+    std::vector<std::vector<int64_t>> cols(n_phases), taps(n_phases);
+    for (int64_t j = 0; j < N; j++) {
+        const int64_t p = phase_of(j);
+        for (int64_t bi = 1; bi < batch; bi++)
+            if (phase_of(bi * N + j) != p) return false;
+        cols[p].push_back(j);
+    }
+    std::vector<int64_t> ph(b.nchk);
+    double fmas = 0;
+    for (int64_t p = 0; p < n_phases; p++) {
+        for (int64_t w = b.nchk - 1, q = p; w >= 0; w--) ph[w] = q % divs[w], q /= divs[w];
+        if (cols[p].empty()) continue;
+        for (int64_t k = 0; k < K; k++) {
+            bool in = true;
+            for (int64_t w = 0; w < b.nchk && in; w++) in = mod_pos(ph[w] + b.ks[k * w1 + 1 + w], divs[w]) == 0;
+            if (in) taps[p].push_back(k);
+        }
+        fmas += (double)cols[p].size() * (double)(taps[p].empty() ? K : taps[p].size());
+    }
+    if (fmas > 0.75 * (double)N * (double)K) return false;
+    for (int64_t i = 0; i < a.numel; i++)  // a non-finite A element: 0 * it is NaN, the skip is not exact
+        if (!finite_bits(a.data[i])) return false;
+    phased_gemms.fetch_add(1, std::memory_order_relaxed);
+    const CLayout out{C, M, N, n_inner, split};
+    const std::vector<int64_t> all_k = [&] {
+        std::vector<int64_t> v(K);
+        for (int64_t k = 0; k < K; k++) v[k] = k;
+        return v;
+    }();
+    std::vector<float> buf;
+    std::vector<std::atomic<uint8_t>> redo(N);  // columns to recompute with every tap
+    for (auto& r : redo) r.store(0, std::memory_order_relaxed);
+    // Runs the GEMM of (A's k rows kk, B's columns cs) and writes it into C's columns cs; with
+    // `phase`, marks the columns where it wrote a zero.
+    auto sub_gemm = [&](const std::vector<int64_t>& cs, const std::vector<int64_t>& kk, const int64_t* phase) {
+        const int64_t n = (int64_t)cs.size();
+        SubOperand sa(a, batch, 0, nullptr, kk, nullptr), sb(b, batch, N, &cs, kk, phase);
+        buf.resize(batch * M * n);
+        if (!windowed_gemm_one(sa.op, sb.op, buf.data(), batch, M, n, (int64_t)kk.size(), threads, mc, kc, nc, {}))
+            ok = false;
+        parallel_items(batch * M, threads_for(threads, batch * M, (double)(batch * M * n), BINARY_MIN_ELEMS),
+                       [&](int64_t row, int64_t) {
+                           const int64_t bi = row / M, i = row % M;
+                           const float* src = buf.data() + row * n;
+                           for (int64_t j = 0; j < n; j++) {
+                               *out.at(bi, i, cs[j]) = src[j];
+                               uint32_t u;
+                               std::memcpy(&u, src + j, 4);
+                               if (phase && (u & 0x7fffffffu) == 0) redo[cs[j]].store(1, std::memory_order_relaxed);
+                           }
+                       });
+    };
+    for (int64_t p = 0; p < n_phases; p++) {
+        if (cols[p].empty()) continue;
+        if (taps[p].empty()) {  // every tap reads the fill: the value is a zero, the chain's sign
+            for (int64_t j : cols[p]) redo[j].store(1, std::memory_order_relaxed);
+            continue;
+        }
+        for (int64_t w = b.nchk - 1, q = p; w >= 0; w--) ph[w] = q % divs[w], q /= divs[w];
+        sub_gemm(cols[p], taps[p], ph.data());
+    }
+    std::vector<int64_t> zero_cols;
+    for (int64_t j = 0; j < N; j++)
+        if (redo[j].load(std::memory_order_relaxed)) zero_cols.push_back(j);
+    if (!zero_cols.empty()) {
+        phase_zero_columns.fetch_add((int64_t)zero_cols.size(), std::memory_order_relaxed);
+        sub_gemm(zero_cols, all_k, nullptr);
+    }
+    return true;
+}
+
 bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
                    int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split) {
+    const int64_t n_inner = column_split_error(split, batch, M, N) ? 0 : split.n_inner;
+    bool ok = true;
+    if (phased_gemm(a, b, C, batch, M, N, K, threads, mc, kc, nc, split, n_inner, ok)) return ok;
+    return windowed_gemm_one(a, b, C, batch, M, N, K, threads, mc, kc, nc, split);
+}
+
+bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N,
+                       int64_t K, int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split) {
     // SAFETY: a split that could write outside C (or split a micro-tile) is not used; the
     // callers refuse one before (column_split_error), this keeps a bad call harmless.
     const int64_t n_inner = column_split_error(split, batch, M, N) ? 0 : split.n_inner;

@@ -101,6 +101,10 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
 // Panels the windowed GEMM packed as runs through div > 1 windows (pack_steps_row_div) since
 // the library loaded: tests read it to prove that path ran.
 extern std::atomic<int64_t> div_run_panels;
+// Windowed GEMMs run in phases (a strided convolution's grad input: only the taps that read dy,
+// conv.cpp phased_gemm) and the columns they recomputed with every tap (a zero's sign) since the
+// library loaded: tests read them to prove both paths ran.
+extern std::atomic<int64_t> phased_gemms, phase_zero_columns;
 // Items of the one-row-per-batch-entry path (M == 1: depthwise convolutions) since the library
 // loaded: lanes over columns read through the call's shared plan (row_plan_items) or packed per
 // item (row_chain_items). Tests read them to prove those paths ran.

@@ -174,6 +174,76 @@ def test_a_gather_worth_two_threads_runs_on_two(threads: int) -> None:
         assert (got.numpy().view(np.uint32) == op.gather(bits)).all(), isa
 
 
+PHASED = [  # strided grad inputs with finite weights: run phase by phase (conv.cpp phased_gemm)
+    ((2, 8, 16, 16), (12, 8, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
+    # 1x1: three phases of four have no tap, their columns would all be recomputed with every
+    # tap, so phasing saves nothing and the one GEMM runs
+    ((3, 6, 9, 18), (8, 6, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1),
+    ((2, 8, 11, 17), (6, 4, 3, 2), (2, 2), (2, 1), (2, 0, 1, 3), 2),  # dilation, groups, uneven pads
+    ((2, 4, 10, 24), (4, 4, 3, 3), (3, 2), (1, 1), (1, 1, 1, 1), 1),  # stride 3 by 2: six phases
+    ((8, 16, 16, 16), (32, 16, 5, 5), (2, 2), (1, 1), (2, 2, 2, 2), 1),  # phases worth several threads
+]
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    """``x`` with its NaNs and infinities replaced by finite values (signed zeros and subnormals kept)."""
+    y = np.array(x, dtype=np.float32)
+    y[~np.isfinite(y)] = 1.5
+    return y
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_strided_grad_inputs_skip_the_taps_between_dy_elements_exactly(isa: str) -> None:
+    """A strided convolution's grad input with finite weights runs phase by phase, each output
+    position's chain over only the taps that read dy (phased_gemm): equal to the reference's
+    chain over every tap, bit for bit, at 1/2/3 threads (more than one OS thread engaged). dy has
+    NaN, infinities, signed zeros and subnormals, and an image of -0 whose outputs are zeros of
+    the other sign once the skipped taps' +0 products are added: those columns are recomputed
+    with every tap (the counters prove both ran). An infinite weight (0 * inf is NaN), or a 1x1
+    kernel (nothing saved), keeps the one GEMM over every tap."""
+    ext = ck.extension(isa)
+    engaged_at = dict.fromkeys((2, 3), 0)
+    for i, (xs, ws, st, dil, pads, groups) in enumerate(PHASED):
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        desc = library.conv_grad_input(g, ws, groups)
+        plan = windowed.plan(desc)
+        assert plan is not None
+        a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+        assert (b.wins[:, 0] > 1).any() and not (a.wins[:, 0] > 1).any(), desc.label
+        w = np.abs(_finite(edges.edge_array((desc.inputs[plan.slot_a].numel,), 40 + i, 0.2, 2.0)))
+        dy = edges.edge_array((desc.inputs[plan.slot_b].numel,), 50 + i, 0.2, 2.0).reshape(xs[0], -1)
+        dy[0] = -0.0  # image 0: every product -0 at a tap that reads dy, +0 at one that does not
+        ins = [None, None]
+        ins[plan.slot_a], ins[plan.slot_b] = w, dy.reshape(-1)
+        want = reference.run(desc, ins).view(np.uint32).reshape(-1)
+        assert (want == 0).any(), "no +0 from -0 products: the fix-up is not exercised"
+        bits = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+        for threads in (1, 2, 3):
+            phased, redone = ext.phased_gemms(), ext.phase_zero_columns()
+            with spread_check(isa):
+                ck.probe_reset(isa)
+                got = ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, threads)
+                if threads > 1:
+                    engaged_at[threads] = max(engaged_at[threads], len(ck.probe_threads(isa)))
+            if ws[2:] == (1, 1):
+                assert ext.phased_gemms() == phased, xs
+            else:
+                assert ext.phased_gemms() == phased + 1 and ext.phase_zero_columns() > redone, (xs, threads)
+            got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
+            assert (got == want).all(), (isa, xs, threads)
+        # through the backend as a node runs (its output order, column split included)
+        assert (CpuBackend(isa=isa, threads=2)(desc, ins).view(np.uint32).reshape(-1) == want).all()
+        w_inf = w.copy()
+        w_inf[len(w_inf) // 2] = np.inf
+        ins[plan.slot_a] = w_inf
+        want_inf = reference.run(desc, ins).view(np.uint32).reshape(-1)
+        phased = ext.phased_gemms()
+        got = ck.windowed_matmul(a, w_inf.view(np.uint32), b, bits[plan.slot_b], nb, M, N, isa, 2)
+        assert ext.phased_gemms() == phased, "phased with an infinite weight"
+        assert (windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1) == want_inf).all()
+    assert all(n > 1 for n in engaged_at.values()), engaged_at
+
+
 @functools.cache
 def _big_cases(shapes: tuple[tuple, ...] = tuple(BIG)) -> list[tuple]:  # type: ignore[type-arg]
     out = []
