@@ -898,13 +898,14 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
 // The phased form (see above) if it applies: true with `ok` set, else false (nothing written).
 bool phased_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
                  int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split, int64_t n_inner, bool& ok) {
-    if (M <= 1 || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill) || b.nchk > MAX_CHECKED) return false;
-    std::vector<int64_t> divs(b.nchk, 1);
+    if (M <= 1 || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill)) return false;
     int64_t n_phases = 1;
-    for (int64_t w = 0; w < b.nchk; w++) n_phases *= (divs[w] = b.wins[3 * w]);
+    for (int64_t w = 0; w < b.nchk; w++) n_phases *= b.wins[3 * w];
     for (int64_t w = 0; w < a.nchk; w++)
         if (a.wins[3 * w] != 1) return false;
     if (n_phases <= 1 || n_phases > MAX_PHASES) return false;
+    std::vector<int64_t> divs(b.nchk);
+    for (int64_t w = 0; w < b.nchk; w++) divs[w] = b.wins[3 * w];
     // phase of each column (the same in every batch entry), and which phases each k serves
     const int64_t w1 = 1 + b.nchk;
     auto phase_of = [&](int64_t r) {
@@ -920,10 +921,13 @@ bool phased_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t bat
         cols[p].push_back(j);
     }
     std::vector<int64_t> ph(b.nchk);
+    auto decode = [&](int64_t p) {  // phase_of's digits, into ph
+        for (int64_t w = b.nchk - 1; w >= 0; w--) ph[w] = p % divs[w], p /= divs[w];
+    };
     double fmas = 0;
     for (int64_t p = 0; p < n_phases; p++) {
-        for (int64_t w = b.nchk - 1, q = p; w >= 0; w--) ph[w] = q % divs[w], q /= divs[w];
         if (cols[p].empty()) continue;
+        decode(p);
         for (int64_t k = 0; k < K; k++) {
             bool in = true;
             for (int64_t w = 0; w < b.nchk && in; w++) in = mod_pos(ph[w] + b.ks[k * w1 + 1 + w], divs[w]) == 0;
@@ -970,7 +974,7 @@ bool phased_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t bat
             for (int64_t j : cols[p]) redo[j].store(1, std::memory_order_relaxed);
             continue;
         }
-        for (int64_t w = b.nchk - 1, q = p; w >= 0; w--) ph[w] = q % divs[w], q /= divs[w];
+        decode(p);
         sub_gemm(cols[p], taps[p], ph.data());
     }
     std::vector<int64_t> zero_cols;
@@ -997,11 +1001,8 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
     // callers refuse one before (column_split_error), this keeps a bad call harmless.
     const int64_t n_inner = column_split_error(split, batch, M, N) ? 0 : split.n_inner;
     const int64_t ldc = n_inner ? n_inner : N;
-    // (i, j) of batch entry bi: row-major (M, N), or the split layout
-    auto c_at = [&](int64_t bi, int64_t i, int64_t j) {
-        return n_inner ? C + bi * split.batch_stride + (j / n_inner) * split.outer_stride + i * n_inner + j % n_inner
-                       : C + bi * M * N + i * N + j;
-    };
+    const CLayout out{C, M, N, n_inner, split};
+    auto c_at = [&](int64_t bi, int64_t i, int64_t j) { return out.at(bi, i, j); };
     if ((double)batch * (double)M * (double)N * (double)K < (double)(1 << 20)) threads = 1;
     const int64_t mblocks = ceil_div(M, mc);
     const ColumnBlocks cb = column_blocks(batch * mblocks, std::min(mc, M), N, nc, threads);

@@ -325,13 +325,17 @@ def fuse_state_updates(gr: _Graph) -> int:
             for t, s in enumerate(srcs):
                 if s.kind == _NODE:
                     readers.setdefault(s.index, []).append((n, t))
-    states = {s.producer for s in gr.g.states} - set(gr.named.values())
+    producers = {s.producer for s in gr.g.states}
+    states = producers - set(gr.named.values())
+    names: dict[int, list[str]] = {}
+    for k, v in gr.named.items():
+        names.setdefault(v, []).append(k)
     removed = 0
     for i, d in enumerate(gr.descs):
         # the chain may be named only as a gradient (``grad:<param>``, for tests and debugging)
-        grad_names = [k for k, v in gr.named.items() if v == i and k.startswith("grad:")]
-        if (d is None or not d.extended or windowed.plan(d) is None
-                or i in {s.producer for s in gr.g.states} or len(grad_names) != sum(v == i for v in gr.named.values())):
+        grad_names = names.get(i, [])
+        if (d is None or not d.extended or i in producers or not all(k.startswith("grad:") for k in grad_names)
+                or windowed.plan(d) is None):
             continue
         rs = readers.get(i, [])
         loading = [(n, t) for n, t in rs if _uses(cast(KernelDesc, gr.descs[n]), t)]
