@@ -81,13 +81,21 @@ def _step_setup(name: str, batch: int, threads: int, isa: str) -> tuple[Any, ...
     return ex, state, data, torch_step
 
 
-def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
+def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int,
+               tap_classes: bool = False) -> dict[str, object]:
+    """torch eager's step against the committed step, best of ``repeat`` round-robin;
+    ``tap_classes``: also the committed step with the windowed GEMM's tap classes off."""
     ex, state, data, torch_step = _step_setup(name, batch, threads, isa)
-    (t_torch, u_torch), (t_rep, u_rep) = best_of([torch_step, functools.partial(ex.run_step, state, data)], repeat,
-                                                 budget_s=120.0)
-    return {"model": name, "batch": batch, "threads": threads, "isa": isa, "torch_s": round(t_torch, 3),
-            "repops_committed_step_s": round(t_rep, 3), "ratio": round(t_rep / t_torch, 2),
-            "cpu_util_torch": round(u_torch, 2), "cpu_util_repops": round(u_rep, 2)}
+    step = functools.partial(ex.run_step, state, data)
+    fns = [torch_step, _with_tap_classes(isa, 0, step)] + ([_with_tap_classes(isa, 2, step)] if tap_classes else [])
+    times = best_of(fns, repeat, budget_s=120.0)
+    (t_torch, u_torch), (t_rep, u_rep) = times[0], times[1]
+    row: dict[str, object] = {"model": name, "batch": batch, "threads": threads, "isa": isa, "torch_s": round(t_torch, 3),
+                              "repops_committed_step_s": round(t_rep, 3), "ratio": round(t_rep / t_torch, 2),
+                              "cpu_util_torch": round(u_torch, 2), "cpu_util_repops": round(u_rep, 2)}
+    if tap_classes:
+        row.update(one_gemm_committed_step_s=round(times[2][0], 3), one_gemm_ratio=round(times[2][0] / t_torch, 2))
+    return row
 
 
 def profile_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
@@ -156,38 +164,62 @@ def hashing_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> 
     return row
 
 
-def conv_nodes(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
+def _with_tap_classes(isa: str, choice: int, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with the windowed GEMM's tap classes chosen by cost (0) or never (2)."""
+    ext = cpu_ext.extension(isa)
+
+    def run() -> object:
+        before = ext.tap_class_choice(choice)
+        try:
+            return fn()
+        finally:
+            ext.tap_class_choice(before)
+
+    return run
+
+
+def conv_nodes(name: str, batch: int, threads: int, isa: str, repeat: int,
+               tap_classes: bool = False) -> dict[str, object]:
     """Per plan node of the convolutions (windowed GEMMs and their permutes) of the plain step:
     label, kind, output shape, the GEMM's M N K, ms (the plan's per node time, best of
-    ``repeat`` steps) and GF/s (2*nb*M*N*K per second)."""
+    ``repeat`` steps) and GF/s (2*nb*M*N*K per second). ``tap_classes``: also ``ms_one_gemm``,
+    the same node with the tap classes off (conv.cpp tap_class_gemm), the two taking turns step
+    by step in this process."""
     ex, state, data, _ = _step_setup(name, batch, threads, isa)
     kernel = ex.step_kernel()
     assert kernel is not None, "no whole-step kernel"
     descs = [n.desc for n in ex.graph.nodes]
     prof = kernel.profile()
     ex.run_plain(state, data)  # warm-up
-    best = None
+    choices = (0, 2) if tap_classes else (0,)
+    best: dict[int, np.ndarray] = {}
     for _ in range(repeat):
-        prof.node_s[:] = 0
-        ex.run_plain(state, data)
-        best = prof.node_s.copy() if best is None else np.minimum(best, prof.node_s)
-    assert best is not None
-    rows, total = [], 0.0
+        for choice in choices:
+            prof.node_s[:] = 0
+            _with_tap_classes(isa, choice, functools.partial(ex.run_plain, state, data))()
+            best[choice] = prof.node_s.copy() if choice not in best else np.minimum(best[choice], prof.node_s)
+    rows, total = [], dict.fromkeys(choices, 0.0)
     for i, (kind, owner) in enumerate(zip(prof.kinds, prof.owner)):
         desc = descs[owner]
         if kind not in ("window gemm", "permute") or not desc.label.startswith("conv"):
             continue
-        total += 1e3 * float(best[i])
+        for choice in choices:
+            total[choice] += 1e3 * float(best[choice][i])
         row: dict[str, object] = {"node": i, "label": desc.label, "kind": kind, "out": list(desc.out_shape),
-                                  "ms": round(1e3 * float(best[i]), 3)}
+                                  "ms": round(1e3 * float(best[0][i]), 3)}
+        if tap_classes:
+            row["ms_one_gemm"] = round(1e3 * float(best[2][i]), 3)
         if kind == "window gemm":
             prep = ex.runner.windowed_prepare(desc)
             assert prep.operands is not None
             _, _, nb, M, N = prep.operands
-            row.update(nb=nb, M=M, N=N, K=desc.K, gflops=round(2.0 * nb * M * N * desc.K / float(best[i]) / 1e9, 1))
+            row.update(nb=nb, M=M, N=N, K=desc.K, gflops=round(2.0 * nb * M * N * desc.K / float(best[0][i]) / 1e9, 1))
         rows.append(row)
-    return {"model": name, "batch": batch, "threads": threads, "isa": isa, "nodes": rows,
-            "conv_ms": round(total, 2)}
+    out: dict[str, object] = {"model": name, "batch": batch, "threads": threads, "isa": isa, "nodes": rows,
+                              "conv_ms": round(total[0], 2)}
+    if tap_classes:
+        out["conv_ms_one_gemm"] = round(total[2], 2)
+    return out
 
 
 def _cpu_best(fn: Callable[[], object], repeat: int) -> float:
@@ -287,6 +319,8 @@ def main() -> None:
     ap.add_argument("--hashing", action="store_true",
                     help="with --step: the plan plain vs committed, its hash points, one keccak tree over the outputs")
     ap.add_argument("--families", action="store_true", help="pooling backward / channel statistics, new vs before")
+    ap.add_argument("--tap-classes", action="store_true",
+                    help="with --step [--nodes]: also with the windowed GEMM's tap classes off, taking turns")
     args = ap.parse_args()
     if (args.nodes or args.profile or args.hashing) and not args.step:
         ap.error("--nodes, --profile and --hashing take a model: --step MODEL")
@@ -301,8 +335,11 @@ def main() -> None:
         return
     if args.step:
         for t in args.threads:
-            fn = conv_nodes if args.nodes else profile_step if args.profile else hashing_step if args.hashing else bench_step
-            row = fn(args.step, args.batch, t, isa, args.repeat)
+            if args.nodes or not (args.profile or args.hashing):
+                row = (conv_nodes if args.nodes else bench_step)(args.step, args.batch, t, isa, args.repeat,
+                                                                 tap_classes=args.tap_classes)
+            else:
+                row = (profile_step if args.profile else hashing_step)(args.step, args.batch, t, isa, args.repeat)
             print(json.dumps(row))
         return
     g = ConvGeometry.make((n, c, h, w), (kh, kw), (stride, stride), None, (pad,) * 4)

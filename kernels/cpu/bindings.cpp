@@ -6,6 +6,7 @@
 // step_plan.cpp. Python side: verde_chain/repops/backends/cpu/extension.py.
 
 #include <atomic>
+#include <stdexcept>
 
 #include "kernels.h"
 #include "tensors.h"
@@ -255,10 +256,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("pool_size", &pool_size, "pool workers started so far");
     m.def("div_run_panels", [] { return repops_cpu::div_run_panels.load(); },
           "panels the windowed GEMM packed as runs through div > 1 windows so far");
-    m.def("phased_gemms", [] { return repops_cpu::phased_gemms.load(); },
-          "windowed GEMMs run phase by phase, only the taps that read the input (strided grad inputs), so far");
-    m.def("phase_zero_columns", [] { return repops_cpu::phase_zero_columns.load(); },
-          "columns of phased windowed GEMMs recomputed with every tap (zeros: their sign) so far");
+    m.def("tap_class_gemms", [] { return repops_cpu::tap_class_gemms.load(); },
+          "windowed GEMMs run class by class over only the taps that read inside the input, so far");
+    m.def("tap_class_zero_columns", [] { return repops_cpu::tap_class_zero_columns.load(); },
+          "columns of tap-class windowed GEMMs recomputed with every tap (zeros: their sign) so far");
+    m.def("tap_class_choice", [](int choice) {
+              if (choice < 0 || choice > 2) throw std::invalid_argument("tap_class_choice: 0 (by cost), 1 (when exact) or 2 (never)");
+              return repops_cpu::tap_class_choice.exchange(choice);
+          }, pybind11::arg("choice"),
+          "when windowed GEMMs run by tap classes: 0 by cost, 1 whenever exact, 2 never; returns the previous choice");
+    m.def("fill_only_columns", [] { return repops_cpu::fill_only_columns.load(); },
+          "columns of tap-class windowed GEMMs none of whose taps reads the input (signed zeros) so far");
     m.def("row_plan_items", [] { return repops_cpu::row_plan_items.load(); },
           "M == 1 windowed GEMM items run with lanes over columns from the call's shared plan so far");
     m.def("row_chain_items", [] { return repops_cpu::row_chain_items.load(); },

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <functional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "gemm_tile.h"
@@ -807,29 +808,52 @@ ColumnBlocks column_blocks(int64_t row_items, int64_t rows, int64_t N, int64_t n
 
 }  // namespace
 
-// ------------------------------------------------------------- strided taps, skipped exactly
+// ------------------------------------------------------------- taps that read only the fill, skipped exactly
 //
-// A strided convolution's grad input reads dy through windows of div = the stride: at stride 2
-// three of every four (output position, tap) pairs fall between dy's elements and read the
-// fill, +0, so the chain spends 3/4 of its FMAs on fma(+0, w, acc). Each of those adds a signed
-// zero: exactly acc when acc != 0 (infinities and NaN included), and at most a zero's sign when
-// acc is a zero, provided w is finite (0 * inf is NaN). So the chain over only the taps that read
-// dy (its first one rounded, then FMA, k ascending: the same order) and the descriptor's chain
-// are at every step either equal or both zeros: a product that is not exactly zero makes both
-// round(a*b) whatever the zero's sign. Their final values are equal unless both are zeros.
+// B's element at (column, tap) reads the fill, +0, wherever a window leaves the input: padding
+// (every tap that hangs over the edge of a small map: a 3x3 convolution on resnet18's 1x1 maps
+// reads the input at one tap of nine) and, through a div > 1 window, between the input's
+// elements (a stride-2 convolution's grad input: three of every four (position, tap) pairs).
+// The chain spends those FMAs on fma(a, +0, acc). Each adds a signed zero: exactly acc when
+// acc != 0 (infinities and NaN included), and at most a zero's sign when acc is a zero, provided
+// a is finite (0 * inf is NaN). So the chain over only the taps that read the input (its first
+// one rounded, then FMA, k ascending: the same order) and the descriptor's chain are at every
+// step either equal or both zeros: a product that is not exactly zero makes both round(a*b)
+// whatever the zero's sign. Their final values are equal unless both are zeros.
 //
-// phased_gemm runs that: B's columns (output positions) grouped by their phase (v mod div of
-// each div > 1 window, the same for every batch entry), per phase a GEMM over its columns and
-// its taps only (those whose v is divisible; after dividing, plain div == 1 windows), scattered
-// into C; then every column holding a zero, or of a phase without taps, recomputed with every
-// tap (the descriptor's chain, sign of zero included). Taken only when A's elements and fill
-// are finite and B's fill is a zero (else, or when it would not save a quarter of the FMAs,
-// the caller runs the one GEMM).
-std::atomic<int64_t> phased_gemms{0}, phase_zero_columns{0};
+// tap_class_gemm runs that. B's columns are grouped into classes by which taps read inside the
+// input: per window the phase (v mod div) and the range of tap offsets that stay inside (taken
+// within the taps' own range, so an interior column's range is "all of them"), the same in every
+// batch entry. Per class, a GEMM over its columns and those taps only (every one of them reads
+// inside the input for every column of the class, so the sub-operands keep no windows: after
+// dividing, the phases' windows are plain ones, always in range), scattered into C; then every
+// column holding a zero is recomputed with every tap (the descriptor's chain, sign of zero
+// included). A class none of whose taps reads the input (a weight gradient's corner taps on a 1x1
+// map; a stride-2 1x1 grad input's odd positions) is a chain of signed zeros, summed exactly: -0
+// iff every product is -0, i.e. iff every A element of the row has the sign bit opposite to the
+// fill's. Taken only when A's elements and fill are finite and B's fill is a zero, and when the
+// estimated cost pays (tap_class_choice; else the caller runs the one GEMM). resnet18 at 32x32:
+// its 3x3 layers on 1x1 maps read the input at one tap of nine, on 2x2 maps four, on 4x4 maps
+// 69% of (position, tap) pairs.
+std::atomic<int64_t> tap_class_gemms{0}, tap_class_zero_columns{0}, fill_only_columns{0};
+std::atomic<int> tap_class_choice{TAP_CLASSES_BY_COST};
 
 namespace {
 
-constexpr int64_t MAX_PHASES = 64;
+constexpr int64_t MAX_WINDOW_KEYS = 64, MAX_TAP_CLASSES = 256, MAX_ROW_VALUES = 1 << 16;
+
+// Whether every element is finite; branch-free blocks (this runs over a layer's weights, 9.4 MB
+// for a 512-channel 3x3 convolution, before each of its GEMMs).
+bool all_finite(const uint32_t* data, int64_t n) {
+    constexpr int64_t BLOCK = 4096;
+    for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
+        uint32_t bad = 0;
+        const int64_t i1 = std::min(n, i0 + BLOCK);
+        for (int64_t i = i0; i < i1; i++) bad |= (uint32_t)((data[i] & 0x7f800000u) == 0x7f800000u);
+        if (bad) return false;
+    }
+    return true;
+}
 
 bool finite_bits(uint32_t u) { return ((u >> 23) & 0xff) != 0xff; }
 
@@ -844,146 +868,333 @@ struct CLayout {
     }
 };
 
-// An operand's tables restricted to some rows (B: per batch entry the columns `cols` of N) and
-// the k rows `kk`. With a phase `ph`, its div > 1 windows become div == 1 windows over
-// q = v / div (v - ph of a row and v + ph of a tap are multiples of div by construction), whose
-// address term q*stride is folded into the row and k address parts as windowed.Operand does for
-// div == 1 windows (stride entry 0). Owns the tables the WinOperand points to.
+// An operand's tables restricted to the rows `src` (in that order) and the k rows `kk`. With
+// phases `ph` (one per window), its div > 1 windows become div == 1 windows over q = v / div
+// (v - ph of a row and v + ph of a tap are multiples of div by construction), whose address term
+// q*stride is folded into the row and k address parts as windowed.Operand does for div == 1
+// windows (stride entry 0). With `inside` (every (row, k) of it reads inside the input: a tap
+// class's own taps), it has no windows left: each one's address term is in the address parts,
+// and its range check would always pass (the panels pack as plain strided runs). Owns the tables
+// the WinOperand points to.
 struct SubOperand {
     std::vector<int64_t> rows, ks, wins;
     WinOperand op;
-    SubOperand(const WinOperand& o, int64_t batch, int64_t N, const std::vector<int64_t>* cols,
-               const std::vector<int64_t>& kk, const int64_t* ph) {
-        const int64_t w1 = 1 + o.nchk, R = cols ? batch * (int64_t)cols->size() : o.R;
+    SubOperand(const WinOperand& o, const std::vector<int64_t>& src, const std::vector<int64_t>& kk, const int64_t* ph,
+               bool inside = false) {
+        const int64_t nchk = inside ? 0 : o.nchk, w1 = 1 + nchk, R = (int64_t)src.size();
         auto divided = [&](int64_t w) { return ph && o.wins[3 * w] > 1; };
         rows.resize(w1 * R);
         for (int64_t r = 0; r < R; r++) {
-            const int64_t src = cols ? (r / (int64_t)cols->size()) * N + (*cols)[r % cols->size()] : r;
-            rows[r] = o.rows[src];
+            rows[r] = o.rows[src[r]];
             for (int64_t w = 0; w < o.nchk; w++) {
-                int64_t v = o.rows[(1 + w) * o.R + src];
+                int64_t v = o.rows[(1 + w) * o.R + src[r]];
                 if (divided(w)) {
                     v = (v - ph[w]) / o.wins[3 * w];
                     rows[r] += v * o.wins[3 * w + 2];
                 }
-                rows[(1 + w) * R + r] = v;
+                if (w < nchk) rows[(1 + w) * R + r] = v;
             }
         }
         ks.resize(w1 * kk.size());
         for (size_t k = 0; k < kk.size(); k++) {
-            ks[k * w1] = o.ks[kk[k] * w1];
+            const int64_t* from = o.ks + kk[k] * (1 + o.nchk);
+            ks[k * w1] = from[0];
             for (int64_t w = 0; w < o.nchk; w++) {
-                int64_t v = o.ks[kk[k] * w1 + 1 + w];
+                int64_t v = from[1 + w];
                 if (divided(w)) {
                     v = (v + ph[w]) / o.wins[3 * w];
                     ks[k * w1] += v * o.wins[3 * w + 2];
                 }
-                ks[k * w1 + 1 + w] = v;
+                if (w < nchk) ks[k * w1 + 1 + w] = v;
             }
         }
-        wins.assign(o.wins, o.wins + 3 * o.nchk);
-        for (int64_t w = 0; w < o.nchk; w++)
+        wins.assign(o.wins, o.wins + 3 * nchk);
+        for (int64_t w = 0; w < nchk; w++)
             if (divided(w)) wins[3 * w] = 1, wins[3 * w + 2] = 0;
-        op = WinOperand{o.data, o.numel, rows.data(), ks.data(), R, o.nchk, wins.data(), o.fill};
+        op = WinOperand{o.data, o.numel, rows.data(), ks.data(), R, nchk, wins.data(), o.fill};
     }
 };
 
 int64_t mod_pos(int64_t v, int64_t d) { return ((v % d) + d) % d; }
+
+// What one window decides about a column's taps: those with phase + t divisible by div and
+// lo <= t < hi read inside the input (t: the tap's offset along the window, ks).
+struct WindowKey {
+    int64_t phase, lo, hi;
+    bool operator==(const WindowKey& o) const { return phase == o.phase && lo == o.lo && hi == o.hi; }
+};
+
+// B's columns grouped by tap class (see above): per class its columns, its phase per window and
+// how many taps read the input (count); the taps themselves (k ascending) once asked for.
+// Cheap before the choice of path: one pass over the columns, and per window one over k per
+// distinct key (a byte mask), per class one AND of the masks.
+struct TapClasses {
+    std::vector<std::vector<int64_t>> cols, phases, taps;
+    std::vector<int64_t> count;
+    bool build(const WinOperand& b, int64_t batch, int64_t N, int64_t K) {
+        nw = b.nchk;
+        K_ = K;
+        const int64_t w1 = 1 + nw;
+        std::vector<std::vector<WindowKey>> keys(nw);  // distinct keys per window
+        std::vector<int64_t> tmin(nw, INT64_MAX), tmax(nw, INT64_MIN);
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t w = 0; w < nw; w++) {
+                tmin[w] = std::min(tmin[w], b.ks[k * w1 + 1 + w]);
+                tmax[w] = std::max(tmax[w], b.ks[k * w1 + 1 + w]);
+            }
+        auto key_of = [&](int64_t w, int64_t v) {  // of a row whose window w has value v
+            const int64_t div = b.wins[3 * w];
+            const int64_t lo = std::clamp(-v, tmin[w], tmax[w] + 1);
+            const int64_t hi = std::clamp(b.wins[3 * w + 1] * div - v, tmin[w], tmax[w] + 1);
+            return lo < hi ? WindowKey{mod_pos(v, div), lo, hi} : WindowKey{0, 0, 0};  // no tap inside
+        };
+        // per window, the key's index for each row value v in [vmin, vmax] (a map's coordinates)
+        std::vector<int64_t> vmin(nw, INT64_MAX), vmax(nw, INT64_MIN);
+        std::vector<std::vector<int64_t>> id_of(nw);
+        for (int64_t w = 0; w < nw; w++) {
+            const int64_t* v = b.rows + (1 + w) * b.R;
+            for (int64_t r = 0; r < b.R; r++) vmin[w] = std::min(vmin[w], v[r]), vmax[w] = std::max(vmax[w], v[r]);
+            if (vmax[w] - vmin[w] >= MAX_ROW_VALUES) return false;
+            for (int64_t x = vmin[w]; x <= vmax[w]; x++) {
+                const WindowKey key = key_of(w, x);
+                int64_t id = std::find(keys[w].begin(), keys[w].end(), key) - keys[w].begin();
+                if (id == (int64_t)keys[w].size()) {
+                    if (id == MAX_WINDOW_KEYS) return false;
+                    keys[w].push_back(key);
+                }
+                id_of[w].push_back(id);
+            }
+        }
+        auto class_of = [&](int64_t r) {  // mixed radix of the windows' key indices
+            int64_t c = 0;
+            for (int64_t w = 0; w < nw; w++) c = c * MAX_WINDOW_KEYS + id_of[w][b.rows[(1 + w) * b.R + r] - vmin[w]];
+            return c;
+        };
+        std::vector<int64_t> code(N);
+        for (int64_t j = 0; j < N; j++) code[j] = class_of(j);
+        for (int64_t bi = 1; bi < batch; bi++)
+            for (int64_t j = 0; j < N; j++)
+                if (class_of(bi * N + j) != code[j]) return false;
+        // dense class numbers, in order of first column
+        std::vector<int64_t> seen;
+        std::unordered_map<int64_t, int64_t> class_no;
+        for (int64_t j = 0; j < N; j++) {
+            auto [it, fresh] = class_no.emplace(code[j], (int64_t)seen.size());
+            if (fresh) {
+                if ((int64_t)seen.size() == MAX_TAP_CLASSES) return false;
+                seen.push_back(code[j]);
+                cols.emplace_back();
+            }
+            cols[it->second].push_back(j);
+        }
+        // per window and key, which taps it lets read the input
+        masks.resize(nw);
+        for (int64_t w = 0; w < nw; w++)
+            for (const WindowKey& key : keys[w]) {
+                std::vector<uint8_t> m(K);
+                const int64_t div = b.wins[3 * w];
+                for (int64_t k = 0; k < K; k++) {
+                    const int64_t off = b.ks[k * w1 + 1 + w];
+                    m[k] = key.lo <= off && off < key.hi && (div == 1 || mod_pos(key.phase + off, div) == 0);
+                }
+                masks[w].push_back(std::move(m));
+            }
+        key_ids.resize(seen.size());
+        std::vector<uint8_t> in(K);
+        for (size_t c = 0; c < seen.size(); c++) {
+            int64_t code_c = seen[c];
+            std::vector<int64_t> ids(nw), ph(nw);
+            for (int64_t w = nw - 1; w >= 0; w--) ids[w] = code_c % MAX_WINDOW_KEYS, code_c /= MAX_WINDOW_KEYS;
+            for (int64_t w = 0; w < nw; w++) ph[w] = keys[w][ids[w]].phase;
+            taps_inside(ids, in.data());
+            int64_t n = 0;
+            for (int64_t k = 0; k < K; k++) n += in[k];
+            count.push_back(n);
+            phases.push_back(std::move(ph));
+            key_ids[c] = std::move(ids);
+        }
+        return true;
+    }
+    // taps[c] for every class
+    void list_taps() {
+        std::vector<uint8_t> in(K_);
+        for (size_t c = 0; c < cols.size(); c++) {
+            taps_inside(key_ids[c], in.data());
+            std::vector<int64_t> t;
+            t.reserve(count[c]);
+            for (int64_t k = 0; k < K_; k++)
+                if (in[k]) t.push_back(k);
+            taps.push_back(std::move(t));
+        }
+    }
+
+   private:
+    int64_t nw = 0, K_ = 0;
+    std::vector<std::vector<std::vector<uint8_t>>> masks;  // [window][key][k]
+    std::vector<std::vector<int64_t>> key_ids;             // [class][window]
+    void taps_inside(const std::vector<int64_t>& ids, uint8_t* in) const {
+        std::fill(in, in + K_, (uint8_t)1);
+        for (int64_t w = 0; w < nw; w++) {
+            const uint8_t* m = masks[w][ids[w]].data();
+            for (int64_t k = 0; k < K_; k++) in[k] &= m[k];
+        }
+    }
+};
 
 }  // namespace
 
 bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N,
                        int64_t K, int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split);
 
-// The phased form (see above) if it applies: true with `ok` set, else false (nothing written).
-bool phased_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N, int64_t K,
-                 int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split, int64_t n_inner, bool& ok) {
-    if (M <= 1 || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill)) return false;
-    int64_t n_phases = 1;
-    for (int64_t w = 0; w < b.nchk; w++) n_phases *= b.wins[3 * w];
+// Costs in FMAs (the choice of path depends on them, never a bit), fitted to resnet18's
+// convolutions on the development VM, AVX-512 (bench_conv.py --step resnet18 --nodes
+// --tap-classes; the one GEMM's windowed panels cost PACK_FMAS per element): packing one
+// element of an operand without windows (a strided transpose: A's weights or dy, a class's B);
+// one element of the finiteness scan (~0.3-0.5 ms for 2.4 M weights); storing one output element
+// through the column table (a scalar store, scattered: a weight gradient's class is one tap of
+// every nine columns, and its stores cost more than its FMAs when K is small). The classes run
+// when their estimate is at most MAX_COST_SHARE of the one GEMM's (resnet18's 3x3 layers on 8x8
+// maps estimate 0.96 and measured 1.1-1.3x slower; on 4x4 maps 0.86 and 0.6-0.9x).
+constexpr double PACK_PLAIN_FMAS = 16, SCAN_FMAS = 8, STORE_FMAS = 128, MAX_COST_SHARE = 0.9;
+
+// One GEMM item of the tap classes: class c's columns [j0, j1) (of its list) by A's rows [i0, i1)
+// of batch entry bi, over the class's taps.
+struct TapItem {
+    int64_t c, bi, i0, i1, j0, j1;
+};
+
+// The class-by-class form (see above) if it applies and pays (MAX_COST_SHARE): true with `ok`
+// set, else false (nothing written).
+bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N,
+                    int64_t K, int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split,
+                    int64_t n_inner, bool& ok) {
+    if (M <= 1 || b.nchk == 0 || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill)) return false;
     for (int64_t w = 0; w < a.nchk; w++)
         if (a.wins[3 * w] != 1) return false;
-    if (n_phases <= 1 || n_phases > MAX_PHASES) return false;
-    std::vector<int64_t> divs(b.nchk);
-    for (int64_t w = 0; w < b.nchk; w++) divs[w] = b.wins[3 * w];
-    // phase of each column (the same in every batch entry), and which phases each k serves
-    const int64_t w1 = 1 + b.nchk;
-    auto phase_of = [&](int64_t r) {
-        int64_t p = 0;
-        for (int64_t w = 0; w < b.nchk; w++) p = p * divs[w] + mod_pos(b.rows[(1 + w) * b.R + r], divs[w]);
-        return p;
-    };
-    std::vector<std::vector<int64_t>> cols(n_phases), taps(n_phases);
-    for (int64_t j = 0; j < N; j++) {
-        const int64_t p = phase_of(j);
-        for (int64_t bi = 1; bi < batch; bi++)
-            if (phase_of(bi * N + j) != p) return false;
-        cols[p].push_back(j);
-    }
-    std::vector<int64_t> ph(b.nchk);
-    auto decode = [&](int64_t p) {  // phase_of's digits, into ph
-        for (int64_t w = b.nchk - 1; w >= 0; w--) ph[w] = p % divs[w], p /= divs[w];
-    };
-    double fmas = 0;
-    for (int64_t p = 0; p < n_phases; p++) {
-        if (cols[p].empty()) continue;
-        decode(p);
-        for (int64_t k = 0; k < K; k++) {
-            bool in = true;
-            for (int64_t w = 0; w < b.nchk && in; w++) in = mod_pos(ph[w] + b.ks[k * w1 + 1 + w], divs[w]) == 0;
-            if (in) taps[p].push_back(k);
+    TapClasses tc;
+    if (!tc.build(b, batch, N, K)) return false;
+    // items: per batch entry, row block of mc and column block of nc (of each class's columns),
+    // the classes innermost (one row block's part of C is written class after class while in
+    // cache: a weight gradient's classes are its taps, each a column of every nine)
+    std::vector<TapItem> items;
+    const bool pays = [&] {
+        // an item's FMAs (the micro-tile's rounding included) and its panels packed (A without
+        // windows is a strided transpose; B costs as much with or without its windows: a class's
+        // columns read the input in shorter runs)
+        const double pack_a = a.nchk ? PACK_FMAS : PACK_PLAIN_FMAS;
+        auto cost = [&](int64_t rows, int64_t cols, int64_t k) {
+            return (double)round_up(rows, GEMM_MR) * (double)round_up(cols, GEMM_NR) * (double)k +
+                   (double)k * (pack_a * (double)rows + PACK_FMAS * (double)cols);
+        };
+        double one = 0, classes = 0;
+        for (int64_t i0 = 0; i0 < M; i0 += mc)
+            for (int64_t j0 = 0; j0 < N; j0 += nc) one += cost(std::min(mc, M - i0), std::min(nc, N - j0), K);
+        int64_t widest = 0;
+        bool fill_only = false;
+        for (size_t c = 0; c < tc.cols.size(); c++) {
+            widest = std::max(widest, (int64_t)tc.cols[c].size());
+            fill_only = fill_only || tc.count[c] == 0;
         }
-        fmas += (double)cols[p].size() * (double)(taps[p].empty() ? K : taps[p].size());
-    }
-    if (fmas > 0.75 * (double)N * (double)K) return false;
-    for (int64_t i = 0; i < a.numel; i++)  // a non-finite A element: 0 * it is NaN, the skip is not exact
-        if (!finite_bits(a.data[i])) return false;
-    phased_gemms.fetch_add(1, std::memory_order_relaxed);
-    const CLayout out{C, M, N, n_inner, split};
-    const std::vector<int64_t> all_k = [&] {
-        std::vector<int64_t> v(K);
-        for (int64_t k = 0; k < K; k++) v[k] = k;
-        return v;
+        for (int64_t bi = 0; bi < batch; bi++)
+            for (int64_t i0 = 0; i0 < M; i0 += mc)
+                for (int64_t j0 = 0; j0 < widest; j0 += nc)
+                    for (size_t c = 0; c < tc.cols.size(); c++) {
+                        const int64_t n = (int64_t)tc.cols[c].size(), k = tc.count[c];
+                        if (k == 0 || j0 >= n) continue;
+                        items.push_back({(int64_t)c, bi, i0, std::min(M, i0 + mc), j0, std::min(n, j0 + nc)});
+                        if (bi == 0) classes += cost(std::min(mc, M - i0), std::min(nc, n - j0), k);
+                    }
+        // every output element stored through the column table; the fill-only rows' A read once
+        classes += STORE_FMAS * (double)M * (double)N + (fill_only ? (double)M * (double)K : 0.0);
+        return (double)batch * classes + SCAN_FMAS * (double)a.numel <= MAX_COST_SHARE * (double)batch * one;
     }();
-    std::vector<float> buf;
+    const int choice = tap_class_choice.load(std::memory_order_relaxed);
+    if (choice == TAP_CLASSES_NEVER || (!pays && choice == TAP_CLASSES_BY_COST)) return false;
+    if (!all_finite(a.data, a.numel)) return false;  // 0 * a non-finite A element is NaN: no skip is exact
+    tap_class_gemms.fetch_add(1, std::memory_order_relaxed);
+    tc.list_taps();
+    // C's element (bi, i, j) is row(bi, i) + col_off[j]
+    const CLayout out{C, M, N, n_inner, split};
+    std::vector<int64_t> col_off(N);
+    for (int64_t j = 0; j < N; j++) col_off[j] = out.at(0, 0, j) - C;
     std::vector<std::atomic<uint8_t>> redo(N);  // columns to recompute with every tap
     for (auto& r : redo) r.store(0, std::memory_order_relaxed);
-    // Runs the GEMM of (A's k rows kk, B's columns cs) and writes it into C's columns cs; with
-    // `phase`, marks the columns where it wrote a zero.
-    auto sub_gemm = [&](const std::vector<int64_t>& cs, const std::vector<int64_t>& kk, const int64_t* phase) {
-        const int64_t n = (int64_t)cs.size();
-        SubOperand sa(a, batch, 0, nullptr, kk, nullptr), sb(b, batch, N, &cs, kk, phase);
-        buf.resize(batch * M * n);
-        if (!windowed_gemm_one(sa.op, sb.op, buf.data(), batch, M, n, (int64_t)kk.size(), threads, mc, kc, nc, {}))
-            ok = false;
-        parallel_items(batch * M, threads_for(threads, batch * M, (double)(batch * M * n), BINARY_MIN_ELEMS),
-                       [&](int64_t row, int64_t) {
-                           const int64_t bi = row / M, i = row % M;
-                           const float* src = buf.data() + row * n;
-                           for (int64_t j = 0; j < n; j++) {
-                               *out.at(bi, i, cs[j]) = src[j];
-                               uint32_t u;
-                               std::memcpy(&u, src + j, 4);
-                               if (phase && (u & 0x7fffffffu) == 0) redo[cs[j]].store(1, std::memory_order_relaxed);
+    std::atomic<bool> all_ok{true};
+    // Runs items over the columns `cols[c]` and taps `taps[c]` (phases[c] if given) and writes
+    // them into C; with `mark`, marks the columns where a class that skips taps wrote a zero.
+    auto run = [&](const std::vector<TapItem>& its, const std::vector<std::vector<int64_t>>& cols,
+                   const std::vector<std::vector<int64_t>>& taps, const std::vector<std::vector<int64_t>>* phases) {
+        double fmas = 0;
+        for (const TapItem& it : its) fmas += (double)(it.i1 - it.i0) * (double)(it.j1 - it.j0) * (double)taps[it.c].size();
+        parallel_items((int64_t)its.size(), threads_for(threads, (int64_t)its.size(), fmas, GEMM_MIN_FMAS),
+                       [&](int64_t n, int64_t) {
+                           thread_local std::vector<float> buf;
+                           thread_local std::vector<int64_t> arows, brows;
+                           const TapItem& it = its[n];
+                           const std::vector<int64_t>& kk = taps[it.c];
+                           const int64_t rows = it.i1 - it.i0, nc_ = it.j1 - it.j0;
+                           arows.resize(rows);
+                           brows.resize(nc_);
+                           for (int64_t i = 0; i < rows; i++) arows[i] = it.bi * M + it.i0 + i;
+                           for (int64_t j = 0; j < nc_; j++) brows[j] = it.bi * N + cols[it.c][it.j0 + j];
+                           const SubOperand sa(a, arows, kk, nullptr);
+                           const SubOperand sb(b, brows, kk, phases ? (*phases)[it.c].data() : nullptr, phases != nullptr);
+                           buf.resize(rows * nc_);
+                           if (!windowed_gemm_one(sa.op, sb.op, buf.data(), 1, rows, nc_, (int64_t)kk.size(), 1, mc, kc,
+                                                  nc, {}))
+                               all_ok = false;
+                           const bool mark = phases && (int64_t)kk.size() < K;
+                           for (int64_t i = 0; i < rows; i++) {
+                               float* dst = out.at(it.bi, it.i0 + i, 0);
+                               const float* src = buf.data() + i * nc_;
+                               for (int64_t j = 0; j < nc_; j++) {
+                                   const int64_t col = cols[it.c][it.j0 + j];
+                                   dst[col_off[col]] = src[j];
+                                   uint32_t u;
+                                   std::memcpy(&u, src + j, 4);
+                                   if (mark && (u & 0x7fffffffu) == 0) redo[col].store(1, std::memory_order_relaxed);
+                               }
                            }
                        });
     };
-    for (int64_t p = 0; p < n_phases; p++) {
-        if (cols[p].empty()) continue;
-        if (taps[p].empty()) {  // every tap reads the fill: the value is a zero, the chain's sign
-            for (int64_t j : cols[p]) redo[j].store(1, std::memory_order_relaxed);
-            continue;
-        }
-        decode(p);
-        sub_gemm(cols[p], taps[p], ph.data());
+    run(items, tc.cols, tc.taps, &tc.phases);
+    std::vector<int64_t> fill_only;
+    for (size_t c = 0; c < tc.cols.size(); c++)
+        if (tc.taps[c].empty()) fill_only.insert(fill_only.end(), tc.cols[c].begin(), tc.cols[c].end());
+    if (!fill_only.empty()) {  // every product a * fill: the row's zero, -0 iff each of them is -0
+        fill_only_columns.fetch_add((int64_t)fill_only.size(), std::memory_order_relaxed);
+        const uint32_t fill_sign = b.fill & 0x80000000u;
+        parallel_items(batch * M,
+                       threads_for(threads, batch * M, (double)(batch * M) * (double)(K + fill_only.size()),
+                                   BINARY_MIN_ELEMS),
+                       [&](int64_t row, int64_t) {
+                           thread_local std::vector<uint32_t> arow;
+                           arow.resize(K);
+                           bool row_ok = true;
+                           gather_block(a, row, row + 1, K, arow.data(), false, row, row_ok);
+                           uint32_t all_neg = 0x80000000u;
+                           for (int64_t k = 0; k < K; k++) all_neg &= arow[k] ^ fill_sign;
+                           const float z = from_bits(all_neg);
+                           float* dst = out.at(row / M, row % M, 0);
+                           for (int64_t j : fill_only) dst[col_off[j]] = z;
+                           if (!row_ok) all_ok = false;
+                       });
     }
     std::vector<int64_t> zero_cols;
     for (int64_t j = 0; j < N; j++)
         if (redo[j].load(std::memory_order_relaxed)) zero_cols.push_back(j);
-    if (!zero_cols.empty()) {
-        phase_zero_columns.fetch_add((int64_t)zero_cols.size(), std::memory_order_relaxed);
-        sub_gemm(zero_cols, all_k, nullptr);
+    if (!zero_cols.empty()) {  // every tap, the descriptor's chain: one class, no phases
+        tap_class_zero_columns.fetch_add((int64_t)zero_cols.size(), std::memory_order_relaxed);
+        std::vector<TapItem> again;
+        const int64_t n = (int64_t)zero_cols.size();
+        for (int64_t bi = 0; bi < batch; bi++)
+            for (int64_t i0 = 0; i0 < M; i0 += mc)
+                for (int64_t j0 = 0; j0 < n; j0 += nc) again.push_back({0, bi, i0, std::min(M, i0 + mc), j0, std::min(n, j0 + nc)});
+        std::vector<int64_t> all_k(K);
+        for (int64_t k = 0; k < K; k++) all_k[k] = k;
+        run(again, {zero_cols}, {all_k}, nullptr);
     }
+    ok = all_ok;
     return true;
 }
 
@@ -991,7 +1202,7 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
                    int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split) {
     const int64_t n_inner = column_split_error(split, batch, M, N) ? 0 : split.n_inner;
     bool ok = true;
-    if (phased_gemm(a, b, C, batch, M, N, K, threads, mc, kc, nc, split, n_inner, ok)) return ok;
+    if (tap_class_gemm(a, b, C, batch, M, N, K, threads, mc, kc, nc, split, n_inner, ok)) return ok;
     return windowed_gemm_one(a, b, C, batch, M, N, K, threads, mc, kc, nc, split);
 }
 

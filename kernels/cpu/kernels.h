@@ -101,10 +101,16 @@ bool windowed_gather(const WinOperand& o, int64_t K, uint32_t* out, int64_t thre
 // Panels the windowed GEMM packed as runs through div > 1 windows (pack_steps_row_div) since
 // the library loaded: tests read it to prove that path ran.
 extern std::atomic<int64_t> div_run_panels;
-// Windowed GEMMs run in phases (a strided convolution's grad input: only the taps that read dy,
-// conv.cpp phased_gemm) and the columns they recomputed with every tap (a zero's sign) since the
-// library loaded: tests read them to prove both paths ran.
-extern std::atomic<int64_t> phased_gemms, phase_zero_columns;
+// Windowed GEMMs run class by class over only the taps that read inside the input (padding at a
+// small map's edges, a strided grad input's taps between dy's elements: conv.cpp tap_class_gemm),
+// the columns they recomputed with every tap (a zero's sign), and the columns none of whose taps
+// reads the input (summed as signed zeros) since the library loaded: tests read them to prove
+// each path ran.
+extern std::atomic<int64_t> tap_class_gemms, tap_class_zero_columns, fill_only_columns;
+// When the tap classes run: by their estimated cost (the default), whenever they are exact (tests
+// of their bits on shapes too small to pay), or never. Only the time depends on it.
+enum TapClassChoice { TAP_CLASSES_BY_COST = 0, TAP_CLASSES_WHEN_EXACT = 1, TAP_CLASSES_NEVER = 2 };
+extern std::atomic<int> tap_class_choice;
 // Items of the one-row-per-batch-entry path (M == 1: depthwise convolutions) since the library
 // loaded: lanes over columns read through the call's shared plan (row_plan_items) or packed per
 // item (row_chain_items). Tests read them to prove those paths ran.

@@ -3,9 +3,10 @@ path gives the reference's bits on every ISA and thread count, edge values inclu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import numpy as np
@@ -174,14 +175,32 @@ def test_a_gather_worth_two_threads_runs_on_two(threads: int) -> None:
         assert (got.numpy().view(np.uint32) == op.gather(bits)).all(), isa
 
 
-PHASED = [  # strided grad inputs with finite weights: run phase by phase (conv.cpp phased_gemm)
-    ((2, 8, 16, 16), (12, 8, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
-    # 1x1: three phases of four have no tap, their columns would all be recomputed with every
-    # tap, so phasing saves nothing and the one GEMM runs
-    ((3, 6, 9, 18), (8, 6, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1),
-    ((2, 8, 11, 17), (6, 4, 3, 2), (2, 2), (2, 1), (2, 0, 1, 3), 2),  # dilation, groups, uneven pads
-    ((2, 4, 10, 24), (4, 4, 3, 3), (3, 2), (1, 1), (1, 1, 1, 1), 1),  # stride 3 by 2: six phases
-    ((8, 16, 16, 16), (32, 16, 5, 5), (2, 2), (1, 1), (2, 2, 2, 2), 1),  # phases worth several threads
+# (x shape, weight shape, strides, dilations, pads, groups); per descriptor kind (forward, grad
+# input, grad weight) what conv.cpp tap_class_gemm must do whenever it is exact (these shapes are
+# too small to pay; test_tap_classes_run_where_they_pay has resnet18's): None = the one GEMM over
+# every tap (no tap reads only the fill in any column, or a class per column);
+# "taps" = class by class, zeros recomputed with every tap; "fill" = class by class, with classes
+# none of whose taps reads the input (summed as signed zeros)
+TAP_CLASSES = [
+    # resnet18's layer 4: a 3x3 convolution on 1x1 maps reads the input at the centre tap only
+    (((4, 16, 1, 1), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "fill")),
+    # layer 3's 2x2 maps: four taps of nine per position
+    (((3, 8, 2, 2), (12, 8, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "taps")),
+    # 4x4 and 16x16 maps (69% and 88% of the FMAs)
+    (((2, 8, 4, 4), (8, 8, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "taps")),
+    (((2, 4, 16, 16), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "taps")),
+    # a stride-2 layer from 2x2 to 1x1 (its grad input: phases and padding together)
+    (((2, 8, 2, 2), (16, 8, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "fill")),
+    # strided grad inputs: phases (stride 3 by 2: six), dilation, groups, uneven pads
+    (((2, 8, 16, 16), (12, 8, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "taps")),
+    (((2, 8, 11, 17), (6, 4, 3, 2), (2, 2), (2, 1), (2, 0, 1, 3), 2), ("fill", "fill", "taps")),
+    (((2, 4, 10, 24), (4, 4, 3, 3), (3, 2), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "taps")),
+    (((8, 16, 16, 16), (32, 16, 5, 5), (2, 2), (1, 1), (2, 2, 2, 2), 1), ("taps", "taps", "taps")),  # worth threads
+    # a stride-2 1x1 downsample: its grad input's odd positions read no dy at all; no padding
+    (((3, 6, 9, 18), (8, 6, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1), (None, "fill", None)),
+    # 1-D, dilation 2 and uneven pads on a short sequence; grouped 2-D with asymmetric pads
+    (((3, 6, 3), (4, 6, 3), (1,), (2,), (2, 1), 1), ("taps", "taps", "fill")),
+    (((2, 8, 3, 2), (8, 2, 3, 3), (1, 1), (1, 1), (2, 1, 0, 1), 4), ("taps", "taps", "taps")),
 ]
 
 
@@ -192,56 +211,130 @@ def _finite(x: np.ndarray) -> np.ndarray:
     return y
 
 
+def _read_by_row0(op: windowed.Operand, numel: int) -> np.ndarray:
+    """The input elements row 0 of ``op`` reads inside the input (its gather of element indices)."""
+    idx = op.gather(np.arange(numel, dtype=np.uint32))[0]
+    inside = op.gather(np.zeros(numel, dtype=np.uint32))[0] != np.uint32(op.fill) if op.fill else None
+    return np.unique(idx if inside is None else idx[inside])
+
+
 @pytest.mark.parametrize("isa", ck.available_isas())
-def test_strided_grad_inputs_skip_the_taps_between_dy_elements_exactly(isa: str) -> None:
-    """A strided convolution's grad input with finite weights runs phase by phase, each output
-    position's chain over only the taps that read dy (phased_gemm): equal to the reference's
-    chain over every tap, bit for bit, at 1/2/3 threads (more than one OS thread engaged). dy has
-    NaN, infinities, signed zeros and subnormals, and an image of -0 whose outputs are zeros of
-    the other sign once the skipped taps' +0 products are added: those columns are recomputed
-    with every tap (the counters prove both ran). An infinite weight (0 * inf is NaN), or a 1x1
-    kernel (nothing saved), keeps the one GEMM over every tap."""
+def test_taps_that_read_only_the_fill_are_skipped_exactly(isa: str) -> None:
+    """A convolution (forward, grad input, grad weight) whose columns read the padding at some taps
+    (small maps' edges) or fall between dy's elements (strided grad inputs) runs class by class,
+    each column's chain over only the taps that read the input (tap_class_gemm), with A's elements
+    finite: equal to the reference's chain over every tap, bit for bit, at 1/2/3 threads (more
+    than one OS thread engaged). B has NaN, infinities, signed zeros and subnormals. The columns
+    of B's row 0 read -0 wherever they read the input, so their chains over the input's taps end
+    on zeros whose sign the skipped +0 products change: they are recomputed with every tap. A's
+    row 0 is negative throughout, so a column none of whose taps reads the input sums to -0 in
+    that row and +0 in the others. The counters prove which path ran. An infinite A element
+    (0 * inf is NaN) keeps the one GEMM over every tap."""
     ext = ck.extension(isa)
     engaged_at = dict.fromkeys((2, 3), 0)
-    for i, (xs, ws, st, dil, pads, groups) in enumerate(PHASED):
+    ran = {"taps": 0, "fill": 0}
+    with _tap_classes(ext, WHEN_EXACT):
+        _run_tap_class_cases(isa, ext, engaged_at, ran)
+    assert all(n > 1 for n in engaged_at.values()), engaged_at
+    assert ran["taps"] and ran["fill"], ran
+
+
+BY_COST, WHEN_EXACT, NEVER = 0, 1, 2  # conv.cpp TapClassChoice
+
+
+@contextlib.contextmanager
+def _tap_classes(ext: ModuleType, choice: int) -> Iterator[None]:
+    before = ext.tap_class_choice(choice)
+    try:
+        yield
+    finally:
+        ext.tap_class_choice(before)
+
+
+def _run_tap_class_cases(isa: str, ext: ModuleType, engaged_at: dict[int, int], ran: dict[str, int]) -> None:
+    for i, ((xs, ws, st, dil, pads, groups), paths) in enumerate(TAP_CLASSES):
         g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
-        desc = library.conv_grad_input(g, ws, groups)
+        kinds = (library.convolution(g, ws, groups), library.conv_grad_input(g, ws, groups),
+                 library.conv_grad_weight(g, ws, groups))
+        for desc, path in zip(kinds, paths, strict=True):
+            plan = windowed.plan(desc)
+            assert plan is not None
+            a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+            na, nbm = desc.inputs[plan.slot_a].numel, desc.inputs[plan.slot_b].numel
+            x_a = np.abs(_finite(edges.edge_array((na,), 40 + i, 0.2, 2.0)))
+            x_a[_read_by_row0(a, na)] *= -1
+            x_b = edges.edge_array((nbm,), 50 + i, 0.2, 2.0)
+            x_b[_read_by_row0(b, nbm)] = -0.0
+            ins = [np.zeros(0, np.float32)] * 2
+            ins[plan.slot_a], ins[plan.slot_b] = x_a, x_b
+            want = reference.run(desc, ins).view(np.uint32).reshape(-1)
+            bits = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
+            for threads in (1, 2, 3):
+                before = ext.tap_class_gemms(), ext.tap_class_zero_columns(), ext.fill_only_columns()
+                with spread_check(isa):
+                    ck.probe_reset(isa)
+                    got = ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, threads)
+                    if threads > 1:
+                        engaged_at[threads] = max(engaged_at[threads], len(ck.probe_threads(isa)))
+                gemms, redone, fill_only = (ext.tap_class_gemms() - before[0], ext.tap_class_zero_columns() - before[1],
+                                            ext.fill_only_columns() - before[2])
+                label = (desc.label, xs, threads)
+                got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
+                assert (got == want).all(), label
+                if path is None:
+                    assert (gemms, redone, fill_only) == (0, 0, 0), label
+                else:
+                    assert gemms == 1 and (fill_only > 0) == (path == "fill"), label
+                    assert redone > 0 or path == "fill", label  # a fill-only class may be all it skips
+                    ran[path] += 1
+            if path == "fill":  # the fill-only columns' -0 (row 0) and +0 (the others) both occur
+                assert (want == 0x80000000).any() and (want == 0).any(), desc.label
+            # through the backend as a node runs (its output order, column split included)
+            assert (CpuBackend(isa=isa, threads=2)(desc, ins).view(np.uint32).reshape(-1) == want).all()
+            if path is None:
+                continue
+            a_inf = x_a.copy()
+            a_inf[len(a_inf) // 2] = np.inf
+            ins[plan.slot_a] = a_inf
+            want_inf = reference.run(desc, ins).view(np.uint32).reshape(-1)
+            gemms = ext.tap_class_gemms()
+            got = ck.windowed_matmul(a, a_inf.view(np.uint32), b, bits[plan.slot_b], nb, M, N, isa, 2)
+            assert ext.tap_class_gemms() == gemms, ("tap classes with an infinite A element", desc.label)
+            assert (windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1) == want_inf).all()
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_tap_classes_run_where_they_pay(isa: str) -> None:
+    """By their estimated cost (the default), the tap classes run for resnet18's convolutions on
+    1x1 maps (one tap of nine reads the input) and its stride-2 1x1 grad inputs, and not for a
+    3x3 layer on 16x16 maps (88% of the taps read the input), nor for a weight gradient on 1x1
+    maps (its eight fill-only taps of nine are as many output elements to store as the GEMM
+    writes, over K = 32). Same bits as the one GEMM either way."""
+    ext = ck.extension(isa)
+    cases = [  # (geometry, kind 0/1/2 = forward / grad input / grad weight, runs by cost)
+        (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 0, True),
+        (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 1, True),
+        (((32, 64, 8, 8), (128, 64, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1), 1, True),
+        (((8, 64, 16, 16), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 0, False),
+        (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 2, False),
+    ]
+    for (xs, ws, st, dil, pads, groups), kind, pays in cases:
+        g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+        desc = (library.convolution, library.conv_grad_input, library.conv_grad_weight)[kind](g, ws, groups)
         plan = windowed.plan(desc)
         assert plan is not None
         a, b, nb, M, N = windowed.gemm_operands(desc, plan)
-        assert (b.wins[:, 0] > 1).any() and not (a.wins[:, 0] > 1).any(), desc.label
-        w = np.abs(_finite(edges.edge_array((desc.inputs[plan.slot_a].numel,), 40 + i, 0.2, 2.0)))
-        dy = edges.edge_array((desc.inputs[plan.slot_b].numel,), 50 + i, 0.2, 2.0).reshape(xs[0], -1)
-        dy[0] = -0.0  # image 0: every product -0 at a tap that reads dy, +0 at one that does not
-        ins = [None, None]
-        ins[plan.slot_a], ins[plan.slot_b] = w, dy.reshape(-1)
-        want = reference.run(desc, ins).view(np.uint32).reshape(-1)
-        assert (want == 0).any(), "no +0 from -0 products: the fix-up is not exercised"
+        ins = [np.zeros(0, np.float32)] * 2
+        ins[plan.slot_a] = _finite(edges.edge_array((desc.inputs[plan.slot_a].numel,), 3, 0.2, 2.0))
+        ins[plan.slot_b] = edges.edge_array((desc.inputs[plan.slot_b].numel,), 4, 0.2, 2.0)
         bits = [np.asarray(x, dtype=np.float32).view(np.uint32).reshape(-1) for x in ins]
-        for threads in (1, 2, 3):
-            phased, redone = ext.phased_gemms(), ext.phase_zero_columns()
-            with spread_check(isa):
-                ck.probe_reset(isa)
-                got = ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, threads)
-                if threads > 1:
-                    engaged_at[threads] = max(engaged_at[threads], len(ck.probe_threads(isa)))
-            if ws[2:] == (1, 1):
-                assert ext.phased_gemms() == phased, xs
-            else:
-                assert ext.phased_gemms() == phased + 1 and ext.phase_zero_columns() > redone, (xs, threads)
-            got = windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1)
-            assert (got == want).all(), (isa, xs, threads)
-        # through the backend as a node runs (its output order, column split included)
-        assert (CpuBackend(isa=isa, threads=2)(desc, ins).view(np.uint32).reshape(-1) == want).all()
-        w_inf = w.copy()
-        w_inf[len(w_inf) // 2] = np.inf
-        ins[plan.slot_a] = w_inf
-        want_inf = reference.run(desc, ins).view(np.uint32).reshape(-1)
-        phased = ext.phased_gemms()
-        got = ck.windowed_matmul(a, w_inf.view(np.uint32), b, bits[plan.slot_b], nb, M, N, isa, 2)
-        assert ext.phased_gemms() == phased, "phased with an infinite weight"
-        assert (windowed.to_output(desc, plan, got.numpy()).view(np.uint32).reshape(-1) == want_inf).all()
-    assert all(n > 1 for n in engaged_at.values()), engaged_at
+        outs = []
+        for choice in (BY_COST, NEVER):
+            with _tap_classes(ext, choice):
+                gemms = ext.tap_class_gemms()
+                outs.append(ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, 2).numpy())
+                assert ext.tap_class_gemms() - gemms == (pays and choice == BY_COST), (desc.label, xs, choice)
+        assert (outs[0].view(np.uint32) == outs[1].view(np.uint32)).all(), (desc.label, xs)
 
 
 @functools.cache
