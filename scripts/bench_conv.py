@@ -3,7 +3,7 @@ against torch at the same thread count.
 
 Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
        [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile | --nodes | --hashing]]
-       [--families]
+       [--tap-classes] [--families]
 
 Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
 ``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
@@ -21,7 +21,10 @@ plain and committed (``roots``), the committed run's seconds in its hash points
 (``StepPlan.hash_seconds``), and, over the same outputs, one keccak tree
 (``tensor_root`` of them all concatenated: the ideal) and ``tensor_roots`` of them as a list;
 ``overhead`` = committed - plain. ``--step MODEL --nodes``: per plan node of its
-convolutions (windowed GEMM, permute): shape, M N K, ms and GF/s. ``--families``: CPU time per call of the non-GEMM
+convolutions (windowed GEMM, permute): shape, M N K, ms and GF/s. ``--tap-classes`` (with
+``--step MODEL`` alone or with ``--nodes``): the same step also with the windowed GEMM's tap
+classes off (conv.cpp ``tap_class_gemm``, ``tap_class_choice``), the two taking turns in this
+process. ``--families``: CPU time per call of the non-GEMM
 window families on resnet18's shapes (batch 32), each new path beside the one it replaced, in
 one process: max-pool backward in scatter form vs its two gathers and the interpreter, and the
 channel statistics read k-major vs row-major (the layout before; its descriptor rebuilt here).
