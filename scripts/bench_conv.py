@@ -329,6 +329,8 @@ def main() -> None:
         ap.error("--nodes, --profile and --hashing take a model: --step MODEL")
     if args.nodes + args.profile + args.hashing > 1:
         ap.error("one of --nodes, --profile, --hashing")
+    if args.tap_classes and (not args.step or args.profile or args.hashing):
+        ap.error("--tap-classes takes --step MODEL, alone or with --nodes")
     n, c, h, w, m, kh, kw, pad, stride = args.shape
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings

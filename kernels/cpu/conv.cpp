@@ -1072,7 +1072,10 @@ struct TapItem {
 bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N,
                     int64_t K, int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split,
                     int64_t n_inner, bool& ok) {
-    if (M <= 1 || b.nchk == 0 || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill)) return false;
+    // at most MAX_CHECKED windows: a class number is a mixed radix of MAX_WINDOW_KEYS per window
+    // (64^8 = 2^48 fits int64; more windows would overflow it and merge classes)
+    if (M <= 1 || b.nchk == 0 || b.nchk > MAX_CHECKED || (b.fill & 0x7fffffffu) != 0 || !finite_bits(a.fill))
+        return false;
     for (int64_t w = 0; w < a.nchk; w++)
         if (a.wins[3 * w] != 1) return false;
     TapClasses tc;
