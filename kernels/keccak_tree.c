@@ -964,6 +964,185 @@ static void* roots_worker(void* arg) {
     return NULL;
 }
 
+/* A tensor_roots_on call taken apart (roots_begin, roots_run_item, roots_end), for callers that
+ * run its items at their own pace: the RepOps whole-step plan hashes a level's outputs in the
+ * pool's idle time while later levels run (kernels/cpu/step_plan.cpp, IdleHashing). The job and
+ * every buffer its items write are owned here; roots_end folds the big trees' task roots on top
+ * and frees them. */
+typedef struct roots_work {
+    roots_job_t job;
+    size_t n_items;
+    int threads; /* the threads the items were sized for (min_leaves each) */
+    uint8_t* buf;
+    small_tree_t* trees;
+    size_t* group_start;
+    tree_job_t* big;
+    size_t* task_start;
+    int* depth;
+    uint8_t* task_roots;
+    const size_t* numels; /* the caller's, read again by roots_end */
+    size_t n;
+    uint8_t* roots;
+} roots_work_t;
+
+static void roots_free(roots_work_t* w) {
+    if (!w) return;
+    free(w->buf);
+    free(w->trees);
+    free(w->group_start);
+    free(w->big);
+    free(w->task_start);
+    free(w->depth);
+    free(w->task_roots);
+    free(w);
+}
+
+/* The items of the roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each),
+ * its root to roots[32 i] (written by roots_end). Items are sized for `threads` threads, each given
+ * min_leaves leaves at least (fewer threads otherwise), and, when max_item_log > 0, none holds
+ * more than 2^max_item_log leaves (a small-tree group may still hold min(min_leaves, 512) leaves):
+ * a thread that runs items between other work can then leave it for that work within one item.
+ * elems and numels must stay valid until roots_end. *rc: 0, -1 on an empty tensor, -2 when out of
+ * memory (then NULL is returned). */
+roots_work_t* roots_begin(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads,
+                          size_t min_leaves, int max_item_log, int* rc) {
+    size_t n_small = 0, slots = 0, n_big = 0, small_leaves = 0, all_leaves = 0;
+    *rc = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (numels[i] == 0) return NULL;
+        size_t nl = leaves_of(numels[i]);
+        all_leaves += nl;
+        if (nl <= BLOCK_LEAVES) {
+            n_small++;
+            slots += nl + 1; /* room for a level's ZERO padding */
+            small_leaves += nl;
+        } else {
+            n_big++;
+        }
+    }
+    *rc = -2;
+    pthread_once(&ZERO_ONCE, init_zero_hashes);
+    threads = clamp_threads(threads);
+    if (min_leaves < 1) min_leaves = 1;
+    if ((size_t)threads > all_leaves / min_leaves) threads = (int)(all_leaves / min_leaves);
+    if (threads < 1) threads = 1;
+    roots_work_t* w = (roots_work_t*)calloc(1, sizeof(roots_work_t));
+    if (!w) return NULL;
+    w->numels = numels;
+    w->n = n;
+    w->roots = roots;
+    w->buf = (uint8_t*)malloc(32 * (slots ? slots : 1));
+    w->trees = (small_tree_t*)malloc(sizeof(small_tree_t) * (n_small ? n_small : 1));
+    w->group_start = (size_t*)malloc(sizeof(size_t) * (n_small + 1));
+    w->big = (tree_job_t*)malloc(sizeof(tree_job_t) * (n_big ? n_big : 1));
+    w->task_start = (size_t*)malloc(sizeof(size_t) * (n_big + 1));
+    w->depth = (int*)malloc(sizeof(int) * (n_big ? n_big : 1));
+    if (!w->buf || !w->trees || !w->group_start || !w->big || !w->task_start || !w->depth) {
+        roots_free(w);
+        return NULL;
+    }
+    /* Small trees in groups of whole trees, ~8 per thread (min_leaves leaves at least, and
+     * 2 * BLOCK_LEAVES where that is less: a group fills the vector lanes many times). */
+    size_t goal = small_leaves / (8 * (size_t)threads);
+    size_t floor_ = min_leaves < 2 * BLOCK_LEAVES ? min_leaves : 2 * BLOCK_LEAVES;
+    if (threads == 1 || goal < floor_) goal = threads == 1 ? small_leaves : floor_;
+    if (max_item_log > 0 && goal > ((size_t)1 << max_item_log))
+        goal = ((size_t)1 << max_item_log) > floor_ ? ((size_t)1 << max_item_log) : floor_;
+    size_t k = 0, off = 0, n_groups = 0, run = 0;
+    w->group_start[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t nl = leaves_of(numels[i]);
+        if (nl > BLOCK_LEAVES) continue;
+        small_tree_t t = {elems[i], numels[i], w->buf + 32 * off, roots + 32 * i};
+        w->trees[k++] = t;
+        off += nl + 1;
+        run += nl;
+        if (run >= goal || k == n_small) {
+            w->group_start[++n_groups] = k;
+            run = 0;
+        }
+    }
+    /* Big trees: subtrees of at most 2^14 leaves (as tree_root), smaller (down to one block)
+     * until all the items come to ~8 per thread; one task per tree on one thread; and never
+     * more than 2^max_item_log leaves when that is set. */
+    int cap = 14, least = BLOCK_LOG;
+    if (max_item_log > 0 && max_item_log < cap) cap = max_item_log;
+    if (max_item_log > 0 && max_item_log < least) least = max_item_log;
+    const int one_task = threads == 1 && max_item_log <= 0;
+    size_t n_tasks = 0;
+    for (;; cap--) {
+        n_tasks = 0;
+        for (size_t b = 0, i = 0; i < n; i++) {
+            size_t nl = leaves_of(numels[i]);
+            if (nl <= BLOCK_LEAVES) continue;
+            w->depth[b] = depth_for(nl);
+            int sub = one_task ? w->depth[b] : w->depth[b] < cap ? w->depth[b] : cap;
+            n_tasks += (nl + ((size_t)1 << sub) - 1) >> sub;
+            b++;
+        }
+        if (one_task || cap <= least || n_tasks + n_groups >= 8 * (size_t)threads) break;
+    }
+    w->task_roots = (uint8_t*)malloc(32 * (n_tasks ? n_tasks : 1));
+    if (!w->task_roots) {
+        roots_free(w);
+        return NULL;
+    }
+    w->task_start[0] = 0;
+    for (size_t b = 0, i = 0; i < n; i++) {
+        size_t nl = leaves_of(numels[i]);
+        if (nl <= BLOCK_LEAVES) continue;
+        int sub = one_task ? w->depth[b] : w->depth[b] < cap ? w->depth[b] : cap;
+        size_t tasks = (nl + ((size_t)1 << sub) - 1) >> sub;
+        tree_job_t job = {elems[i], numels[i], NULL, nl, sub, tasks, w->task_roots + 32 * w->task_start[b], 0};
+        w->big[b] = job;
+        w->task_start[b + 1] = w->task_start[b] + tasks;
+        if (tasks > 1) __atomic_fetch_add(&TREES_SPLIT, 1, __ATOMIC_RELAXED);
+        b++;
+    }
+    roots_job_t job = {w->big, n_big, w->task_start, n_tasks, w->trees, w->group_start, n_groups, 0, 0};
+    w->job = job;
+    w->n_items = n_tasks + n_groups;
+    w->threads = threads;
+    *rc = 0;
+    return w;
+}
+
+/* How many items roots_begin cut the work into; each must run once (roots_run_item, on any
+ * thread, in any order) before roots_end. */
+int64_t roots_items(const roots_work_t* w) { return (int64_t)w->n_items; }
+
+void roots_run_item(roots_work_t* w, int64_t item) { roots_item(&w->job, item, 0); }
+
+/* After every item ran: each big tree's task roots folded on top, as tree_root does (ZERO_{sub + l}
+ * padding), into the caller's roots; frees the work. Returns 0, or -2 when an item ran out of
+ * memory. */
+int roots_end(roots_work_t* w) {
+    int rc = __atomic_load_n(&w->job.rc, __ATOMIC_RELAXED);
+    for (size_t b = 0, i = 0; i < w->n && rc == 0; i++) {
+        if (leaves_of(w->numels[i]) <= BLOCK_LEAVES) continue;
+        fold_t top;
+        fold_init(&top, w->big[b].sub_depth, w->depth[b] - w->big[b].sub_depth);
+        for (size_t r = 0; r < w->big[b].n_tasks; r++) fold_push(&top, w->big[b].task_roots + 32 * r);
+        fold_finish(&top, w->roots + 32 * i);
+        b++;
+    }
+    roots_free(w);
+    return rc;
+}
+
+/* The three calls above by address, for code that reaches this library through one pointer
+ * (the RepOps extension gets it from commit/native.py: keccak_roots_api). */
+typedef struct {
+    roots_work_t* (*begin)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int, size_t, int, int*);
+    int64_t (*items)(const roots_work_t*);
+    void (*run_item)(roots_work_t*, int64_t);
+    int (*end)(roots_work_t*);
+} keccak_roots_api_t;
+
+static const keccak_roots_api_t ROOTS_API = {roots_begin, roots_items, roots_run_item, roots_end};
+
+const keccak_roots_api_t* keccak_roots_api(void) { return &ROOTS_API; }
+
 /* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i],
  * on up to `threads` threads, each given min_leaves leaves at least (fewer threads otherwise).
  * A step commits every node output, most of them a few thousand elements: one call for all of
@@ -979,113 +1158,19 @@ static void* roots_worker(void* arg) {
  * tensor, -2 when out of memory. */
 int tensor_roots_on(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads,
                     size_t min_leaves, keccak_runner_fn runner, void* ctx) {
-    size_t n_small = 0, slots = 0, n_big = 0, small_leaves = 0, all_leaves = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (numels[i] == 0) return -1;
-        size_t nl = leaves_of(numels[i]);
-        all_leaves += nl;
-        if (nl <= BLOCK_LEAVES) {
-            n_small++;
-            slots += nl + 1; /* room for a level's ZERO padding */
-            small_leaves += nl;
-        } else {
-            n_big++;
-        }
+    int rc = 0;
+    roots_work_t* w = roots_begin(elems, numels, n, roots, threads, min_leaves, 0, &rc);
+    if (!w) return rc;
+    size_t n_items = w->n_items;
+    int t = (size_t)w->threads < n_items ? w->threads : (int)n_items;
+    if (runner) { /* at one thread too: the caller sees which of its threads hashed */
+        if (n_items) runner(ctx, (int64_t)n_items, t < 1 ? 1 : t, roots_item, &w->job);
+    } else if (t <= 1) {
+        for (size_t i = 0; i < n_items; i++) roots_item(&w->job, (int64_t)i, 0);
+    } else {
+        run_parallel(roots_worker, &w->job, 0, t); /* every worker shares the one job */
     }
-    pthread_once(&ZERO_ONCE, init_zero_hashes);
-    threads = clamp_threads(threads);
-    if (min_leaves < 1) min_leaves = 1;
-    if ((size_t)threads > all_leaves / min_leaves) threads = (int)(all_leaves / min_leaves);
-    if (threads < 1) threads = 1;
-    uint8_t* buf = (uint8_t*)malloc(32 * (slots ? slots : 1));
-    small_tree_t* trees = (small_tree_t*)malloc(sizeof(small_tree_t) * (n_small ? n_small : 1));
-    size_t* group_start = (size_t*)malloc(sizeof(size_t) * (n_small + 1));
-    tree_job_t* big = (tree_job_t*)malloc(sizeof(tree_job_t) * (n_big ? n_big : 1));
-    size_t* task_start = (size_t*)malloc(sizeof(size_t) * (n_big + 1));
-    int* depth = (int*)malloc(sizeof(int) * (n_big ? n_big : 1));
-    uint8_t* task_roots = NULL;
-    int rc = -2;
-    if (!buf || !trees || !group_start || !big || !task_start || !depth) goto done;
-    {
-        /* Small trees in groups of whole trees, ~8 per thread (min_leaves leaves at least, and
-         * 2 * BLOCK_LEAVES where that is less: a group fills the vector lanes many times). */
-        size_t goal = small_leaves / (8 * (size_t)threads);
-        size_t floor_ = min_leaves < 2 * BLOCK_LEAVES ? min_leaves : 2 * BLOCK_LEAVES;
-        if (threads == 1 || goal < floor_) goal = threads == 1 ? small_leaves : floor_;
-        size_t k = 0, off = 0, n_groups = 0, run = 0;
-        group_start[0] = 0;
-        for (size_t i = 0; i < n; i++) {
-            size_t nl = leaves_of(numels[i]);
-            if (nl > BLOCK_LEAVES) continue;
-            small_tree_t t = {elems[i], numels[i], buf + 32 * off, roots + 32 * i};
-            trees[k++] = t;
-            off += nl + 1;
-            run += nl;
-            if (run >= goal || k == n_small) {
-                group_start[++n_groups] = k;
-                run = 0;
-            }
-        }
-        /* Big trees: subtrees of at most 2^14 leaves (as tree_root), smaller (down to one
-         * block) until all the items come to ~8 per thread; one task per tree on one thread. */
-        int cap = 14;
-        size_t n_tasks = 0;
-        for (;; cap--) {
-            n_tasks = 0;
-            for (size_t b = 0, i = 0; i < n; i++) {
-                size_t nl = leaves_of(numels[i]);
-                if (nl <= BLOCK_LEAVES) continue;
-                depth[b] = depth_for(nl);
-                int sub = threads == 1 ? depth[b] : depth[b] < cap ? depth[b] : cap;
-                n_tasks += (nl + ((size_t)1 << sub) - 1) >> sub;
-                b++;
-            }
-            if (threads == 1 || cap <= BLOCK_LOG || n_tasks + n_groups >= 8 * (size_t)threads) break;
-        }
-        task_roots = (uint8_t*)malloc(32 * (n_tasks ? n_tasks : 1));
-        if (!task_roots) goto done;
-        task_start[0] = 0;
-        for (size_t b = 0, i = 0; i < n; i++) {
-            size_t nl = leaves_of(numels[i]);
-            if (nl <= BLOCK_LEAVES) continue;
-            int sub = threads == 1 ? depth[b] : depth[b] < cap ? depth[b] : cap;
-            size_t tasks = (nl + ((size_t)1 << sub) - 1) >> sub;
-            tree_job_t job = {elems[i], numels[i], NULL, nl, sub, tasks, task_roots + 32 * task_start[b], 0};
-            big[b] = job;
-            task_start[b + 1] = task_start[b] + tasks;
-            if (tasks > 1) __atomic_fetch_add(&TREES_SPLIT, 1, __ATOMIC_RELAXED);
-            b++;
-        }
-        roots_job_t job = {big, n_big, task_start, n_tasks, trees, group_start, n_groups, 0, 0};
-        size_t n_items = n_tasks + n_groups;
-        int t = (size_t)threads < n_items ? threads : (int)n_items;
-        if (runner) { /* at one thread too: the caller sees which of its threads hashed */
-            if (n_items) runner(ctx, (int64_t)n_items, t < 1 ? 1 : t, roots_item, &job);
-        } else if (t <= 1) {
-            for (size_t i = 0; i < n_items; i++) roots_item(&job, (int64_t)i, 0);
-        } else {
-            run_parallel(roots_worker, &job, 0, t); /* every worker shares the one job */
-        }
-        rc = job.rc;
-        /* each big tree's task roots folded on top, as tree_root does (ZERO_{sub + l} padding) */
-        for (size_t b = 0, i = 0; i < n && rc == 0; i++) {
-            if (leaves_of(numels[i]) <= BLOCK_LEAVES) continue;
-            fold_t top;
-            fold_init(&top, big[b].sub_depth, depth[b] - big[b].sub_depth);
-            for (size_t r = 0; r < big[b].n_tasks; r++) fold_push(&top, big[b].task_roots + 32 * r);
-            fold_finish(&top, roots + 32 * i);
-            b++;
-        }
-    }
-done:
-    free(buf);
-    free(trees);
-    free(group_start);
-    free(big);
-    free(task_start);
-    free(depth);
-    free(task_roots);
-    return rc;
+    return roots_end(w);
 }
 
 /* tensor_roots_on with the library's own threads. */

@@ -3,7 +3,7 @@ against torch at the same thread count.
 
 Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
        [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile | --nodes | --hashing]]
-       [--tap-classes] [--families]
+       [--tap-classes | --idle-hashing] [--families]
 
 Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
 ``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
@@ -24,7 +24,12 @@ plain and committed (``roots``), the committed run's seconds in its hash points
 convolutions (windowed GEMM, permute): shape, M N K, ms and GF/s. ``--tap-classes`` (with
 ``--step MODEL`` alone or with ``--nodes``): the same step also with the windowed GEMM's tap
 classes off (conv.cpp ``tap_class_gemm``, ``tap_class_choice``), the two taking turns in this
-process. ``--families``: CPU time per call of the non-GEMM
+process. ``--idle-hashing`` (with ``--step MODEL`` alone or with ``--hashing``): the committed
+step also with the outputs hashed at the hash points only, not in the pool's idle time
+(step_plan.cpp ``IdleHashing``), taking turns; ``--hashing`` then also reports the share of the
+hashing items that pool workers ran while levels ran, both paths' median committed run and the
+median of their per-round time ratios (idle / hash points only: paired, so a slow phase of a
+shared machine falls on both). ``--families``: CPU time per call of the non-GEMM
 window families on resnet18's shapes (batch 32), each new path beside the one it replaced, in
 one process: max-pool backward in scatter form vs its two gathers and the interpreter, and the
 channel statistics read k-major vs row-major (the layout before; its descriptor rebuilt here).
@@ -85,12 +90,17 @@ def _step_setup(name: str, batch: int, threads: int, isa: str) -> tuple[Any, ...
 
 
 def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int,
-               tap_classes: bool = False) -> dict[str, object]:
+               tap_classes: bool = False, idle_hashing: bool = False) -> dict[str, object]:
     """torch eager's step against the committed step, best of ``repeat`` round-robin;
-    ``tap_classes``: also the committed step with the windowed GEMM's tap classes off."""
+    ``tap_classes``: also the committed step with the windowed GEMM's tap classes off;
+    ``idle_hashing``: also the committed step hashing at the hash points only."""
     ex, state, data, torch_step = _step_setup(name, batch, threads, isa)
     step = functools.partial(ex.run_step, state, data)
-    fns = [torch_step, _with_tap_classes(isa, 0, step)] + ([_with_tap_classes(isa, 2, step)] if tap_classes else [])
+    fns = [torch_step, _with_tap_classes(isa, 0, step)]
+    if tap_classes:
+        fns.append(_with_tap_classes(isa, 2, step))
+    if idle_hashing:
+        fns.append(_with_idle_hashing(ex.step_kernel(), False, step))
     times = best_of(fns, repeat, budget_s=120.0)
     (t_torch, u_torch), (t_rep, u_rep) = times[0], times[1]
     row: dict[str, object] = {"model": name, "batch": batch, "threads": threads, "isa": isa, "torch_s": round(t_torch, 3),
@@ -98,7 +108,37 @@ def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int,
                               "cpu_util_torch": round(u_torch, 2), "cpu_util_repops": round(u_rep, 2)}
     if tap_classes:
         row.update(one_gemm_committed_step_s=round(times[2][0], 3), one_gemm_ratio=round(times[2][0] / t_torch, 2))
+    if idle_hashing:
+        row.update(hash_points_only_committed_step_s=round(times[-1][0], 3),
+                   hash_points_only_ratio=round(times[-1][0] / t_torch, 2),
+                   cpu_util_hash_points_only=round(times[-1][1], 2))
     return row
+
+
+def _timed(fn: Callable[[], object], into: list[float]) -> Callable[[], None]:
+    """``fn``, each call's wall seconds appended to ``into``."""
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        fn()
+        into.append(time.perf_counter() - t0)
+
+    return run
+
+
+def _with_idle_hashing(kernel: Any, on: bool, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with the step kernel hashing in the pool's idle time (on) or at its hash
+    points only (off)."""
+    assert kernel is not None, "no whole-step kernel"
+
+    def run() -> object:
+        kernel.set_idle_hashing(on)
+        try:
+            return fn()
+        finally:
+            kernel.set_idle_hashing(True)
+
+    return run
 
 
 def profile_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
@@ -133,9 +173,12 @@ def profile_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> 
             "torch_self_ms": round(sum(ops.values()), 1), "torch_ms": top}
 
 
-def hashing_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> dict[str, object]:
+def hashing_step(name: str, batch: int, threads: int, isa: str, repeat: int,
+                 idle_hashing: bool = False) -> dict[str, object]:
     """ms of the whole-step plan plain and committed, its hash points' seconds, and one tree /
-    ``tensor_roots`` over the same outputs, best of ``repeat`` round-robin, per layout."""
+    ``tensor_roots`` over the same outputs, best of ``repeat`` round-robin, per layout;
+    ``idle_hashing``: also committed with the outputs hashed at the hash points only, and the
+    share of hashing items that pool workers ran while levels ran."""
     from verde_chain.commit import native as commit_native
 
     ex, state, data, _ = _step_setup(name, batch, threads, isa)
@@ -154,16 +197,34 @@ def hashing_step(name: str, batch: int, threads: int, isa: str, repeat: int) -> 
         rows = np.empty((len(ex.graph.nodes), 32), dtype=np.uint8)
         hash_s: list[float] = []
 
+        overlapped: list[float] = []
+
         def committed(kernel: Any = kernel, prev: np.ndarray = prev, rows: np.ndarray = rows,
-                      hash_s: list[float] = hash_s) -> None:
+                      hash_s: list[float] = hash_s, overlapped: list[float] = overlapped) -> None:
             kernel.run(prev, batch_bits, rows)
             hash_s.append(kernel._plan.hash_seconds())
+            done, total = kernel.idle_hashed()
+            overlapped.append(done / total if total else 0.0)
 
-        plain, comm = best_of([functools.partial(kernel.run, prev, batch_bits), committed], repeat)
+        fns = [functools.partial(kernel.run, prev, batch_bits), committed]
+        if idle_hashing:  # each committed call timed too: the two paths' times paired round by round
+            calls: tuple[list[float], list[float]] = ([], [])
+            fns = [fns[0], _timed(committed, calls[0]),
+                   _timed(_with_idle_hashing(kernel, False, functools.partial(kernel.run, prev, batch_bits, rows)),
+                          calls[1])]
+        times = best_of(fns, repeat, budget_s=60.0)
+        plain, comm = times[0], times[1]
         row[layout] = {"plain_ms": round(1e3 * plain[0], 1), "committed_ms": round(1e3 * comm[0], 1),
                        "overhead_ms": round(1e3 * (comm[0] - plain[0]), 1),
                        "hash_points_ms": round(1e3 * min(hash_s), 1),
                        "cpu_util_plain": round(plain[1], 2), "cpu_util_committed": round(comm[1], 2)}
+        if idle_hashing:
+            row[layout].update(committed_hash_points_only_ms=round(1e3 * times[2][0], 1),
+                               cpu_util_hash_points_only=round(times[2][1], 2),
+                               items_hashed_while_levels_ran=round(float(np.median(overlapped)), 2),
+                               median_committed_ms=round(1e3 * float(np.median(calls[0])), 1),
+                               median_hash_points_only_ms=round(1e3 * float(np.median(calls[1])), 1),
+                               paired_median_ratio=round(float(np.median(np.divide(*calls))), 3))
     return row
 
 
@@ -324,6 +385,8 @@ def main() -> None:
     ap.add_argument("--families", action="store_true", help="pooling backward / channel statistics, new vs before")
     ap.add_argument("--tap-classes", action="store_true",
                     help="with --step [--nodes]: also with the windowed GEMM's tap classes off, taking turns")
+    ap.add_argument("--idle-hashing", action="store_true",
+                    help="with --step [--hashing]: also hashing at the hash points only, taking turns")
     args = ap.parse_args()
     if (args.nodes or args.profile or args.hashing) and not args.step:
         ap.error("--nodes, --profile and --hashing take a model: --step MODEL")
@@ -331,6 +394,8 @@ def main() -> None:
         ap.error("one of --nodes, --profile, --hashing")
     if args.tap_classes and (not args.step or args.profile or args.hashing):
         ap.error("--tap-classes takes --step MODEL, alone or with --nodes")
+    if args.idle_hashing and (not args.step or args.profile or args.nodes or args.tap_classes):
+        ap.error("--idle-hashing takes --step MODEL, alone or with --hashing")
     n, c, h, w, m, kh, kw, pad, stride = args.shape
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings
@@ -340,11 +405,15 @@ def main() -> None:
         return
     if args.step:
         for t in args.threads:
-            if args.nodes or not (args.profile or args.hashing):
-                row = (conv_nodes if args.nodes else bench_step)(args.step, args.batch, t, isa, args.repeat,
-                                                                 tap_classes=args.tap_classes)
+            if args.nodes:
+                row = conv_nodes(args.step, args.batch, t, isa, args.repeat, tap_classes=args.tap_classes)
+            elif args.profile:
+                row = profile_step(args.step, args.batch, t, isa, args.repeat)
+            elif args.hashing:
+                row = hashing_step(args.step, args.batch, t, isa, args.repeat, idle_hashing=args.idle_hashing)
             else:
-                row = (profile_step if args.profile else hashing_step)(args.step, args.batch, t, isa, args.repeat)
+                row = bench_step(args.step, args.batch, t, isa, args.repeat, tap_classes=args.tap_classes,
+                                 idle_hashing=args.idle_hashing)
             print(json.dumps(row))
         return
     g = ConvGeometry.make((n, c, h, w), (kh, kw), (stride, stride), None, (pad,) * 4)

@@ -18,6 +18,12 @@
 // entered sees one consistent job. A worker woken late for a job that already finished finds
 // open_ false, or the next job (which it joins only if its index is below that job's thread
 // count: per-thread scratch is sized by it).
+//
+// Idle work (install_idle_work) follows the same pattern with its own pair: a worker increments
+// idle_active_ before it reads idle_fn_, and remove_idle_work clears idle_fn_ before it waits for
+// idle_active_ to reach 0, so no worker is inside an idle function once it is removed. A worker
+// runs idle work only between jobs (never while it counts in active_), so a caller never waits
+// for it; a worker inside an idle unit when a job starts joins that job when the unit ends.
 
 #include "pool.h"
 
@@ -141,6 +147,10 @@ void run_share(Job& job, int64_t worker) {
     if (ran) note_engaged();
 }
 
+// Workers a pool can have (slots are a fixed array: wake_idle_workers reads them while another
+// thread's job may be starting workers).
+constexpr int64_t MAX_WORKERS = 1024;
+
 class Pool {
   public:
     void run(int64_t n_items, int64_t threads, ItemFn fn, void* ctx) {
@@ -149,6 +159,7 @@ class Pool {
             run_inline(n_items, fn, ctx);
             return;
         }
+        threads = std::min<int64_t>(threads, MAX_WORKERS);
         grow(threads - 1);
         job_.fn = fn;
         job_.ctx = ctx;
@@ -163,11 +174,7 @@ class Pool {
         }
         job_.next.store(job_.spread ? threads : 0);
         open_.store(true);
-        for (int64_t w = 1; w < threads; w++) {
-            Slot& s = *slots_[w];
-            s.seq.fetch_add(1);
-            s.seq.notify_one();
-        }
+        wake(threads);
         run_share(job_, 0);
         if (job_.spread) {
             for (int32_t d = job_.reserved_done.load(); d + 1 < threads; d = job_.reserved_done.load())
@@ -175,18 +182,37 @@ class Pool {
         }
         open_.store(false);
         // Wait for the workers still inside (their items are in progress, or they are leaving).
-        int32_t a = active_.load();
-        if (a != 0 && spin_while_equal(active_, a)) a = active_.load();
-        while (a != 0) {
-            active_.wait(a);
-            a = active_.load();
-        }
+        wait_for_zero(active_);
         if (job_.error) std::rethrow_exception(job_.error);
     }
 
     int64_t size() {
         std::lock_guard<std::mutex> lock(dispatch_);
-        return (int64_t)slots_.size() - 1;
+        return n_slots_.load() - 1;
+    }
+
+    bool install_idle(IdleFn fn, void* ctx, int64_t threads) {
+        if (t_in_items) return false;  // inside another job's item: it holds dispatch_
+        std::lock_guard<std::mutex> lock(idle_mutex_);
+        if (idle_fn_.load() != nullptr) return false;
+        {
+            // the workers must exist: under the spread check the installer waits for them
+            std::lock_guard<std::mutex> dispatch(dispatch_);
+            grow(threads - 1);
+        }
+        idle_ctx_ = ctx;
+        idle_threads_ = threads;
+        idle_fn_.store(fn);
+        return true;
+    }
+
+    void wake_idle() { wake(std::min<int64_t>(idle_threads_.load(), n_slots_.load())); }
+
+    void remove_idle() {
+        std::lock_guard<std::mutex> lock(idle_mutex_);
+        idle_fn_.store(nullptr);
+        wait_for_zero(idle_active_);
+        idle_threads_.store(0);
     }
 
     static void run_inline(int64_t n_items, ItemFn fn, void* ctx) {
@@ -200,23 +226,59 @@ class Pool {
 
   private:
     std::mutex dispatch_;
-    std::vector<std::unique_ptr<Slot>> slots_ = [] {
-        std::vector<std::unique_ptr<Slot>> v;
-        v.emplace_back(nullptr);  // worker 0 is the caller
-        return v;
-    }();
+    std::unique_ptr<Slot> slots_[MAX_WORKERS];  // [0] unused: worker 0 is the caller
+    std::atomic<int64_t> n_slots_{1};           // slots_[1, n_slots_) hold started workers
     Job job_;
     std::atomic<bool> open_{false};
     std::atomic<int32_t> active_{0};
+    // Idle work (install_idle): idle_ctx_ is written before idle_fn_ is set, under idle_mutex_,
+    // which remove_idle holds until no worker is inside the function.
+    std::mutex idle_mutex_;
+    std::atomic<IdleFn> idle_fn_{nullptr};
+    void* idle_ctx_ = nullptr;
+    std::atomic<int64_t> idle_threads_{0};
+    std::atomic<int32_t> idle_active_{0};
 
     void grow(int64_t n_workers) {
-        while ((int64_t)slots_.size() <= n_workers) {
-            const int64_t w = (int64_t)slots_.size();
-            slots_.emplace_back(new Slot);
-            Slot* s = slots_.back().get();
+        n_workers = std::min<int64_t>(n_workers, MAX_WORKERS - 1);
+        while (n_slots_.load() <= n_workers) {
+            const int64_t w = n_slots_.load();
+            slots_[w].reset(new Slot);
+            Slot* s = slots_[w].get();
+            n_slots_.store(w + 1);
             // Detached: the pool is never destroyed (see pool()), so its workers sleep until exit.
             std::thread([this, s, w] { worker_main(s, w); }).detach();
         }
+    }
+
+    // Wakes workers 1 .. n-1 (started ones): a new job, or new idle work.
+    void wake(int64_t n) {
+        for (int64_t w = 1; w < n; w++) {
+            Slot& s = *slots_[w];
+            s.seq.fetch_add(1);
+            s.seq.notify_one();
+        }
+    }
+
+    // Returns once count is 0 (spinning a while, then sleeping on it).
+    static void wait_for_zero(std::atomic<int32_t>& count) {
+        int32_t a = count.load();
+        if (a != 0 && spin_while_equal(count, a)) a = count.load();
+        while (a != 0) {
+            count.wait(a);
+            a = count.load();
+        }
+    }
+
+    // One unit of idle work if there is any for worker w; true if it ran one.
+    bool run_idle(int64_t w) {
+        idle_active_.fetch_add(1);
+        bool ran = false;
+        const IdleFn fn = idle_fn_.load();
+        if (fn != nullptr && w < idle_threads_.load()) ran = fn(idle_ctx_, w);
+        if (idle_active_.fetch_sub(1) == 1) idle_active_.notify_all();
+        if (ran) note_engaged();
+        return ran;
     }
 
     void worker_main(Slot* s, int64_t w) {
@@ -226,6 +288,8 @@ class Pool {
         // it before this thread first ran (the caller then waits in vain under the spread check).
         uint32_t seen = 0;
         for (;;) {
+            while (s->seq.load() == seen && run_idle(w)) {
+            }
             if (!spin_while_equal(s->seq, seen))
                 while (s->seq.load() == seen) s->seq.wait(seen);
             seen = s->seq.load();
@@ -267,6 +331,8 @@ void run_items(int64_t n_items, int64_t threads, ItemFn fn, void* ctx) {
 
 void set_spread_check(bool on) { g_spread.store(on); }
 
+bool spread_check_on() { return g_spread.load(); }
+
 void probe_reset() {
     std::lock_guard<std::mutex> lock(g_probe_mutex);
     g_probe->clear();
@@ -279,5 +345,11 @@ std::vector<int64_t> probe_threads() {
 }
 
 int64_t pool_size() { return pool().size(); }
+
+bool install_idle_work(IdleFn fn, void* ctx, int64_t threads) { return pool().install_idle(fn, ctx, threads); }
+
+void wake_idle_workers() { pool().wake_idle(); }
+
+void remove_idle_work() { pool().remove_idle(); }
 
 }  // namespace repops_cpu

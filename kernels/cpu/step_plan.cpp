@@ -18,7 +18,9 @@
 // never returned. A committed run (hash_outputs, then run(..., roots)) hashes every node output
 // before any later node overwrites its slot: before a level that writes over an output not yet
 // hashed, every pending output is hashed (the keccak tree's tensor_roots_on, on the run's
-// threads through the kernels' persistent pool: hash_nodes), and the rest at the end.
+// threads through the kernels' persistent pool: hash_nodes), and the rest at the end. At two or
+// more threads, pool workers hash finished outputs in their idle time while later levels run,
+// and those points only drain what is left (IdleHashing).
 //
 // Threads: the nodes are grouped into levels when they are added (a node's level is one more
 // than that of the last earlier node it must follow: it reads that node's output, or writes
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "pool.h"
 #include "tensors.h"
 #include "window_plan.h"
 
@@ -82,6 +85,193 @@ void pool_roots(RootsFn roots_fn, const uint32_t* const* elems, const size_t* nu
     const int rc = roots_fn(elems, numels, n, out, (int)threads, HASH_MIN_LEAVES, pool_runner, &workers);
     TORCH_CHECK(rc == 0, "tensor_roots_on failed (", rc, ")");
 }
+
+// The keccak tree's tensor_roots_on taken apart (keccak_tree.c keccak_roots_api_t: roots_begin,
+// roots_items, roots_run_item, roots_end), reached through one address (hash_outputs).
+struct RootsApi {
+    void* (*begin)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int, size_t, int, int*);
+    int64_t (*items)(const void*);
+    void (*run_item)(void*, int64_t);
+    int (*end)(void*);
+};
+
+// Idle hashing's items hold at most 2^IDLE_ITEM_LOG leaves (~60 us of one core's hashing here:
+// a pool worker inside one joins the next parallel call up to that much late), and a batch is
+// handed out once it holds IDLE_BATCH_LEAVES leaves (its roots_begin and fold cost a few
+// microseconds). resnet18's committed step at 2 threads, items of 2^4 / 2^6 / 2^8 / 2^10 /
+// 2^12 leaves against hashing at the hash points only, in one process each: 1.06-1.08x /
+// 0.94-0.98x / 0.88-0.93x (0.92-0.95x in a second run) / 0.93-0.94x / 0.90-0.99x of its time
+// (smaller items: more folding, less overlap; larger: later joins).
+constexpr int IDLE_ITEM_LOG = 8;
+constexpr size_t IDLE_BATCH_LEAVES = 256;
+
+// Hashing in the pool's idle time, for one committed run at two or more threads (StepPlan::run).
+// The outputs of finished levels are handed out in batches (add, publish: one roots_begin call
+// each, cut into small items); pool workers with no items of their own take them (pool.h idle
+// work) while the following levels run, e.g. while the calling thread runs a node too small to
+// split, or waits for the other nodes of a level. Before a level that overwrites outputs not yet
+// hashed, drain() makes sure of those: it runs the remaining items of the batches up to the last
+// that holds one of them on the calling thread, beside the woken workers, and waits until those
+// batches are folded (later batches stay for idle time); at the end, of all. The thread that
+// finishes a batch's last item folds it (roots_end) and writes its roots. An output is read
+// only between the end of the level that wrote it and the drain before the level that
+// overwrites it, and a root depends only on its tensor's elements, so who hashes what, and
+// when, never changes a bit. Under the pool's spread check each batch's first item is left to a
+// worker (the drain waits for it), so a test knows that a worker hashed.
+class IdleHashing {
+  public:
+    // n_rows: the run's root rows (each output is added once, so at most that many batches).
+    IdleHashing(const RootsApi* api, size_t n_rows, uint8_t* roots, int64_t threads, std::atomic<uint64_t>& workers)
+        : api_(api), roots_(roots), threads_(threads), workers_(workers),
+          batches_(new std::unique_ptr<Batch>[n_rows + 1]), capacity_(n_rows + 1), batch_of_(n_rows, -1),
+          spread_(spread_check_on()) {
+        installed_ = install_idle_work(&IdleHashing::idle_fn, this, threads);
+    }
+    ~IdleHashing() {
+        if (installed_) remove_idle_work();
+        // A run that threw: fold (and so free) what was handed out; its roots are never read.
+        for (size_t b = 0; b < published_.load(); b++)
+            if (batches_[b]->work) api_->end(batches_[b]->work);
+    }
+    IdleHashing(const IdleHashing&) = delete;
+    IdleHashing& operator=(const IdleHashing&) = delete;
+
+    bool installed() const { return installed_; }
+
+    // Output `numel` elements at `elems`, its root to row `row` of the run's roots: hashed
+    // with the next batch handed out.
+    void add(const uint32_t* elems, size_t numel, int64_t row) {
+        batch_of_[row] = (int64_t)published_.load();  // the index the pending batch will get
+        pending_.elems.push_back(elems);
+        pending_.numels.push_back(numel);
+        pending_.rows.push_back(row);
+        pending_leaves_ += (numel + 127) / 128;
+        if (pending_leaves_ >= IDLE_BATCH_LEAVES) publish();
+    }
+
+    // Makes sure the outputs of root rows `rows` (all: nullptr) are hashed: hands out what they
+    // are pending in, runs on this thread (beside the woken workers) what nobody has taken of
+    // the batches up to the last that holds one of them, and waits until those are folded;
+    // later batches stay for idle time. Returns the wall seconds it took.
+    double drain(const std::vector<int64_t>* rows = nullptr) {
+        const auto t0 = std::chrono::steady_clock::now();
+        int64_t need = (int64_t)published_.load() + 1;  // batches [0, need) must be folded
+        if (rows) {
+            need = 0;
+            for (int64_t r : *rows) {
+                TORCH_CHECK(batch_of_[r] >= 0, "idle hashing: output row ", r, " overwritten before it was made");
+                need = std::max(need, batch_of_[r] + 1);
+            }
+        }
+        if (need > (int64_t)published_.load()) publish();  // one of them is pending
+        need = std::min(need, (int64_t)published_.load());
+        draining_.store(true);
+        wake_idle_workers();
+        while (run_one(0, (size_t)need)) {
+        }
+        for (int64_t b = 0; b < need; b++)
+            for (bool e = batches_[b]->ended.load(); !e; e = batches_[b]->ended.load()) batches_[b]->ended.wait(false);
+        draining_.store(false);
+        const int rc = rc_.load();
+        TORCH_CHECK(rc == 0, "roots_end failed (", rc, ")");
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+
+    // Items run by pool workers while levels ran (not in a drain), and all items.
+    int64_t items_overlapped() const { return overlapped_.load(); }
+    int64_t items_total() const { return total_; }
+
+  private:
+    struct Batch {
+        std::vector<const uint32_t*> elems;
+        std::vector<size_t> numels;
+        std::vector<int64_t> rows;
+        std::vector<uint8_t> out;  // roots_end writes here; the last item's thread copies to rows
+        void* work = nullptr;
+        int64_t n_items = 0;
+        std::atomic<int64_t> next{0}, done{0};
+        std::atomic<bool> ended{false};  // folded, roots written
+        // Spread check: item 0 is left to a pool worker (next starts at 1), which takes it once.
+        bool reserved = false;
+        std::atomic<bool> reserved_taken{false};
+    };
+
+    const RootsApi* api_;
+    uint8_t* roots_;
+    int64_t threads_;
+    std::atomic<uint64_t>& workers_;
+    std::unique_ptr<std::unique_ptr<Batch>[]> batches_;
+    size_t capacity_;
+    bool installed_ = false;
+    Batch pending_;
+    size_t pending_leaves_ = 0;
+    std::vector<int64_t> batch_of_;  // per root row: the batch its output was added to (-1: not yet)
+    // batches_[0, published_) are handed out; [first_open_, ...) may have unclaimed items.
+    std::atomic<size_t> published_{0}, first_open_{0};
+    std::atomic<bool> draining_{false};
+    std::atomic<int64_t> overlapped_{0};
+    std::atomic<int> rc_{0};
+    int64_t total_ = 0;
+    const bool spread_;  // the pool's spread check was on when the run began (Batch::reserved)
+
+    static bool idle_fn(void* ctx, int64_t worker) { return static_cast<IdleHashing*>(ctx)->run_one(worker); }
+
+    void publish() {
+        if (pending_.elems.empty()) return;
+        const size_t b = published_.load();
+        TORCH_CHECK(b < capacity_, "idle hashing: more batches than outputs");
+        auto batch = std::make_unique<Batch>();
+        batch->elems.swap(pending_.elems);
+        batch->numels.swap(pending_.numels);
+        batch->rows.swap(pending_.rows);
+        pending_leaves_ = 0;
+        batch->out.resize(32 * batch->elems.size());
+        int rc = 0;
+        batch->work = api_->begin(batch->elems.data(), batch->numels.data(), batch->elems.size(), batch->out.data(),
+                                  (int)threads_, HASH_MIN_LEAVES, IDLE_ITEM_LOG, &rc);
+        TORCH_CHECK(batch->work != nullptr, "roots_begin failed (", rc, ")");
+        batch->n_items = api_->items(batch->work);
+        batch->reserved = spread_;
+        batch->next.store(spread_ ? 1 : 0);
+        total_ += batch->n_items;
+        batches_[b] = std::move(batch);
+        published_.store(b + 1);  // the batch is complete before any thread can see it
+        wake_idle_workers();
+    }
+
+    // Claims and runs one item of the oldest batch with items left (among the first `upto`);
+    // false if there is none.
+    bool run_one(int64_t worker, size_t upto = SIZE_MAX) {
+        const size_t n = std::min(published_.load(), upto);
+        for (size_t b = first_open_.load(); b < n; b++) {
+            Batch& batch = *batches_[b];
+            const bool mine = batch.reserved && worker != 0 && !batch.reserved_taken.exchange(true);
+            const int64_t i = mine ? 0 : batch.next.fetch_add(1);
+            if (i >= batch.n_items) {
+                size_t open = b;
+                if (!batch.reserved || batch.reserved_taken.load()) first_open_.compare_exchange_strong(open, b + 1);
+                continue;
+            }
+            if (worker != 0 && !draining_.load()) overlapped_.fetch_add(1);
+            api_->run_item(batch.work, i);
+            workers_.fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
+            if (batch.done.fetch_add(1) + 1 == batch.n_items) finish(batch);
+            return true;
+        }
+        return false;
+    }
+
+    // The batch's every item has run: fold it and write its roots to their rows.
+    void finish(Batch& batch) {
+        const int rc = api_->end(batch.work);
+        batch.work = nullptr;
+        if (rc != 0) rc_.store(rc);
+        for (size_t j = 0; j < batch.rows.size(); j++)
+            std::copy(batch.out.begin() + 32 * j, batch.out.begin() + 32 * (j + 1), roots_ + 32 * batch.rows[j]);
+        batch.ended.store(true);
+        batch.ended.notify_all();
+    }
+};
 
 struct Ref {
     int64_t buf, offset, numel;
@@ -413,7 +603,9 @@ class StepPlan {
     // numels, n, roots, threads, min_leaves, runner, ctx) (kernels/keccak_tree.c), on hash_threads
     // threads (the hashing's own count, as when the executor hashes an arena). Call after the
     // last node is added: it fixes where the hashing goes between the levels (see the top).
-    void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows, int64_t hash_threads) {
+    // api_addr (optional): the keccak tree's keccak_roots_api(), for hashing in the pool's idle
+    // time at two or more threads (IdleHashing); 0: every output is hashed at the hash points.
+    void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows, int64_t hash_threads, int64_t api_addr) {
         TORCH_CHECK(fn_addr != 0, "null tensor_roots function");
         TORCH_CHECK(hash_threads >= 1, "hash_threads must be >= 1");
         TORCH_CHECK(rows.size() == nodes_.size(), "one root row per plan node");
@@ -433,7 +625,8 @@ class StepPlan {
             seen[r] = 1;
         }
         hash_before_.assign(levels_.size(), {});
-        std::vector<int64_t> pending;
+        overwritten_.assign(levels_.size(), {});
+        std::vector<int64_t> pending, unhashed;  // since the last hash point; not yet overwritten
         for (size_t lv = 0; lv < levels_.size(); lv++) {
             const Level& level = levels_[lv];
             bool overwrites = false;
@@ -441,11 +634,26 @@ class StepPlan {
                 for (int64_t i : *part)
                     for (int64_t p : pending) overwrites = overwrites || same_place(nodes_[i], nodes_[p]);
             if (overwrites) hash_before_[lv].swap(pending);
+            std::vector<int64_t> keep;
+            for (int64_t p : unhashed) {
+                bool hit = false;
+                for (const auto* part : {&level.big, &level.small})
+                    for (int64_t i : *part) hit = hit || same_place(nodes_[i], nodes_[p]);
+                if (hit)
+                    overwritten_[lv].push_back(rows[p]);
+                else
+                    keep.push_back(p);
+            }
+            unhashed.swap(keep);
             for (const auto* part : {&level.big, &level.small})
                 for (int64_t i : *part)
-                    if (rows[i] >= 0) pending.push_back(i);
+                    if (rows[i] >= 0) {
+                        pending.push_back(i);
+                        unhashed.push_back(i);
+                    }
         }
         hash_last_ = std::move(pending);
+        roots_api_ = reinterpret_cast<const RootsApi*>(api_addr);
         root_row_ = rows;
         n_rows_ = n_rows;
         roots_fn_ = reinterpret_cast<RootsFn>(fn_addr);
@@ -519,15 +727,49 @@ class StepPlan {
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         hash_workers_.store(0, std::memory_order_relaxed);
         double hash_s = 0;
+        // At two or more hashing threads, outputs are hashed in the pool's idle time as the
+        // levels run (IdleHashing); else, or while another run's idle hashing holds the pool,
+        // all of them at the hash points.
+        const int64_t idle_threads = std::min(threads, hash_threads_);
+        std::unique_ptr<IdleHashing> idle;
+        if (root_rows && roots_api_ && idle_threads > 1 && idle_hashing_) {
+            idle = std::make_unique<IdleHashing>(roots_api_, (size_t)n_rows_, root_rows, idle_threads,
+                                                 hash_workers_);
+            if (!idle->installed()) idle.reset();
+        }
         for (size_t l = 0; l < levels_.size(); l++) {
-            if (root_rows) hash_s += hash_nodes(hash_before_[l], base, root_rows, threads);
+            if (idle && !overwritten_[l].empty())
+                hash_s += idle->drain(&overwritten_[l]);
+            else if (root_rows && !idle && !hash_before_[l].empty())
+                hash_s += hash_nodes(hash_before_[l], base, root_rows, threads);
             const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
             if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (idle)
+                for (const auto* part : {&levels_[l].big, &levels_[l].small})
+                    for (int64_t i : *part)
+                        if (root_row_[i] >= 0) {
+                            const PlanNode& nd = nodes_[i];
+                            idle->add(reinterpret_cast<const uint32_t*>(base[nd.out_buf] + nd.out_offset),
+                                      (size_t)nd.out_numel, root_row_[i]);
+                        }
         }
-        if (root_rows) hash_s += hash_nodes(hash_last_, base, root_rows, threads);
+        if (root_rows) hash_s += idle ? idle->drain() : hash_nodes(hash_last_, base, root_rows, threads);
         hash_s_.store(hash_s, std::memory_order_relaxed);
+        idle_items_.store(idle ? idle->items_overlapped() : 0, std::memory_order_relaxed);
+        all_items_.store(idle ? idle->items_total() : 0, std::memory_order_relaxed);
         return arena;
+    }
+
+    // Whether committed runs at two or more threads hash in the pool's idle time (default on;
+    // off: every output at the hash points, as at one thread), for in-process comparisons
+    // (scripts/bench_conv.py --idle-hashing) and tests.
+    void set_idle_hashing(bool on) { idle_hashing_ = on; }
+
+    // The last committed run's idle hashing: (items pool workers hashed while levels ran, all
+    // its items); (0, 0) when it hashed at the hash points only.
+    std::pair<int64_t, int64_t> idle_hashed() const {
+        return {idle_items_.load(std::memory_order_relaxed), all_items_.load(std::memory_order_relaxed)};
     }
 
     // Wall seconds the last committed run spent hashing (its hash points together), for
@@ -545,11 +787,17 @@ class StepPlan {
     // Committed runs (hash_outputs): tensor_roots_on, each plan node's root row (-1: none), the
     // nodes hashed before each level and after the last.
     RootsFn roots_fn_ = nullptr;
+    const RootsApi* roots_api_ = nullptr;
+    bool idle_hashing_ = true;
+    mutable std::atomic<int64_t> idle_items_{0}, all_items_{0};  // the last committed run's (idle_hashed)
     int64_t hash_threads_ = 1;
     std::vector<int64_t> root_row_;
     int64_t n_rows_ = 0;
     std::vector<std::vector<int64_t>> hash_before_;
     std::vector<int64_t> hash_last_;
+    // Idle hashing: per level, the root rows of the outputs it overwrites that no earlier level
+    // overwrote (they must be hashed before it runs: IdleHashing::drain).
+    std::vector<std::vector<int64_t>> overwritten_;
     mutable std::atomic<uint64_t> hash_workers_{0};  // bit w: worker w hashed in the last run
     mutable std::atomic<double> hash_s_{0};          // the last committed run's hashing seconds
     // The arena and scratch (ring + work region) of each run, recycled (BufferPool); declared
@@ -928,7 +1176,10 @@ void bind_step_plan(pybind11::module& m) {
              pybind11::arg("out_buf"), pybind11::arg("out_offset"), pybind11::arg("kmajor") = false)
         .def("add_permute", &StepPlan::add_permute)
         .def("add_pool_backward", &StepPlan::add_pool_backward)
-        .def("hash_outputs", &StepPlan::hash_outputs)
+        .def("hash_outputs", &StepPlan::hash_outputs, pybind11::arg("fn_addr"), pybind11::arg("rows"),
+             pybind11::arg("hash_threads"), pybind11::arg("api_addr") = 0)
+        .def("set_idle_hashing", &StepPlan::set_idle_hashing)
+        .def("idle_hashed", &StepPlan::idle_hashed)
         .def("hash_workers", &StepPlan::hash_workers)
         .def("hash_seconds", &StepPlan::hash_seconds)
         .def("__len__", &StepPlan::size)

@@ -6,6 +6,8 @@ library (the numpy + pycryptodome fallback gives the same bytes)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -202,3 +204,36 @@ def test_epoch_permutation_orders_by_the_whole_key_when_first_words_tie(monkeypa
     keys = [bytes(k) for k in tied(msgs)]
     assert epoch_permutation(seed, epoch, n).tolist() == sorted(range(n), key=lambda i: (keys[i], i))
     epoch_permutation.cache_clear()
+
+
+def test_roots_taken_apart_give_the_same_roots_in_any_item_order() -> None:
+    """``roots_begin`` / ``roots_run_item`` / ``roots_end`` (the whole-step plan hashes outputs in
+    its pool's idle time with them): items capped at 2^max_item_log leaves, run in a shuffled
+    order, give every tensor's reference root; big trees really are cut at the cap (at one
+    thread too), and an empty tensor is refused (-1) before anything is allocated."""
+    lib = native.load_library()
+    if lib is None:
+        pytest.skip("no C compiler: the native library is not built here")
+    rng = np.random.default_rng(7)
+    sizes = [*SIZES, 128 * 2**10 + 3, 128 * 2**14 + 1]
+    tensors = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    expected = [ref_root(t.view(np.uint32)) for t in tensors]
+    ptrs = (ctypes.c_void_p * len(tensors))(*[t.ctypes.data for t in tensors])
+    numels = (ctypes.c_size_t * len(tensors))(*sizes)
+    big_leaves = sum(-(-n // 128) for n in sizes if n > 128 * 256)
+    for threads, max_log in ((1, 0), (2, 0), (1, 6), (2, 8), (4, 5)):
+        roots = np.zeros((len(tensors), 32), dtype=np.uint8)
+        rc = ctypes.c_int(99)
+        work = lib.roots_begin(ptrs, numels, len(tensors), roots.ctypes.data, threads, 64, max_log, ctypes.byref(rc))
+        assert work and rc.value == 0
+        n_items = lib.roots_items(work)
+        if max_log:  # every big tree cut into items of at most 2^max_log leaves
+            assert n_items >= big_leaves >> max_log, (threads, max_log, n_items)
+        for i in rng.permutation(n_items):
+            lib.roots_run_item(work, int(i))
+        assert lib.roots_end(work) == 0
+        assert [bytes(r) for r in roots] == expected, (threads, max_log)
+    numels[3] = 0
+    rc = ctypes.c_int(99)
+    assert not lib.roots_begin(ptrs, numels, len(tensors), roots.ctypes.data, 2, 64, 8, ctypes.byref(rc))
+    assert rc.value == -1

@@ -114,6 +114,18 @@ def _declare(lib: ctypes.CDLL) -> None:
     # passes its thread pool as the runner (repops/backends/cpu/step.py roots_function)
     lib.tensor_roots_on.argtypes = [u8p, u8p, size, u8p, ctypes.c_int, size, ctypes.c_void_p, ctypes.c_void_p]
     lib.tensor_roots_on.restype = ctypes.c_int
+    # the same work taken apart (roots_begin / roots_run_item / roots_end) as one table of
+    # function addresses: the whole-step plan hashes outputs in its pool's idle time with it
+    lib.keccak_roots_api.argtypes = []
+    lib.keccak_roots_api.restype = ctypes.c_void_p
+    lib.roots_begin.argtypes = [u8p, u8p, size, u8p, ctypes.c_int, size, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.roots_begin.restype = ctypes.c_void_p
+    lib.roots_items.argtypes = [ctypes.c_void_p]
+    lib.roots_items.restype = ctypes.c_int64
+    lib.roots_run_item.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.roots_run_item.restype = None
+    lib.roots_end.argtypes = [ctypes.c_void_p]
+    lib.roots_end.restype = ctypes.c_int
     lib.node_hashes.argtypes = [u8p, size, u8p, u8p, u8p, size, u8p]
     lib.node_hashes.restype = ctypes.c_int
     lib.keccak256_many.argtypes = [u8p, size, size, u8p]

@@ -148,7 +148,7 @@ class StepKernel(ArenaLayout):
         for i, d in enumerate(owner):
             if i + 1 == len(owner) or owner[i + 1] != d:
                 rows[i] = d
-        self._plan.hash_outputs(fn, rows, default_threads())
+        self._plan.hash_outputs(fn, rows, default_threads(), roots_api())
         self.hashes_outputs = True
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
@@ -315,6 +315,18 @@ class StepKernel(ArenaLayout):
         in-plan hashing ran on several OS threads)."""
         return int(self._plan.hash_workers())
 
+    def idle_hashed(self) -> tuple[int, int]:
+        """The last committed run's hashing in the pool's idle time: (items pool workers hashed
+        while levels ran, all its items); (0, 0) when it hashed at the hash points only (one
+        thread, or idle hashing off)."""
+        overlapped, total = self._plan.idle_hashed()
+        return int(overlapped), int(total)
+
+    def set_idle_hashing(self, on: bool) -> None:
+        """Hash in the pool's idle time at two or more threads (the default), or only at the hash
+        points: for benchmarks comparing the two in one process (same roots either way)."""
+        self._plan.set_idle_hashing(on)
+
 
 @functools.cache
 def roots_function() -> int | None:
@@ -324,6 +336,15 @@ def roots_function() -> int | None:
     ``keep=None``)."""
     lib = load_library()
     return None if lib is None else ctypes.cast(lib.tensor_roots_on, ctypes.c_void_p).value
+
+
+@functools.cache
+def roots_api() -> int:
+    """The address of the keccak tree's ``keccak_roots_api()`` table (roots_begin, roots_items,
+    roots_run_item, roots_end), with which the plan hashes outputs in its pool's idle time at two
+    or more threads; 0 without the native library."""
+    lib = load_library()
+    return 0 if lib is None else int(lib.keccak_roots_api() or 0)
 
 
 def plain_copy(desc: KernelDesc) -> tuple[int, InputMap] | None:
