@@ -181,7 +181,11 @@ class Pool {
                 job_.reserved_done.wait(d);
         }
         open_.store(false);
-        // Wait for the workers still inside (their items are in progress, or they are leaving).
+        // Wait for the workers still inside (their items are in progress, or they are leaving),
+        // running units of idle work meanwhile: this thread would only wait, and the idle work
+        // has to be done by some thread before the step ends.
+        while (active_.load() != 0 && run_idle(0)) {
+        }
         wait_for_zero(active_);
         if (job_.error) std::rethrow_exception(job_.error);
     }

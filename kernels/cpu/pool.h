@@ -72,14 +72,16 @@ void set_spread_check(bool on);
 int64_t pool_size();
 
 // Idle work: while installed, a pool worker w (1 <= w < threads) with no items to run calls
-// fn(ctx, w) before it spins or sleeps, again and again while fn returns true. fn runs one small
-// unit of work (tens of microseconds: a worker that is in it joins the next parallel_items call
-// only after it) and returns false when it has none. The whole-step plan hashes finished outputs
+// fn(ctx, w) before it spins or sleeps, again and again while fn returns true; so does the
+// calling thread of a parallel_items call (as fn(ctx, 0)) while it waits for workers to finish
+// their items. fn runs one small unit of work (tens of microseconds: a worker that is in it
+// joins the next parallel_items call only after it, a caller returns only after it) and
+// returns false when it has none. The whole-step plan hashes finished outputs
 // this way while later nodes run (step_plan.cpp, IdleHashing). Idle work never runs items of a
 // parallel_items call and never changes a bit of one. install_idle_work returns false (and
 // installs nothing) while another thread's idle work is installed; it starts the workers it
 // needs. wake_idle_workers wakes sleeping workers to look for new idle work;
-// remove_idle_work returns once no worker is inside fn any more.
+// remove_idle_work returns once no thread is inside fn any more.
 // Called from inside an item (all work there runs inline), install_idle_work installs nothing.
 // A worker that ran an idle unit counts as engaged (probe_threads). Under the spread check
 // (set_spread_check) idle work should leave some of its units to the workers (spread_check_on),

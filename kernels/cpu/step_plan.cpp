@@ -107,9 +107,10 @@ constexpr size_t IDLE_BATCH_LEAVES = 256;
 
 // Hashing in the pool's idle time, for one committed run at two or more threads (StepPlan::run).
 // The outputs of finished levels are handed out in batches (add, publish: one roots_begin call
-// each, cut into small items); pool workers with no items of their own take them (pool.h idle
-// work) while the following levels run, e.g. while the calling thread runs a node too small to
-// split, or waits for the other nodes of a level. Before a level that overwrites outputs not yet
+// each, cut into small items); threads with no items of their own take them (pool.h idle
+// work) while the following levels run: a pool worker while the calling thread runs a node too
+// small to split, either thread when it has finished its share of a level or of a kernel's
+// items and waits for the other. Before a level that overwrites outputs not yet
 // hashed, drain() makes sure of those: it runs the remaining items of the batches up to the last
 // that holds one of them on the calling thread, beside the woken workers, and waits until those
 // batches are folded (later batches stay for idle time); at the end, of all. The thread that
@@ -177,7 +178,8 @@ class IdleHashing {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
 
-    // Items run by pool workers while levels ran (not in a drain), and all items.
+    // Items run while levels ran (not in a drain: by a worker, or by a caller of parallel_items
+    // waiting for one), and all items.
     int64_t items_overlapped() const { return overlapped_.load(); }
     int64_t items_total() const { return total_; }
 
@@ -252,7 +254,7 @@ class IdleHashing {
                 if (!batch.reserved || batch.reserved_taken.load()) first_open_.compare_exchange_strong(open, b + 1);
                 continue;
             }
-            if (worker != 0 && !draining_.load()) overlapped_.fetch_add(1);
+            if (!draining_.load()) overlapped_.fetch_add(1);
             api_->run_item(batch.work, i);
             workers_.fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
             if (batch.done.fetch_add(1) + 1 == batch.n_items) finish(batch);
@@ -766,7 +768,7 @@ class StepPlan {
     // (scripts/bench_conv.py --idle-hashing) and tests.
     void set_idle_hashing(bool on) { idle_hashing_ = on; }
 
-    // The last committed run's idle hashing: (items pool workers hashed while levels ran, all
+    // The last committed run's idle hashing: (items hashed while levels ran, all
     // its items); (0, 0) when it hashed at the hash points only.
     std::pair<int64_t, int64_t> idle_hashed() const {
         return {idle_items_.load(std::memory_order_relaxed), all_items_.load(std::memory_order_relaxed)};

@@ -123,7 +123,7 @@ def _committed(ex, st, batch, keep, ref, tries: int = 20):  # type: ignore[no-un
     """The committed step run up to ``tries`` times (each equal to ``ref``) until more than one
     thread hashed (at 2+ threads a pool worker hashes in its idle time, which a busy machine
     may not give it in one step); returns the kernel and, per run, (threads that hashed, items
-    pool workers hashed while levels ran, all items)."""
+    hashed while levels ran, all items)."""
     kernel, runs = ex.step_kernel(keep), []
     for _ in range(tries):
         with spread_check(ex.runner.isa):

@@ -316,7 +316,7 @@ class StepKernel(ArenaLayout):
         return int(self._plan.hash_workers())
 
     def idle_hashed(self) -> tuple[int, int]:
-        """The last committed run's hashing in the pool's idle time: (items pool workers hashed
+        """The last committed run's hashing in the pool's idle time: (items hashed
         while levels ran, all its items); (0, 0) when it hashed at the hash points only (one
         thread, or idle hashing off)."""
         overlapped, total = self._plan.idle_hashed()
