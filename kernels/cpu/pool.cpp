@@ -21,9 +21,11 @@
 //
 // Idle work (install_idle_work) follows the same pattern with its own pair: a worker increments
 // idle_active_ before it reads idle_fn_, and remove_idle_work clears idle_fn_ before it waits for
-// idle_active_ to reach 0, so no worker is inside an idle function once it is removed. A worker
+// idle_active_ to reach 0, so no thread is inside an idle function once it is removed. A worker
 // runs idle work only between jobs (never while it counts in active_), so a caller never waits
-// for it; a worker inside an idle unit when a job starts joins that job when the unit ends.
+// for it; a worker inside an idle unit when a job starts joins that job when the unit ends. A
+// caller whose items are all taken runs idle units (as worker 0) while it waits for the workers
+// still inside its job, so it returns up to one unit after they finish.
 
 #include "pool.h"
 
