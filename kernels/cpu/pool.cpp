@@ -239,11 +239,12 @@ class Pool {
     std::atomic<int32_t> active_{0};
     // Idle work (install_idle): idle_ctx_ is written before idle_fn_ is set, under idle_mutex_,
     // which remove_idle holds until no worker is inside the function.
+    // On their own cache lines: the job's open_ / active_ are written on every call.
     std::mutex idle_mutex_;
-    std::atomic<IdleFn> idle_fn_{nullptr};
+    alignas(64) std::atomic<IdleFn> idle_fn_{nullptr};
     void* idle_ctx_ = nullptr;
     std::atomic<int64_t> idle_threads_{0};
-    std::atomic<int32_t> idle_active_{0};
+    alignas(64) std::atomic<int32_t> idle_active_{0};
 
     void grow(int64_t n_workers) {
         n_workers = std::min<int64_t>(n_workers, MAX_WORKERS - 1);
@@ -278,6 +279,9 @@ class Pool {
 
     // One unit of idle work if there is any for worker w; true if it ran one.
     bool run_idle(int64_t w) {
+        // Nothing installed (every plain step): return without writing a line another thread
+        // reads. Seeing an idle function here only leads to the protocol's own read below.
+        if (idle_fn_.load(std::memory_order_relaxed) == nullptr) return false;
         idle_active_.fetch_add(1);
         bool ran = false;
         const IdleFn fn = idle_fn_.load();
