@@ -41,8 +41,8 @@
  * pairs packed into the vector lanes ACROSS tensors; larger trees are cut into subtree tasks as
  * above, and the tasks of all of them and the groups form one list of items that the threads
  * share out (one start and join per call, not per large tensor). The caller may bring its own
- * threads (tensor_roots_on's runner: the RepOps whole-step plan runs the items on its persistent
- * pool). A ragged group fills its spare lanes with a copy rather than falling back to scalar
+ * threads (roots_begin / roots_run_item / roots_end: the RepOps whole-step plan runs the items
+ * on its persistent pool). A ragged group fills its spare lanes with a copy rather than falling back to scalar
  * permutations (one eight-lane permutation costs less than one scalar one on AVX-512 CPUs).
  */
 #include <pthread.h>
@@ -906,20 +906,13 @@ int tensor_leaves(const uint32_t* elems, size_t n, uint8_t* out_leaves, int thre
 /* One committed training step in two calls (verde_chain/graph/executor.py run_step)           */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Tensors that tensor_roots_on has cut into more than one subtree task since the library was
+/* Tensors that roots_begin has cut into more than one subtree task since the library was
  * loaded (keccak_trees_split): tests prove with it that their sizes took the split path. */
 static size_t TREES_SPLIT;
 
 size_t keccak_trees_split(void) { return __atomic_load_n(&TREES_SPLIT, __ATOMIC_RELAXED); }
 
-/* How tensor_roots_on runs its items: item(arg, i, worker) once for every i in [0, n_items) on
- * up to `threads` threads, returning when all are done (worker < threads indexes the thread).
- * The RepOps whole-step plan passes its persistent pool here (kernels/cpu/step_plan.cpp), so a
- * committed step's hash points wake parked threads instead of starting new ones. */
-typedef void (*keccak_item_fn)(void* arg, int64_t item, int64_t worker);
-typedef void (*keccak_runner_fn)(void* ctx, int64_t n_items, int64_t threads, keccak_item_fn item, void* arg);
-
-/* The work of one tensor_roots_on call as one list of items: the subtree tasks of every tree of
+/* The work of one tensor_roots call as one list of items: the subtree tasks of every tree of
  * more than BLOCK_LEAVES leaves (items [0, n_tasks): tree k's tasks are [task_start[k],
  * task_start[k + 1])), then the groups of small trees (items n_tasks + g). Items are claimed
  * from one counter, so the threads finish together once per call, not once per big tensor. */
@@ -935,10 +928,7 @@ typedef struct {
     int rc;
 } roots_job_t;
 
-static void roots_item(void* arg, int64_t item, int64_t worker) {
-    (void)worker;
-    roots_job_t* job = (roots_job_t*)arg;
-    size_t i = (size_t)item;
+static void roots_item(roots_job_t* job, size_t i) {
     if (i < job->n_tasks) {
         size_t lo = 0, hi = job->n_big; /* the tree whose tasks hold i: task_start[lo] <= i < task_start[lo + 1] */
         while (hi - lo > 1) {
@@ -960,13 +950,14 @@ static void* roots_worker(void* arg) {
     roots_job_t* job = (roots_job_t*)arg;
     size_t n_items = job->n_tasks + job->n_groups;
     /* claimed one at a time, as tree_worker claims tasks */
-    for (size_t i; (i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < n_items;) roots_item(job, (int64_t)i, 0);
+    for (size_t i; (i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < n_items;) roots_item(job, i);
     return NULL;
 }
 
-/* A tensor_roots_on call taken apart (roots_begin, roots_run_item, roots_end), for callers that
- * run its items at their own pace: the RepOps whole-step plan hashes a level's outputs in the
- * pool's idle time while later levels run (kernels/cpu/step_plan.cpp, IdleHashing). The job and
+/* A tensor_roots call taken apart (roots_begin, roots_run_item, roots_end), for callers that
+ * run its items on their own threads and at their own pace: the RepOps whole-step plan hashes
+ * at its hash points on its persistent pool, and a level's outputs in the pool's idle time
+ * while later levels run (kernels/cpu/step_plan.cpp: pool_roots, IdleHashing). The job and
  * every buffer its items write are owned here; roots_end folds the big trees' task roots on top
  * and frees them. */
 typedef struct roots_work {
@@ -1111,7 +1102,11 @@ roots_work_t* roots_begin(const uint32_t* const* elems, const size_t* numels, si
  * thread, in any order) before roots_end. */
 int64_t roots_items(const roots_work_t* w) { return (int64_t)w->n_items; }
 
-void roots_run_item(roots_work_t* w, int64_t item) { roots_item(&w->job, item, 0); }
+/* How many threads roots_begin sized the items for (>= 1; fewer than asked when the tensors
+ * hold fewer than min_leaves leaves per thread): more would wake threads for nothing. */
+int roots_threads(const roots_work_t* w) { return w->threads; }
+
+void roots_run_item(roots_work_t* w, int64_t item) { roots_item(&w->job, (size_t)item); }
 
 /* After every item ran: each big tree's task roots folded on top, as tree_root does (ZERO_{sub + l}
  * padding), into the caller's roots; frees the work. Returns 0, or -2 when an item ran out of
@@ -1130,21 +1125,24 @@ int roots_end(roots_work_t* w) {
     return rc;
 }
 
-/* The three calls above by address, for code that reaches this library through one pointer
- * (the RepOps extension gets it from commit/native.py: keccak_roots_api). */
+/* The calls above by address, and the leaf size, for code that reaches this library through one
+ * pointer (the RepOps extension gets it from repops/backends/cpu/step.py: roots_api). */
 typedef struct {
     roots_work_t* (*begin)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int, size_t, int, int*);
     int64_t (*items)(const roots_work_t*);
+    int (*threads)(const roots_work_t*);
     void (*run_item)(roots_work_t*, int64_t);
     int (*end)(roots_work_t*);
+    size_t leaf_elems;
 } keccak_roots_api_t;
 
-static const keccak_roots_api_t ROOTS_API = {roots_begin, roots_items, roots_run_item, roots_end};
+static const keccak_roots_api_t ROOTS_API = {roots_begin, roots_items, roots_threads, roots_run_item, roots_end, LEAF_ELEMS};
 
 const keccak_roots_api_t* keccak_roots_api(void) { return &ROOTS_API; }
 
 /* Roots of n tensors: tensor i is elems[i][0 .. numels[i]) (>= 1 element each) -> roots[32 i],
- * on up to `threads` threads, each given min_leaves leaves at least (fewer threads otherwise).
+ * on up to `threads` threads, each given MIN_LEAVES_PER_THREAD leaves at least (fewer threads
+ * otherwise), started per call.
  * A step commits every node output, most of them a few thousand elements: one call for all of
  * them saves the per-call cost that dominated small tensors. Trees of at most BLOCK_LEAVES
  * leaves are hashed together in groups (small_trees_roots: leaves and levels across tensors);
@@ -1152,30 +1150,20 @@ const keccak_roots_api_t* keccak_roots_api(void) { return &ROOTS_API; }
  * fold, so the same roots), and the tasks of all of them and the groups are one list of items
  * that the threads share out, the big tensors' tasks first. Before, the larger trees went one
  * by one through tensor_root, starting and joining its threads per tensor, and one of fewer than
- * 2 * MIN_LEAVES_PER_THREAD leaves ran on one thread while the others waited.
- * runner: NULL, the library's own threads (started per call: min_leaves should be
- * MIN_LEAVES_PER_THREAD); else the caller's (keccak_runner_fn). Returns 0, -1 on an empty
- * tensor, -2 when out of memory. */
-int tensor_roots_on(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads,
-                    size_t min_leaves, keccak_runner_fn runner, void* ctx) {
+ * 2 * MIN_LEAVES_PER_THREAD leaves ran on one thread while the others waited. Returns 0, -1 on
+ * an empty tensor, -2 when out of memory. */
+int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
     int rc = 0;
-    roots_work_t* w = roots_begin(elems, numels, n, roots, threads, min_leaves, 0, &rc);
+    roots_work_t* w = roots_begin(elems, numels, n, roots, threads, MIN_LEAVES_PER_THREAD, 0, &rc);
     if (!w) return rc;
     size_t n_items = w->n_items;
     int t = (size_t)w->threads < n_items ? w->threads : (int)n_items;
-    if (runner) { /* at one thread too: the caller sees which of its threads hashed */
-        if (n_items) runner(ctx, (int64_t)n_items, t < 1 ? 1 : t, roots_item, &w->job);
-    } else if (t <= 1) {
-        for (size_t i = 0; i < n_items; i++) roots_item(&w->job, (int64_t)i, 0);
+    if (t <= 1) {
+        for (size_t i = 0; i < n_items; i++) roots_item(&w->job, i);
     } else {
         run_parallel(roots_worker, &w->job, 0, t); /* every worker shares the one job */
     }
     return roots_end(w);
-}
-
-/* tensor_roots_on with the library's own threads. */
-int tensor_roots(const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* roots, int threads) {
-    return tensor_roots_on(elems, numels, n, roots, threads, MIN_LEAVES_PER_THREAD, NULL, NULL);
 }
 
 static void put_word(uint8_t* p, uint64_t x) {

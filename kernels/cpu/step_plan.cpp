@@ -17,7 +17,7 @@
 // region lives in the scratch buffer after the window ring, so it is reused from run to run and
 // never returned. A committed run (hash_outputs, then run(..., roots)) hashes every node output
 // before any later node overwrites its slot: before a level that writes over an output not yet
-// hashed, every pending output is hashed (the keccak tree's tensor_roots_on, on the run's
+// hashed, every pending output is hashed (the keccak tree's items, on the run's
 // threads through the kernels' persistent pool: hash_nodes), and the rest at the end. At two or
 // more threads, pool workers hash finished outputs in their idle time while later levels run,
 // and those points only drain what is left (IdleHashing).
@@ -62,38 +62,43 @@ constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 // leaves (~20 us, several wake-ups' worth).
 constexpr size_t HASH_MIN_LEAVES = 64;
 
-// The keccak tree's tensor_roots_on and its runner types (keccak_tree.c keccak_item_fn,
-// keccak_runner_fn): the plan reaches the tree through a function address (hash_outputs).
-using KeccakItem = void (*)(void* arg, int64_t item, int64_t worker);
-using KeccakRunner = void (*)(void* ctx, int64_t n_items, int64_t threads, KeccakItem item, void* arg);
-using RootsFn = int (*)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int, size_t, KeccakRunner, void*);
-
-// The keccak tree's runner: its items on the kernels' pool, every worker that ran one recorded
-// in *ctx (a std::atomic<uint64_t>, bit w: worker w; the hash_workers probe).
-void pool_runner(void* ctx, int64_t n_items, int64_t threads, KeccakItem item, void* arg) {
-    auto* workers = static_cast<std::atomic<uint64_t>*>(ctx);
-    parallel_items(n_items, threads, [&](int64_t i, int64_t worker) {
-        item(arg, i, worker);
-        workers->fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
-    });
-}
-
-// Roots of n tensors into out[32 i] by `roots_fn` on up to `threads` threads of the pool (the
-// in-plan hashing, hash_nodes; and pool_tensor_roots for tests of it on any sizes).
-void pool_roots(RootsFn roots_fn, const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* out,
-                int64_t threads, std::atomic<uint64_t>& workers) {
-    const int rc = roots_fn(elems, numels, n, out, (int)threads, HASH_MIN_LEAVES, pool_runner, &workers);
-    TORCH_CHECK(rc == 0, "tensor_roots_on failed (", rc, ")");
-}
-
-// The keccak tree's tensor_roots_on taken apart (keccak_tree.c keccak_roots_api_t: roots_begin,
-// roots_items, roots_run_item, roots_end), reached through one address (hash_outputs).
+// The keccak tree's work taken apart (keccak_tree.c keccak_roots_api_t: roots_begin, roots_items,
+// roots_threads, roots_run_item, roots_end, LEAF_ELEMS), reached through one address
+// (hash_outputs): the plan runs the items itself, at its hash points on its pool (pool_roots)
+// and in the pool's idle time (IdleHashing).
 struct RootsApi {
     void* (*begin)(const uint32_t* const*, const size_t*, size_t, uint8_t*, int, size_t, int, int*);
     int64_t (*items)(const void*);
+    int (*threads)(const void*);
     void (*run_item)(void*, int64_t);
     int (*end)(void*);
+    size_t leaf_elems;
 };
+
+// Roots of n >= 1 tensors into out[32 i] on up to `threads` threads of the kernels' persistent
+// pool (the hash points, hash_nodes; and pool_tensor_roots for tests of it on any sizes):
+// every worker that ran an item is recorded in `workers` (bit w: worker w; the hash_workers
+// probe). The tree sizes its items for the threads (each given HASH_MIN_LEAVES leaves at least)
+// and says how many of them are worth waking.
+void pool_roots(const RootsApi* api, const uint32_t* const* elems, const size_t* numels, size_t n, uint8_t* out,
+                int64_t threads, std::atomic<uint64_t>& workers) {
+    int rc = 0;
+    void* work = api->begin(elems, numels, n, out, (int)threads, HASH_MIN_LEAVES, 0, &rc);
+    TORCH_CHECK(work != nullptr, "roots_begin failed (", rc, ")");
+    const int64_t n_items = api->items(work);
+    const int64_t t = std::max<int64_t>(1, std::min<int64_t>(api->threads(work), n_items));
+    try {
+        parallel_items(n_items, t, [&](int64_t i, int64_t worker) {
+            api->run_item(work, i);
+            workers.fetch_or(uint64_t(1) << (worker & 63), std::memory_order_relaxed);
+        });
+    } catch (...) {
+        api->end(work);  // frees the work; its roots are never read
+        throw;
+    }
+    rc = api->end(work);
+    TORCH_CHECK(rc == 0, "roots_end failed (", rc, ")");
+}
 
 // Idle hashing's items hold at most 2^IDLE_ITEM_LOG leaves (~60 us of one core's hashing here:
 // a pool worker inside one joins the next parallel call up to that much late), and a batch is
@@ -146,7 +151,7 @@ class IdleHashing {
         pending_.elems.push_back(elems);
         pending_.numels.push_back(numel);
         pending_.rows.push_back(row);
-        pending_leaves_ += (numel + 127) / 128;
+        pending_leaves_ += (numel + api_->leaf_elems - 1) / api_->leaf_elems;
         if (pending_leaves_ >= IDLE_BATCH_LEAVES) publish();
     }
 
@@ -601,14 +606,14 @@ class StepPlan {
     int64_t size() const { return (int64_t)nodes_.size(); }
 
     // Committed runs: plan node i's output is hashed into row rows[i] of run's `roots` (-1: not
-    // hashed; a scratch-ring intermediate), by fn_addr, the keccak tree's tensor_roots_on(elems,
-    // numels, n, roots, threads, min_leaves, runner, ctx) (kernels/keccak_tree.c), on hash_threads
-    // threads (the hashing's own count, as when the executor hashes an arena). Call after the
-    // last node is added: it fixes where the hashing goes between the levels (see the top).
-    // api_addr (optional): the keccak tree's keccak_roots_api(), for hashing in the pool's idle
-    // time at two or more threads (IdleHashing); 0: every output is hashed at the hash points.
-    void hash_outputs(int64_t fn_addr, const std::vector<int64_t>& rows, int64_t hash_threads, int64_t api_addr) {
-        TORCH_CHECK(fn_addr != 0, "null tensor_roots function");
+    // hashed; a scratch-ring intermediate) with the keccak tree at api_addr (its
+    // keccak_roots_api(), kernels/keccak_tree.c), on hash_threads threads (the hashing's own
+    // count, as when the executor hashes an arena): at the hash points, and at two or more
+    // threads also in the pool's idle time (IdleHashing; set_idle_hashing(false): only at the
+    // hash points). Call after the last node is added: it fixes where the hashing goes between
+    // the levels (see the top).
+    void hash_outputs(const std::vector<int64_t>& rows, int64_t hash_threads, int64_t api_addr) {
+        TORCH_CHECK(api_addr != 0, "null keccak_roots_api table");
         TORCH_CHECK(hash_threads >= 1, "hash_threads must be >= 1");
         TORCH_CHECK(rows.size() == nodes_.size(), "one root row per plan node");
         int64_t n_rows = 0;
@@ -658,7 +663,6 @@ class StepPlan {
         roots_api_ = reinterpret_cast<const RootsApi*>(api_addr);
         root_row_ = rows;
         n_rows_ = n_rows;
-        roots_fn_ = reinterpret_cast<RootsFn>(fn_addr);
         hash_threads_ = hash_threads;
     }
 
@@ -714,7 +718,7 @@ class StepPlan {
         check_buffer(batch, size_[RP_SOURCE_BATCH], "batch");
         uint8_t* root_rows = nullptr;
         if (roots.has_value()) {
-            TORCH_CHECK(roots_fn_ != nullptr && root_row_.size() == nodes_.size(),
+            TORCH_CHECK(roots_api_ != nullptr && root_row_.size() == nodes_.size(),
                         "hash_outputs must be called after the last node, before a committed run");
             TORCH_CHECK(roots->scalar_type() == torch::kUInt8 && roots->is_contiguous() &&
                             roots->numel() == 32 * n_rows_,
@@ -786,9 +790,8 @@ class StepPlan {
   private:
     int64_t size_[RP_SCRATCH + 1];  // element count per source kind, then the scratch (ring + work)
     int64_t ring_, work_;           // the scratch: the window ring [0, ring_), then the work region
-    // Committed runs (hash_outputs): tensor_roots_on, each plan node's root row (-1: none), the
+    // Committed runs (hash_outputs): the keccak tree, each plan node's root row (-1: none), the
     // nodes hashed before each level and after the last.
-    RootsFn roots_fn_ = nullptr;
     const RootsApi* roots_api_ = nullptr;
     bool idle_hashing_ = true;
     mutable std::atomic<int64_t> idle_items_{0}, all_items_{0};  // the last committed run's (idle_hashed)
@@ -812,8 +815,8 @@ class StepPlan {
     std::vector<Level> levels_;
 
     // The tensor roots of plan nodes `which` into their rows of `roots`, on up to min(threads,
-    // hash_threads_) threads; returns the wall seconds it took. One tensor_roots_on call per hash
-    // point, its items run by the kernels' persistent pool (pool_runner): the keccak tree cuts
+    // hash_threads_) threads; returns the wall seconds it took. One pool_roots call per hash
+    // point, its items run by the kernels' persistent pool: the keccak tree cuts
     // the big outputs into subtree tasks and groups the small ones (a step's hash points hold a
     // few to a few dozen outputs of 16-1000 leaves, and resnet18's also outputs of 2,048-16,384),
     // and the pool's threads share all of them out, finishing together once per hash point.
@@ -836,7 +839,7 @@ class StepPlan {
             numels[j] = (size_t)nd.out_numel;
         }
         const int64_t t = std::max<int64_t>(1, std::min(threads, hash_threads_));
-        pool_roots(roots_fn_, elems.data(), numels.data(), n, out.data(), t, hash_workers_);
+        pool_roots(roots_api_, elems.data(), numels.data(), n, out.data(), t, hash_workers_);
         for (size_t j = 0; j < n; j++)
             std::copy(out.begin() + 32 * j, out.begin() + 32 * (j + 1), roots + 32 * root_row_[which[j]]);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1134,12 +1137,12 @@ class StepPlan {
 
 }  // namespace
 
-// Tests: the in-plan hashing's code (pool_roots) on any tensors. fn_addr: tensor_roots_on;
-// tensors: contiguous float32, >= 1 element each. Returns (roots (n, 32) uint8, how many
-// distinct pool workers hashed).
-static std::pair<torch::Tensor, int64_t> pool_tensor_roots(int64_t fn_addr, const std::vector<torch::Tensor>& tensors,
-                                                    int64_t threads) {
-    TORCH_CHECK(fn_addr != 0, "null tensor_roots_on function");
+// Tests: the in-plan hashing's code (pool_roots) on any tensors. api_addr: the keccak tree's
+// keccak_roots_api(); tensors: contiguous float32, >= 1 element each. Returns (roots (n, 32)
+// uint8, how many distinct pool workers hashed).
+static std::pair<torch::Tensor, int64_t> pool_tensor_roots(int64_t api_addr, const std::vector<torch::Tensor>& tensors,
+                                                           int64_t threads) {
+    TORCH_CHECK(api_addr != 0, "null keccak_roots_api table");
     TORCH_CHECK(threads >= 1, "threads must be >= 1");
     std::vector<const uint32_t*> elems;
     std::vector<size_t> numels;
@@ -1152,13 +1155,13 @@ static std::pair<torch::Tensor, int64_t> pool_tensor_roots(int64_t fn_addr, cons
     torch::Tensor roots = torch::empty({(int64_t)tensors.size(), 32}, torch::kUInt8);
     std::atomic<uint64_t> workers{0};
     if (!tensors.empty())
-        pool_roots(reinterpret_cast<RootsFn>(fn_addr), elems.data(), numels.data(), elems.size(),
+        pool_roots(reinterpret_cast<const RootsApi*>(api_addr), elems.data(), numels.data(), elems.size(),
                    roots.data_ptr<uint8_t>(), threads, workers);
     return {roots, __builtin_popcountll(workers.load())};
 }
 
 void bind_step_plan(pybind11::module& m) {
-    m.def("pool_tensor_roots", &pool_tensor_roots, pybind11::arg("fn_addr"), pybind11::arg("tensors"),
+    m.def("pool_tensor_roots", &pool_tensor_roots, pybind11::arg("api_addr"), pybind11::arg("tensors"),
           pybind11::arg("threads"), pybind11::call_guard<pybind11::gil_scoped_release>());
     pybind11::class_<StepPlan>(m, "StepPlan", "all nodes of one training step in one call")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>(),
@@ -1178,8 +1181,8 @@ void bind_step_plan(pybind11::module& m) {
              pybind11::arg("out_buf"), pybind11::arg("out_offset"), pybind11::arg("kmajor") = false)
         .def("add_permute", &StepPlan::add_permute)
         .def("add_pool_backward", &StepPlan::add_pool_backward)
-        .def("hash_outputs", &StepPlan::hash_outputs, pybind11::arg("fn_addr"), pybind11::arg("rows"),
-             pybind11::arg("hash_threads"), pybind11::arg("api_addr") = 0)
+        .def("hash_outputs", &StepPlan::hash_outputs, pybind11::arg("rows"), pybind11::arg("hash_threads"),
+             pybind11::arg("api_addr"))
         .def("set_idle_hashing", &StepPlan::set_idle_hashing)
         .def("idle_hashed", &StepPlan::idle_hashed)
         .def("hash_workers", &StepPlan::hash_workers)

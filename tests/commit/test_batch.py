@@ -210,7 +210,9 @@ def test_roots_taken_apart_give_the_same_roots_in_any_item_order() -> None:
     """``roots_begin`` / ``roots_run_item`` / ``roots_end`` (the whole-step plan hashes outputs in
     its pool's idle time with them): items capped at 2^max_item_log leaves, run in a shuffled
     order, give every tensor's reference root; big trees really are cut at the cap (at one
-    thread too), and an empty tensor is refused (-1) before anything is allocated."""
+    thread too); ``roots_threads`` keeps the threads asked for when each gets its minimum of
+    leaves and cuts them down when the tensors are too small to share; and an empty tensor is
+    refused (-1) before anything is allocated."""
     lib = native.load_library()
     if lib is None:
         pytest.skip("no C compiler: the native library is not built here")
@@ -227,12 +229,21 @@ def test_roots_taken_apart_give_the_same_roots_in_any_item_order() -> None:
         work = lib.roots_begin(ptrs, numels, len(tensors), roots.ctypes.data, threads, 64, max_log, ctypes.byref(rc))
         assert work and rc.value == 0
         n_items = lib.roots_items(work)
+        assert lib.roots_threads(work) == threads
         if max_log:  # every big tree cut into items of at most 2^max_log leaves
             assert n_items >= big_leaves >> max_log, (threads, max_log, n_items)
         for i in rng.permutation(n_items):
             lib.roots_run_item(work, int(i))
         assert lib.roots_end(work) == 0
         assert [bytes(r) for r in roots] == expected, (threads, max_log)
+    for numel, want in ((128 * 64, 1), (128 * 64 * 3 - 128, 2), (128 * 64 * 3, 3)):  # >= 64 leaves a thread
+        one, big = (ctypes.c_size_t * 1)(numel), (ctypes.c_void_p * 1)(tensors[-1].ctypes.data)
+        work = lib.roots_begin(big, one, 1, roots.ctypes.data, 4, 64, 0, ctypes.byref(rc))
+        assert work and lib.roots_threads(work) == want, numel
+        for i in range(lib.roots_items(work)):
+            lib.roots_run_item(work, i)
+        assert lib.roots_end(work) == 0
+        assert bytes(roots[0]) == ref_root(tensors[-1][:numel].view(np.uint32))
     numels[3] = 0
     rc = ctypes.c_int(99)
     assert not lib.roots_begin(ptrs, numels, len(tensors), roots.ctypes.data, 2, 64, 8, ctypes.byref(rc))

@@ -21,7 +21,7 @@ from verde_chain.graph.executor import StepExecutor, StepResult
 from verde_chain.repops.backends import native
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
-from verde_chain.repops.backends.cpu.step import StepKernel, roots_function
+from verde_chain.repops.backends.cpu.step import StepKernel, roots_api
 
 JOBS = {"transformer": {}, "digits_cnn": {"batch_size": 4}}
 STEPS = 3
@@ -221,8 +221,8 @@ POOL_SIZES = [128 * 256, 128 * 256 + 1, 128 * 257 - 3, 128 * 2047 + 5, 128 * 204
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 def test_pool_hashing_of_big_outputs_gives_the_reference_roots(threads: int) -> None:
-    """The in-plan hashing's code (``pool_tensor_roots``: ``tensor_roots_on`` with the plan's
-    pool as the runner) on sizes around its thresholds, each alone and all of them with small
+    """The in-plan hashing's code (``pool_tensor_roots``: the keccak tree's items run on the
+    plan's pool) on sizes around its thresholds, each alone and all of them with small
     tensors in one call: the roots of the Python twin, every big tensor cut into subtree tasks
     when more than one thread may hash, and more than one OS thread hashing (the pool's probe)."""
     want = min(threads, default_threads())
@@ -231,7 +231,7 @@ def test_pool_hashing_of_big_outputs_gives_the_reference_roots(threads: int) -> 
     if commit_native.load_library() is None:
         pytest.skip("no C compiler: the native library is not built here")
     isa = cpu_ext.best_isa()
-    ext, fn = cpu_ext.extension(isa), roots_function()
+    ext, api = cpu_ext.extension(isa), roots_api()
     rng = np.random.default_rng(threads)
     small = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1, 128 * 40, size=40)]
     big = [rng.standard_normal(n).astype(np.float32) for n in POOL_SIZES]
@@ -241,7 +241,7 @@ def test_pool_hashing_of_big_outputs_gives_the_reference_roots(threads: int) -> 
     for case in [[t] for t in big if t.size > 128 * 256] + [small + big]:
         split = commit_native.trees_split()
         tensors = [torch.from_numpy(t) for t in case]
-        roots, workers = engaged(isa, want, functools.partial(ext.pool_tensor_roots, fn, tensors, want))
+        roots, workers = engaged(isa, want, functools.partial(ext.pool_tensor_roots, api, tensors, want))
         assert [bytes(r) for r in roots.numpy()] == [expected[id(t)] for t in case]
         assert (workers > 1) == (want > 1), (want, workers)
         if len(case) == 1:  # one big tensor: split exactly when several threads may hash it

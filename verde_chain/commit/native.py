@@ -110,18 +110,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.zero_subtree_root.restype = ctypes.c_int
     lib.tensor_roots.argtypes = [u8p, u8p, size, u8p, ctypes.c_int]
     lib.tensor_roots.restype = ctypes.c_int
-    # (..., threads, min_leaves, runner, runner_ctx): called by the RepOps whole-step plan, which
-    # passes its thread pool as the runner (repops/backends/cpu/step.py roots_function)
-    lib.tensor_roots_on.argtypes = [u8p, u8p, size, u8p, ctypes.c_int, size, ctypes.c_void_p, ctypes.c_void_p]
-    lib.tensor_roots_on.restype = ctypes.c_int
-    # the same work taken apart (roots_begin / roots_run_item / roots_end) as one table of
-    # function addresses: the whole-step plan hashes outputs in its pool's idle time with it
+    # the same work taken apart (roots_begin / roots_run_item / roots_end) and reached as one
+    # table of function addresses: the whole-step plan hashes outputs on its own threads with it
     lib.keccak_roots_api.argtypes = []
     lib.keccak_roots_api.restype = ctypes.c_void_p
     lib.roots_begin.argtypes = [u8p, u8p, size, u8p, ctypes.c_int, size, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     lib.roots_begin.restype = ctypes.c_void_p
     lib.roots_items.argtypes = [ctypes.c_void_p]
     lib.roots_items.restype = ctypes.c_int64
+    lib.roots_threads.argtypes = [ctypes.c_void_p]
+    lib.roots_threads.restype = ctypes.c_int
     lib.roots_run_item.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.roots_run_item.restype = None
     lib.roots_end.argtypes = [ctypes.c_void_p]

@@ -15,7 +15,6 @@ its previous contents (the plan's rule: a node that writes where an earlier one 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 from collections import Counter
@@ -141,14 +140,14 @@ class StepKernel(ArenaLayout):
         """Let a committed run hash every node output inside the plan, before its slot is
         reused (``run(..., roots)``): a node's output is its last plan node's (the window
         nodes' first plan nodes write scratch intermediates)."""
-        fn = roots_function()
-        if fn is None:
+        api = roots_api()
+        if not api:
             return
         rows = [-1] * len(owner)
         for i, d in enumerate(owner):
             if i + 1 == len(owner) or owner[i + 1] != d:
                 rows[i] = d
-        self._plan.hash_outputs(fn, rows, default_threads(), roots_api())
+        self._plan.hash_outputs(rows, default_threads(), api)
         self.hashes_outputs = True
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
@@ -329,20 +328,12 @@ class StepKernel(ArenaLayout):
 
 
 @functools.cache
-def roots_function() -> int | None:
-    """The address of the keccak tree's ``tensor_roots_on`` (kernels/keccak_tree.c), which the
-    plan calls, with its thread pool as the runner, to hash outputs in a committed run; None
-    without the native library (then committed steps take their roots from a whole arena:
-    ``keep=None``)."""
-    lib = load_library()
-    return None if lib is None else ctypes.cast(lib.tensor_roots_on, ctypes.c_void_p).value
-
-
-@functools.cache
 def roots_api() -> int:
-    """The address of the keccak tree's ``keccak_roots_api()`` table (roots_begin, roots_items,
-    roots_run_item, roots_end), with which the plan hashes outputs in its pool's idle time at two
-    or more threads; 0 without the native library."""
+    """The address of the keccak tree's ``keccak_roots_api()`` table (kernels/keccak_tree.c:
+    roots_begin, roots_items, roots_threads, roots_run_item, roots_end, the leaf size), with which
+    the plan hashes outputs in a committed run, at its hash points on its thread pool and in the
+    pool's idle time; 0 without the native library (then committed steps take their roots from a
+    whole arena: ``keep=None``)."""
     lib = load_library()
     return 0 if lib is None else int(lib.keccak_roots_api() or 0)
 
