@@ -3,7 +3,7 @@ against torch at the same thread count.
 
 Usage: python scripts/bench_conv.py [--threads 1 2] [--isa avx512] [--repeat 5]
        [--shape N C H W M KH KW PAD STRIDE] [--step resnet18 --batch 32 [--profile | --nodes | --hashing]]
-       [--tap-classes | --idle-hashing] [--families]
+       [--tap-classes | --idle-hashing] [--families] [--step resnet18 --run STEPS [--interval N]]
 
 Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forward <= 1.25x
 ``torch.nn.functional.conv2d``). For forward, grad-input and grad-weight, two RepOps figures:
@@ -29,7 +29,13 @@ step also with the outputs hashed at the hash points only, not in the pool's idl
 (step_plan.cpp ``IdleHashing``), taking turns; ``--hashing`` then also reports the share of the
 hashing items that pool workers ran while levels ran, both paths' median committed run and the
 median of their per-round time ratios (idle / hash points only: paired, so a slow phase of a
-shared machine falls on both). ``--families``: CPU time per call of the non-GEMM
+shared machine falls on both). ``--step MODEL --run STEPS [--interval N]``: a training run of
+STEPS steps as ``verde-chain train`` runs it (``TrainingRun``: plain steps, committed steps at
+the checkpoints every N steps, default ``DEFAULT_CHECKPOINT_INTERVAL``, and at the last; the
+checkpoints written to a temporary store, overlapping the next steps) against STEPS torch eager
+steps, after two warm-up steps each: the run is one ``run()`` call, and torch's steps take
+their turns, RUN_BLOCK at a time, in its progress callback (their time taken off the run's);
+per step wall time, ratio, CPU utilisation, and how many steps were committed. ``--families``: CPU time per call of the non-GEMM
 window families on resnet18's shapes (batch 32), each new path beside the one it replaced, in
 one process: max-pool backward in scatter form vs its two gathers and the interpreter, and the
 channel statistics read k-major vs row-major (the layout before; its descriptor rebuilt here).
@@ -42,6 +48,7 @@ import collections
 import functools
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemm import best_of
 
 from verde_chain.examples.vision import VISION_MODELS
+from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL
 from verde_chain.repops import library, windowed
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
@@ -113,6 +121,54 @@ def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int,
                    hash_points_only_ratio=round(times[-1][0] / t_torch, 2),
                    cpu_util_hash_points_only=round(times[-1][1], 2))
     return row
+
+
+RUN_BLOCK = 10  # --run: steps per turn of each side
+OMP_SETTLE_S = 0.02  # --run: after torch's turn its idle OpenMP workers stop spinning (~5 ms) before the run's
+
+
+def bench_run(name: str, batch: int, threads: int, isa: str, steps: int, interval: int) -> dict[str, object]:
+    """A ``steps``-step training run of the vision job as ``verde-chain train`` runs it
+    (checkpoints every ``interval`` steps on disk, committed steps there and at the last) against
+    torch eager's steps on the same module and batch size, in turns of RUN_BLOCK steps."""
+    from verde_chain.examples import vision
+
+    torch.set_num_threads(threads)
+    warm = 2
+    job = vision.vision_job(name, steps=warm + steps, batch_size=batch, samples=max(256, 4 * batch))
+    torch_step = _step_setup(name, batch, threads, isa)[3]
+    torch_wall = torch_cpu = 0.0
+
+    def torch_turn(log: Any) -> None:  # after every RUN_BLOCK-th step of the run: torch's block
+        nonlocal torch_wall, torch_cpu
+        if (log.step - warm) % RUN_BLOCK and log.step != warm + steps:
+            return
+        block = (log.step - warm - 1) % RUN_BLOCK + 1
+        c0, t0 = time.process_time(), time.perf_counter()
+        _repeat(torch_step, block)
+        torch_wall += time.perf_counter() - t0
+        torch_cpu += time.process_time() - c0
+        time.sleep(OMP_SETTLE_S)
+        torch_wall += OMP_SETTLE_S  # taken off the run's time below, as torch's
+
+    with tempfile.TemporaryDirectory() as d:
+        run = job.make_run(Path(d), interval, CpuBackend(isa=isa, threads=threads), warm + steps)
+        run.run(until=warm)  # the plan's preparation, compiled maps, first touch of its buffers
+        _repeat(torch_step, warm)
+        c0, t0 = time.process_time(), time.perf_counter()
+        run.run(progress=torch_turn)  # one call, as `verde-chain train` makes it
+        wall = [torch_wall - OMP_SETTLE_S * -(-steps // RUN_BLOCK), time.perf_counter() - t0 - torch_wall]
+        cpu = [torch_cpu, time.process_time() - c0 - torch_cpu]
+        committed = sum(1 for log in run.logs[warm:] if log.commitment is not None)
+    return {"model": name, "batch": batch, "threads": threads, "isa": isa, "steps": steps, "interval": interval,
+            "committed_steps": committed, "torch_s_per_step": round(wall[0] / steps, 4),
+            "run_s_per_step": round(wall[1] / steps, 4), "ratio": round(wall[1] / wall[0], 2),
+            "cpu_util_torch": round(cpu[0] / wall[0], 2), "cpu_util_run": round(cpu[1] / wall[1], 2)}
+
+
+def _repeat(fn: Callable[[], object], times: int) -> None:
+    for _ in range(times):
+        fn()
 
 
 def _timed(fn: Callable[[], object], into: list[float]) -> Callable[[], None]:
@@ -387,7 +443,16 @@ def main() -> None:
                     help="with --step [--nodes]: also with the windowed GEMM's tap classes off, taking turns")
     ap.add_argument("--idle-hashing", action="store_true",
                     help="with --step [--hashing]: also hashing at the hash points only, taking turns")
+    ap.add_argument("--run", type=int, default=0, metavar="STEPS",
+                    help="with --step: a training run of STEPS steps as `verde-chain train` runs it, against torch")
+    ap.add_argument("--interval", type=int, default=DEFAULT_CHECKPOINT_INTERVAL,
+                    help="with --run: the checkpoint interval (committed steps)")
     args = ap.parse_args()
+    if args.run and (not args.step or args.nodes or args.profile or args.hashing or args.tap_classes
+                     or args.idle_hashing):
+        ap.error("--run STEPS takes --step MODEL alone")
+    if args.run < 0 or args.interval < 1:
+        ap.error("--run STEPS must be >= 1 and --interval >= 1")
     if (args.nodes or args.profile or args.hashing) and not args.step:
         ap.error("--nodes, --profile and --hashing take a model: --step MODEL")
     if args.nodes + args.profile + args.hashing > 1:
@@ -405,7 +470,9 @@ def main() -> None:
         return
     if args.step:
         for t in args.threads:
-            if args.nodes:
+            if args.run:
+                row = bench_run(args.step, args.batch, t, isa, args.run, args.interval)
+            elif args.nodes:
                 row = conv_nodes(args.step, args.batch, t, isa, args.repeat, tap_classes=args.tap_classes)
             elif args.profile:
                 row = profile_step(args.step, args.batch, t, isa, args.repeat)
