@@ -4,6 +4,7 @@ and every root, node hash, C_s and state tensor is that of the layout that keeps
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import numpy as np
@@ -247,3 +248,59 @@ def test_pool_hashing_of_big_outputs_gives_the_reference_roots(threads: int) -> 
         if len(case) == 1:  # one big tensor: split exactly when several threads may hash it
             assert commit_native.trees_split() - split == (want > 1), case[0].size
 
+
+
+class _RootsApiTable(ctypes.Structure):
+    """keccak_tree.c keccak_roots_api_t (step_plan.cpp RootsApi): five function addresses and
+    the leaf size."""
+
+    _fields_ = [("begin", ctypes.c_void_p), ("items", ctypes.c_void_p), ("threads", ctypes.c_void_p),
+                ("run_item", ctypes.c_void_p), ("end", ctypes.c_void_p), ("leaf_elems", ctypes.c_size_t)]
+
+
+_BEGIN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                          ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+
+
+def test_a_committed_run_that_fails_midway_leaves_the_plan_and_pool_sound(llama) -> None:  # type: ignore[no-untyped-def]
+    """A committed run at two threads whose keccak tree runs out of memory partway (the k-th
+    ``roots_begin`` fails, as malloc would: the first, and the last but one, when most batches
+    are out with the pool's idle function) raises one named error; the batches already handed
+    out are taken back (idle work removed, their work folded and freed). The same kernel then
+    commits the step with the reference's roots, node hashes and C_s, again hashing in idle time
+    (the pool took the new run's idle function, so the failed run had removed its own)."""
+    job, ref = llama
+    if default_threads() < 2:
+        pytest.skip("one core: no idle hashing")
+    if commit_native.load_library() is None:
+        pytest.skip("no C compiler: the native library is not built here")
+    ex, st = _llama_state(job, 2)
+    kernel = ex.step_kernel(_loss(job))
+    real = _RootsApiTable.from_address(roots_api())
+    real_begin = _BEGIN(real.begin)
+    calls, fail_at = [0], [0]
+
+    def begin(*args):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == fail_at[0]:
+            args[-1][0] = -2
+            return None
+        return real_begin(*args)
+
+    counting = _BEGIN(begin)
+    table = _RootsApiTable(ctypes.cast(counting, ctypes.c_void_p).value, real.items, real.threads, real.run_item,
+                           real.end, real.leaf_elems)
+    kernel.hash_with(ctypes.addressof(table))
+    try:
+        _committed(ex, st, job.batch(STEPS), _loss(job), ref, tries=1)  # counts the batches (all succeed)
+        batches = calls[0]
+        assert batches > 3, batches
+        for k in (1, batches - 1):
+            calls[0], fail_at[0] = 0, k
+            with pytest.raises(RuntimeError, match=r"roots_begin failed \(-2\)"):
+                ex.run_step(st, job.batch(STEPS), keep=_loss(job))
+            assert calls[0] == k
+    finally:
+        kernel.hash_with(roots_api())
+    _, runs = _committed(ex, st, job.batch(STEPS), _loss(job), ref)
+    assert runs[-1][2] > 0, runs  # the idle path ran: the failed run had given the pool back

@@ -123,6 +123,7 @@ class StepKernel(ArenaLayout):
         self._plan = backend.extension.StepPlan(self.arena_numel, self.arena_numel, batch_numel, *ext.DEFAULT_TILE,
                                                 self._ring.numel, self.work_numel)
         self._keep: list[object] = []  # compiled maps the plan calls by address
+        self._root_rows: list[int] = []  # per plan node, the root row of its output (_hash_in_plan)
         self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, "gemm, output order", gemm+permute, dewindowed
         owner: list[int] = []  # per plan node, the node it belongs to (a window node adds several)
         for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
@@ -147,8 +148,14 @@ class StepKernel(ArenaLayout):
         for i, d in enumerate(owner):
             if i + 1 == len(owner) or owner[i + 1] != d:
                 rows[i] = d
-        self._plan.hash_outputs(rows, default_threads(), api)
+        self._root_rows = rows
+        self.hash_with(api)
         self.hashes_outputs = True
+
+    def hash_with(self, api: int) -> None:
+        """Hash committed runs with the keccak tree's table at address ``api`` (``roots_api()``
+        unless a test passes one that fails, to reach the plan's error paths)."""
+        self._plan.hash_outputs(self._root_rows, default_threads(), api)
 
     def _refs(self, desc: KernelDesc, wires: Sequence[tuple[int, int]]) -> torch.Tensor:
         rows = []
