@@ -538,6 +538,31 @@ def test_gemm_paths_on_every_thread_count(isa: str, name: str, a_shape: tuple[in
         np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
 
 
+# GEMMs of at most 32 rows (gemm.cpp GEMM_FEW_ROWS: tiles cut by columns only) with B stored
+# transposed, as a weight is used as W^T (pack_b's k blocks of 64: K past a block and not a
+# multiple of it, a ragged last panel), one weight shared by a batch of two as the tiny Llama's
+# projections (2 x 16 tokens) have it, and 32 rows of one matrix.
+FEW_ROW_GEMMS = [
+    ("few-rows-shared-weight", (2, 16, 517), (259, 517)),
+    ("few-rows", (32, 130), (300, 130)),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name,a_shape,b_shape", FEW_ROW_GEMMS, ids=[g[0] for g in FEW_ROW_GEMMS])
+def test_few_row_gemms_with_b_transposed_on_every_thread_count(
+    isa: str, name: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+) -> None:
+    need(isa)
+    a = edge_matrix(a_shape, 171, 0.02)
+    w = edge_matrix(b_shape, 172, 0.02)
+    want = bits(ref_matmul(a, np.ascontiguousarray(w.T)))
+    ta, tw = torch.from_numpy(a), torch.from_numpy(w)
+    for threads in THREAD_COUNTS:
+        got = run_engaged(isa, threads, partial(cpu_ext.matmul, ta, tw, False, True, isa=isa, threads=threads))
+        np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_folds_and_binaries_on_every_thread_count(isa: str) -> None:
     need(isa)
