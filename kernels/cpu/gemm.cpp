@@ -249,40 +249,45 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     const Tiling tl = choose_tiling(g.batch, g.M, g.N, threads, mc, nc);
     const int64_t mc_eff = tl.mc, nc_eff = tl.nc, n_i = tl.n_i, n_j = tl.n_j;
     const int64_t panels = ceil_div(g.N, GEMM_NR), pstride = g.K * GEMM_NR;  // per batch entry
+    // One B for every entry (a weight applied to a batch of matrices: stride 0, no offsets) is
+    // packed once, as entry 0's.
+    const bool shared_b = g.boff == nullptr && g.sbb == 0;
+    const int64_t b_entries = shared_b ? 1 : g.batch;
     // Kept for this thread's next call (no page faults per call) up to GEMM_KEEP_PACKED_B floats;
     // a bigger B (K*N floats per entry) gets a buffer of its own, freed on return.
     constexpr int64_t GEMM_KEEP_PACKED_B = int64_t(1) << 24;  // 64 MiB
     thread_local std::vector<float> kept;
     std::vector<float> once;
-    std::vector<float>& bpack = g.batch * panels * pstride <= GEMM_KEEP_PACKED_B ? kept : once;
-    bpack.resize(g.batch * panels * pstride);
+    std::vector<float>& bpack = b_entries * panels * pstride <= GEMM_KEEP_PACKED_B ? kept : once;
+    bpack.resize(b_entries * panels * pstride);
     float* const bw = bpack.data();
-    std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[g.batch * panels]);
-    for (int64_t p = 0; p < g.batch * panels; p++) state[p].store(0, std::memory_order_relaxed);
+    std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[b_entries * panels]);
+    for (int64_t p = 0; p < b_entries * panels; p++) state[p].store(0, std::memory_order_relaxed);
     enum : uint8_t { UNPACKED, PACKING, READY };
-    // Panels [p_begin, p_end) of entry bi packed, whoever packs them.
-    auto ready = [&](int64_t bi, int64_t p_begin, int64_t p_end) {
-        const float* B = g.b_at(bi);
-        for (int64_t p = bi * panels + p_begin; p < bi * panels + p_end; p++) {
+    // Panels [p_begin, p_end) of B's entry be packed, whoever packs them.
+    auto ready = [&](int64_t be, int64_t p_begin, int64_t p_end) {
+        const float* B = g.b_at(be);
+        for (int64_t p = be * panels + p_begin; p < be * panels + p_end; p++) {
             uint8_t expect = UNPACKED;
             if (state[p].load(std::memory_order_acquire) == UNPACKED &&
                 state[p].compare_exchange_strong(expect, PACKING, std::memory_order_acq_rel)) {
-                const int64_t jp = (p - bi * panels) * GEMM_NR;
+                const int64_t jp = (p - be * panels) * GEMM_NR;
                 pack_b(B, g.sbk, g.sbj, jp, std::min<int64_t>(GEMM_NR, g.N - jp), 0, g.K, bw + p * pstride);
                 state[p].store(READY, std::memory_order_release);
             }
         }
-        for (int64_t p = bi * panels + p_begin; p < bi * panels + p_end; p++)
+        for (int64_t p = be * panels + p_begin; p < be * panels + p_end; p++)
             for (int spins = 0; state[p].load(std::memory_order_acquire) != READY; spins++)
                 if (spins > 1000) std::this_thread::yield();  // the packer may be descheduled
     };
     parallel_items(g.batch * n_j * n_i, threads, [&](int64_t item, int64_t) {
         // Column block major: threads working at the same time share (and pack) the same panels.
         const int64_t bi = item / (n_j * n_i), jb = item / n_i % n_j, ib = item % n_i;
+        const int64_t be = shared_b ? 0 : bi;
         const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
-        ready(bi, j0 / GEMM_NR, ceil_div(j0 + cols, GEMM_NR));
+        ready(be, j0 / GEMM_NR, ceil_div(j0 + cols, GEMM_NR));
         thread_local std::vector<float> abuf;
-        const float* bcols = bw + (bi * panels + j0 / GEMM_NR) * pstride;
+        const float* bcols = bw + (be * panels + j0 / GEMM_NR) * pstride;
         for (int64_t p0 = 0; p0 < g.K; p0 += kc)
             compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
                          std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);

@@ -513,13 +513,15 @@ def test_errors() -> None:
 # --------------------------------------------------------------------------------------------
 
 # (name, a shape, b shape): the blocked path on one matrix and on a few (threads share packed
-# B and take 2-D tiles; square-256 is the size issue #14 found running on one thread at 2), on
+# B and take 2-D tiles, one B for all entries packed once; square-256 is the size issue #14
+# found running on one thread at 2), on
 # many (batch, column block) pairs (threads take whole pairs when there are >= 2 per thread),
 # and the small path (whole batch entries, or row blocks of entries after packing B).
 THREADED_GEMMS = [
     ("one-matrix", (301, 257), (257, 203)),
     ("square-256", (256, 256), (256, 256)),
     ("few-matrices", (3, 150, 140), (3, 140, 170)),
+    ("few-matrices-one-b", (3, 150, 140), (140, 170)),
     ("batch-pairs", (16, 70, 130), (16, 130, 140)),
     ("small", (8, 1024, 16), (8, 16, 16)),
 ]
