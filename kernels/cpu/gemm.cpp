@@ -102,7 +102,7 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
                   int64_t i_end, int64_t j0, int64_t cols, int64_t p0, int64_t kcur, int64_t mc,
                   std::vector<float>& abuf) {
     const bool first = p0 == 0, last = p0 + kcur == g.K;
-    abuf.resize(round_up(mc, GEMM_MR) * kcur);
+    if ((int64_t)abuf.size() < round_up(mc, GEMM_MR) * kcur) abuf.resize(round_up(mc, GEMM_MR) * kcur);  // grow only: no refill
     for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
         const int64_t rows = std::min(mc, i_end - i0);
         pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, abuf.data());
@@ -305,20 +305,25 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     }
     const int64_t n_nblocks = ceil_div(g.N, nc);
     const int64_t n_pairs = g.batch * n_nblocks;
-    if (threads <= 1 || n_pairs >= 2 * threads) {
+    // A few rows of several entries against one B (a weight over a batch of matrices): B is
+    // then most of the work, and gemm_tiles packs it once for all entries, at one thread too.
+    const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS && g.boff == nullptr && g.sbb == 0;
+    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && n_pairs >= 2 * threads)) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
-        std::vector<std::vector<float>> abuf(threads), bbuf(threads);
-        parallel_items(n_pairs, threads, [&](int64_t item, int64_t t) {
+        parallel_items(n_pairs, threads, [&](int64_t item, int64_t) {
             const int64_t bi = item / n_nblocks;
             const int64_t j0 = (item % n_nblocks) * nc, cols = std::min(nc, g.N - j0);
             const float* A = g.a_at(bi);
             const float* B = g.b_at(bi);
             float* C = g.C + bi * g.M * g.N;
-            bbuf[t].resize(round_up(nc, GEMM_NR) * kc);
+            // Kept by each thread from call to call: fresh buffers of this size were zero-filled
+            // and page-faulted on every call (512 KB of B block at the default tile).
+            thread_local std::vector<float> abuf, bbuf;
+            if ((int64_t)bbuf.size() < round_up(nc, GEMM_NR) * kc) bbuf.resize(round_up(nc, GEMM_NR) * kc);
             for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
                 const int64_t kcur = std::min(kc, g.K - p0);
-                pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bbuf[t].data());
-                compute_rows(g, A, C, bbuf[t].data(), kcur * GEMM_NR, 0, g.M, j0, cols, p0, kcur, mc, abuf[t]);
+                pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bbuf.data());
+                compute_rows(g, A, C, bbuf.data(), kcur * GEMM_NR, 0, g.M, j0, cols, p0, kcur, mc, abuf);
             }
         });
         return;
