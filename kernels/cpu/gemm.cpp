@@ -59,6 +59,15 @@ void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, 
     }
 }
 
+// The first n floats of a buffer a thread keeps from call to call: it grows and never shrinks,
+// so it is not zero-filled again whenever a smaller GEMM came between two larger ones (a step's
+// GEMMs differ in size, and resize() refilled what a shrink had dropped). Every user writes
+// what it then reads.
+float* at_least(std::vector<float>& v, int64_t n) {
+    if ((int64_t)v.size() < n) v.resize(n);
+    return v.data();
+}
+
 constexpr int64_t PACK_B_K = 64;  // pack_b's k block for a B whose columns run along k
 
 // Packs k [p0, p0+kc) x columns [j0, j0+cols) into NR-wide panels, layout [panel][k][NR].
@@ -102,13 +111,13 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
                   int64_t i_end, int64_t j0, int64_t cols, int64_t p0, int64_t kcur, int64_t mc,
                   std::vector<float>& abuf) {
     const bool first = p0 == 0, last = p0 + kcur == g.K;
-    if ((int64_t)abuf.size() < round_up(mc, GEMM_MR) * kcur) abuf.resize(round_up(mc, GEMM_MR) * kcur);  // grow only: no refill
+    float* const ap = at_least(abuf, round_up(mc, GEMM_MR) * kcur);
     for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
         const int64_t rows = std::min(mc, i_end - i0);
-        pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, abuf.data());
+        pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, ap);
         for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
             for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
-                micro_kernel(kcur, abuf.data() + ir * kcur, bpack + jr / GEMM_NR * bstride,
+                micro_kernel(kcur, ap + ir * kcur, bpack + jr / GEMM_NR * bstride,
                              C + (i0 + ir) * g.N + j0 + jr, g.N, first, last, std::min<int64_t>(GEMM_MR, rows - ir),
                              std::min<int64_t>(GEMM_NR, cols - jr));
     }
@@ -184,20 +193,21 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     if (threads == 1 || g.batch >= 2 * threads) {
         parallel_items(g.batch, threads, [&](int64_t bi, int64_t) {
             thread_local std::vector<float> bpack;
-            bpack.resize(g.K * Np);
-            small_pack_b(g, bi, Np, bpack.data());
-            small_rows(g, bi, bpack.data(), Np, 0, g.M);
+            float* const bp = at_least(bpack, g.K * Np);
+            small_pack_b(g, bi, Np, bp);
+            small_rows(g, bi, bp, Np, 0, g.M);
         });
         return;
     }
-    std::vector<float> bpack(g.batch * g.K * Np);
-    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack.data() + bi * g.K * Np); });
+    thread_local std::vector<float> kept;  // the caller's; its workers fill and read it
+    float* const bpack = at_least(kept, g.batch * g.K * Np);
+    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack + bi * g.K * Np); });
     // About four row blocks per thread, whole groups of 4 rows.
     const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), 4);
     const int64_t per_entry = ceil_div(g.M, rows);
     parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
         const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;
-        small_rows(g, bi, bpack.data() + bi * g.K * Np, Np, i0, std::min(g.M, i0 + rows));
+        small_rows(g, bi, bpack + bi * g.K * Np, Np, i0, std::min(g.M, i0 + rows));
     });
 }
 
@@ -259,8 +269,7 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     thread_local std::vector<float> kept;
     std::vector<float> once;
     std::vector<float>& bpack = b_entries * panels * pstride <= GEMM_KEEP_PACKED_B ? kept : once;
-    bpack.resize(b_entries * panels * pstride);
-    float* const bw = bpack.data();
+    float* const bw = at_least(bpack, b_entries * panels * pstride);
     std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[b_entries * panels]);
     for (int64_t p = 0; p < b_entries * panels; p++) state[p].store(0, std::memory_order_relaxed);
     enum : uint8_t { UNPACKED, PACKING, READY };
@@ -319,11 +328,11 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
             // Kept by each thread from call to call: fresh buffers of this size were zero-filled
             // and page-faulted on every call (512 KB of B block at the default tile).
             thread_local std::vector<float> abuf, bbuf;
-            if ((int64_t)bbuf.size() < round_up(nc, GEMM_NR) * kc) bbuf.resize(round_up(nc, GEMM_NR) * kc);
+            float* const bp = at_least(bbuf, round_up(nc, GEMM_NR) * kc);
             for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
                 const int64_t kcur = std::min(kc, g.K - p0);
-                pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bbuf.data());
-                compute_rows(g, A, C, bbuf.data(), kcur * GEMM_NR, 0, g.M, j0, cols, p0, kcur, mc, abuf);
+                pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bp);
+                compute_rows(g, A, C, bp, kcur * GEMM_NR, 0, g.M, j0, cols, p0, kcur, mc, abuf);
             }
         });
         return;

@@ -204,6 +204,7 @@ Prog make_prog(const int64_t* rows, int64_t n_in, const std::vector<int64_t>& ou
             if (rp_op_flags(in.op) & RP_READS_C) TORCH_CHECK(in.imm < RP_NUM_REGS, "c register out of range");
         }
     P.work = P.numel * (int64_t)(P.pro.size() + (K - 1) * P.body.size() + P.epi.size());
+    P.epi_work = P.numel * (int64_t)P.epi.size();
     for (int with_init = 0; with_init < 2; with_init++) {
         bool written[RP_NUM_REGS] = {};
         bool* live = P.live[with_init];
@@ -241,7 +242,8 @@ void exec_prog(const Prog& P, const uint32_t* const* data, uint32_t* O, const ui
     const int64_t n_blocks = ceil_div(numel, BLOCK);
     const bool* live = P.live[init != nullptr ? 1 : 0];
     const int64_t* out_shape = P.out_shape;
-    parallel_items(n_blocks, threads_for(threads, n_blocks, (double)P.work, PROGRAM_MIN_INSTRS), [&](int64_t blk, int64_t) {
+    const double work = (double)(init != nullptr ? P.epi_work : P.work);
+    parallel_items(n_blocks, threads_for(threads, n_blocks, work, PROGRAM_MIN_INSTRS), [&](int64_t blk, int64_t) {
         Lanes& L = thread_lanes();
         const size_t need = (size_t)std::max<int64_t>(1, n_in);
         if (L.base0.size() < need) {

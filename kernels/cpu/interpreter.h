@@ -66,6 +66,7 @@ struct Prog {
     // only with r0 preset.
     bool live[2][RP_NUM_REGS] = {};
     int64_t work = 0;  // instructions executed, to decide whether threads pay off
+    int64_t epi_work = 0;  // of them, the epilogue's (what a run with r0 preset executes)
 };
 
 // n rows of `op, dst, a, b, imm`, checked (opcode, registers, 32-bit immediate).

@@ -214,6 +214,8 @@ class Pool {
 
     void wake_idle() { wake(std::min<int64_t>(idle_threads_.load(), n_slots_.load())); }
 
+    void prewake(int64_t threads) { wake(std::min<int64_t>(threads, n_slots_.load())); }
+
     void remove_idle() {
         std::lock_guard<std::mutex> lock(idle_mutex_);
         idle_fn_.store(nullptr);
@@ -361,5 +363,9 @@ bool install_idle_work(IdleFn fn, void* ctx, int64_t threads) { return pool().in
 void wake_idle_workers() { pool().wake_idle(); }
 
 void remove_idle_work() { pool().remove_idle(); }
+
+void prewake_workers(int64_t threads) {
+    if (!t_in_items) pool().prewake(threads);
+}
 
 }  // namespace repops_cpu

@@ -92,4 +92,10 @@ bool spread_check_on();
 void wake_idle_workers();
 void remove_idle_work();
 
+// Wakes the pool's workers 1 .. threads-1 that exist, with no job for them: a sleeping worker
+// takes tens of microseconds to wake on a VM, so a caller that will need it soon (the
+// whole-step plan, a level before one that runs on several threads) wakes it ahead, and it is
+// spinning when the job comes (it spins a while, then sleeps again). Changes no bit.
+void prewake_workers(int64_t threads);
+
 }  // namespace repops_cpu

@@ -61,6 +61,9 @@ constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 // ~0.3 us of one core's hashing here); a pool thread is woken for at least HASH_MIN_LEAVES
 // leaves (~20 us, several wake-ups' worth).
 constexpr size_t HASH_MIN_LEAVES = 64;
+// How many levels ahead of one that runs on several threads the plan wakes the pool's workers
+// (StepPlan::run, prewake_workers).
+constexpr size_t PREWAKE_LEVELS = 4;
 
 // The keccak tree's work taken apart (keccak_tree.c keccak_roots_api_t: roots_begin, roots_items,
 // roots_threads, roots_run_item, roots_end, LEAF_ELEMS), reached through one address
@@ -748,6 +751,16 @@ class StepPlan {
                 hash_s += idle->drain(&overwritten_[l]);
             else if (root_rows && !idle && !hash_before_[l].empty())
                 hash_s += hash_nodes(hash_before_[l], base, root_rows, threads);
+            // A level on one thread within PREWAKE_LEVELS of one on several: the workers, asleep
+            // after a stretch of one-thread levels (the forward's norms and gathers), are woken
+            // now and spin when that level's job comes. (One level ahead was too late: a level
+            // of one small node ends before a sleeping worker is up.)
+            if (threads > 1 && !uses_threads(levels_[l], threads)) {
+                bool soon = false;
+                for (size_t m = l + 1; m < std::min(levels_.size(), l + 1 + PREWAKE_LEVELS) && !soon; m++)
+                    soon = uses_threads(levels_[m], threads);
+                if (soon) prewake_workers(threads);
+            }
             const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
             if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -880,6 +893,13 @@ class StepPlan {
         return t->data_ptr<double>();
     }
 
+    // Whether run_level may run some of this level on more than one thread.
+    static bool uses_threads(const Level& lv, int64_t threads) {
+        if (threads <= 1) return false;
+        if (all_side_by_side(lv, threads)) return threads_for(threads, (int64_t)lv.all.size(), lv.worth, 1.0) > 1;
+        return !lv.big.empty() || threads_for(threads, (int64_t)lv.small.size(), lv.small_worth, 1.0) > 1;
+    }
+
     static bool all_side_by_side(const Level& lv, int64_t threads) {
         return lv.all.size() > 1 && lv.max_worth * (double)threads <= lv.worth;
     }
@@ -982,7 +1002,7 @@ class StepPlan {
     // Appends a node: its work in threads' worth, its level, its place in the level.
     void add_node(PlanNode nd) {
         const double epi = nd.epi_fn                                  ? (double)nd.epi_work / MAP_MIN_INSTRS
-                           : nd.has_prog && nd.kind != NK_PROGRAM ? (double)nd.prog.work / PROGRAM_MIN_INSTRS
+                           : nd.has_prog && nd.kind != NK_PROGRAM ? (double)nd.prog.epi_work / PROGRAM_MIN_INSTRS
                                                                   : 0.0;
         switch (nd.kind) {
             case NK_PROGRAM: nd.threads_worth = (double)nd.prog.work / PROGRAM_MIN_INSTRS; break;

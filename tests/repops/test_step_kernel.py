@@ -450,6 +450,32 @@ def test_the_plan_profile_files_every_node_and_level() -> None:
     assert any(prof.side_by_side(lv, 2) for lv in range(len(levels)))
 
 
+def test_a_dot_nodes_interpreter_epilogue_is_worth_its_own_work_only() -> None:
+    """A GEMM node whose epilogue runs on the interpreter with r0 preset (no compiled map: the
+    tiny Llama's attention scores, ``+ mask``) is worth its GEMM plus the epilogue's
+    instructions, not the whole program's K-loop again: the plan's worth of every such node is
+    numel * K / GEMM_MIN_FMAS + numel * len(epilogue) / PROGRAM_MIN_INSTRS (kernels.h). Counted
+    with the K loop, the scores' 2,048 outputs were worth 12 threads and ran split, 2.4x slower
+    than on one."""
+    from verde_chain.examples.lm import LMConfig, lm_job
+
+    job = lm_job(LMConfig("llama", hidden=256), steps=1, checkpoint_interval=0)
+    ex = StepExecutor(job.program.graph, CpuBackend(threads=1))
+    ex.run_plain(ex.initial_state(job.init_state), job.batch(1))
+    kernel = ex.step_kernel()
+    assert isinstance(kernel, StepKernel)
+    prof, mapped = kernel.profile(), set(kernel.compiled_epilogues())
+    checked = 0
+    for i, kind in enumerate(prof.kinds):
+        desc = job.program.graph.nodes[int(prof.owner[i])].desc
+        if kind != "dot" or not desc.epilogue or i in mapped:
+            continue
+        want = desc.numel * desc.K / 2**18 + desc.numel * len(desc.epilogue) / 2**15
+        assert prof.worth[i] == pytest.approx(want), (i, desc.label, desc.out_shape)
+        checked += 1
+    assert checked >= 2  # the two layers' attention scores at least
+
+
 def test_digits_cnn_step_in_one_call_equals_the_reference() -> None:
     job = EXAMPLES["digits_cnn"](steps=1, batch_size=4)
     graph = job.program.graph
