@@ -12,7 +12,9 @@
 //         for each NR panel, for each MR panel: micro-kernel MR x NR, k ascending
 //
 //   one big matrix: B packed once (panels over all of K), threads take 2-D tiles
-//   (mc_eff rows x nc_eff columns) and run the K blocks of their tile as above
+//   (mc_eff rows x nc_eff columns) and run the K blocks of their tile as above; so too a few
+//   entries against one B (packed once for all), and, at one thread too, a few rows of several
+//   entries against one B (gemm_tiles)
 //
 // Carrying the accumulator through memory between K blocks stores it exactly (fp32), so the
 // chain for one output element is the same uninterrupted fma sequence whatever mc/kc/nc and
