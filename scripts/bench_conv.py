@@ -77,14 +77,28 @@ def _step_setup(name: str, batch: int, threads: int, isa: str) -> tuple[Any, ...
     job = vision.vision_job(name, steps=1, batch_size=batch, samples=batch)
     prog = job.program
     ex = StepExecutor(prog.graph, CpuBackend(isa=isa, threads=threads))
-    r = np.random.default_rng(0)
-    X = r.random((batch, *vision.input_shape(name)), dtype=np.float32)
-    Y = r.integers(0, 10, batch).astype(np.float32)
+    X, Y = _batch_data(name, batch)
     data = prog.batch(1, {"x": X}, Y)
     # the state a step of a run reads: the previous step's, in the step kernel's own arena (the
     # initial state has none, and packing one, ~40 ms for resnet18, is what only a run's first
     # step does)
     state = ex.run_step(ex.initial_state(prog.initial_state()), data).state
+    return ex, state, data, _torch_step(name, X, Y)
+
+
+def _batch_data(name: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """One batch of random images and labels for the vision model ``name``."""
+    from verde_chain.examples import vision
+
+    r = np.random.default_rng(0)
+    X = r.random((batch, *vision.input_shape(name)), dtype=np.float32)
+    return X, r.integers(0, 10, batch).astype(np.float32)
+
+
+def _torch_step(name: str, X: np.ndarray, Y: np.ndarray) -> Callable[[], None]:
+    """torch eager's training step of the vision model ``name`` on (X, Y): SGD with momentum."""
+    from verde_chain.examples import vision
+
     module = vision.vision_module(name).train()
     opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     tx, ty = torch.from_numpy(X), torch.from_numpy(Y).long()
@@ -94,7 +108,7 @@ def _step_setup(name: str, batch: int, threads: int, isa: str) -> tuple[Any, ...
         torch.nn.functional.cross_entropy(module(tx), ty).backward()
         opt.step()
 
-    return ex, state, data, torch_step
+    return torch_step
 
 
 def bench_step(name: str, batch: int, threads: int, isa: str, repeat: int,
@@ -136,11 +150,11 @@ def bench_run(name: str, batch: int, threads: int, isa: str, steps: int, interva
     torch.set_num_threads(threads)
     warm = 2
     job = vision.vision_job(name, steps=warm + steps, batch_size=batch, samples=max(256, 4 * batch))
-    torch_step = _step_setup(name, batch, threads, isa)[3]
-    torch_wall = torch_cpu = 0.0
+    torch_step = _torch_step(name, *_batch_data(name, batch))
+    torch_wall = torch_cpu = settle = 0.0
 
     def torch_turn(log: Any) -> None:  # after every RUN_BLOCK-th step of the run: torch's block
-        nonlocal torch_wall, torch_cpu
+        nonlocal torch_wall, torch_cpu, settle
         if (log.step - warm) % RUN_BLOCK and log.step != warm + steps:
             return
         block = (log.step - warm - 1) % RUN_BLOCK + 1
@@ -148,8 +162,9 @@ def bench_run(name: str, batch: int, threads: int, isa: str, steps: int, interva
         _repeat(torch_step, block)
         torch_wall += time.perf_counter() - t0
         torch_cpu += time.process_time() - c0
+        t1 = time.perf_counter()
         time.sleep(OMP_SETTLE_S)
-        torch_wall += OMP_SETTLE_S  # taken off the run's time below, as torch's
+        settle += time.perf_counter() - t1  # neither side's
 
     with tempfile.TemporaryDirectory() as d:
         run = job.make_run(Path(d), interval, CpuBackend(isa=isa, threads=threads), warm + steps)
@@ -157,7 +172,7 @@ def bench_run(name: str, batch: int, threads: int, isa: str, steps: int, interva
         _repeat(torch_step, warm)
         c0, t0 = time.process_time(), time.perf_counter()
         run.run(progress=torch_turn)  # one call, as `verde-chain train` makes it
-        wall = [torch_wall - OMP_SETTLE_S * -(-steps // RUN_BLOCK), time.perf_counter() - t0 - torch_wall]
+        wall = [torch_wall, time.perf_counter() - t0 - torch_wall - settle]
         cpu = [torch_cpu, time.process_time() - c0 - torch_cpu]
         committed = sum(1 for log in run.logs[warm:] if log.commitment is not None)
     return {"model": name, "batch": batch, "threads": threads, "isa": isa, "steps": steps, "interval": interval,
@@ -453,6 +468,8 @@ def main() -> None:
         ap.error("--run STEPS takes --step MODEL alone")
     if args.run < 0 or args.interval < 1:
         ap.error("--run STEPS must be >= 1 and --interval >= 1")
+    if args.interval != DEFAULT_CHECKPOINT_INTERVAL and not args.run:
+        ap.error("--interval takes --run STEPS")
     if (args.nodes or args.profile or args.hashing) and not args.step:
         ap.error("--nodes, --profile and --hashing take a model: --step MODEL")
     if args.nodes + args.profile + args.hashing > 1:

@@ -261,9 +261,8 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     const Tiling tl = choose_tiling(g.batch, g.M, g.N, threads, mc, nc);
     const int64_t mc_eff = tl.mc, nc_eff = tl.nc, n_i = tl.n_i, n_j = tl.n_j;
     const int64_t panels = ceil_div(g.N, GEMM_NR), pstride = g.K * GEMM_NR;  // per batch entry
-    // One B for every entry (a weight applied to a batch of matrices: stride 0, no offsets) is
-    // packed once, as entry 0's.
-    const bool shared_b = g.boff == nullptr && g.sbb == 0;
+    // One B for every entry (GemmArgs::one_b) is packed once, as entry 0's.
+    const bool shared_b = g.one_b();
     const int64_t b_entries = shared_b ? 1 : g.batch;
     // Kept for this thread's next call (no page faults per call) up to GEMM_KEEP_PACKED_B floats;
     // a bigger B (K*N floats per entry) gets a buffer of its own, freed on return.
@@ -318,7 +317,7 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     const int64_t n_pairs = g.batch * n_nblocks;
     // A few rows of several entries against one B (a weight over a batch of matrices): B is
     // then most of the work, and gemm_tiles packs it once for all entries, at one thread too.
-    const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS && g.boff == nullptr && g.sbb == 0;
+    const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS && g.one_b();
     if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && n_pairs >= 2 * threads)) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
         parallel_items(n_pairs, threads, [&](int64_t item, int64_t) {

@@ -54,6 +54,8 @@ struct GemmArgs {
     const int64_t* boff = nullptr;
     const float* a_at(int64_t bi) const { return A + (aoff ? aoff[bi] : bi * sab); }
     const float* b_at(int64_t bi) const { return B + (boff ? boff[bi] : bi * sbb); }
+    // One B for every batch entry (a weight applied to a batch of matrices: stride 0, no offsets).
+    bool one_b() const { return boff == nullptr && sbb == 0; }
 };
 
 // C = A @ B in the dot-product order; mc/kc/nc: cache blocking, rounded to whole micro-panels by
