@@ -1,7 +1,7 @@
 """Benchmark the RepOps GEMM (fixed fma chain) against torch.matmul at the same thread count.
 
 Usage: python scripts/bench_gemm.py [--sizes 256 512 1024 2048] [--threads 1 2] [--isa avx512]
-       [--tile MC KC NC] [--repeat 5] [--burst 3]
+       [--tile MC KC NC] [--repeat 5] [--burst 3] [--settle-ms 20]
 
 Square FP32 GEMMs, best-of-N wall time (the machine is shared), measured round-robin in one
 process, in bursts of --burst calls per function whose first call is not timed (see best_of).
@@ -28,7 +28,7 @@ from verde_chain.repops.backends.cpu import extension as cpu_ext
 
 
 def best_of(
-    fns: list[Callable[[], object]], repeat: int, budget_s: float = 20.0, burst: int = 1
+    fns: list[Callable[[], object]], repeat: int, budget_s: float = 20.0, burst: int = 1, settle_s: float = 0.0
 ) -> list[tuple[float, float]]:
     """(best wall time, CPU utilisation) of each function, measured round-robin (shared machine:
     load from other processes then hits all of them alike). Utilisation is the process's CPU
@@ -37,14 +37,20 @@ def best_of(
     ``burst`` > 1: each round calls each function ``burst`` times in a row and times only the
     calls after the first. Another library's idle threads then have settled: after a call on
     2 threads, torch's OpenMP worker spins for milliseconds (~4 ms of CPU measured on the 2-core
-    machine, issue #14) on the core the next function's threads need."""
+    machine, issue #14) on the core the next function's threads need. ``settle_s``: the untimed
+    first call is repeated until that much wall time has passed, as a 256^2 GEMM (~0.2 ms) ends
+    before torch's worker stops spinning: at 2 threads three calls in a row still ran at their
+    1-thread speed (1.0x speed-up, against 1.5x alone)."""
     for fn in fns:
         fn()  # warm-up (page faults, thread pool start, lazy init)
     best, spent = [float("inf")] * len(fns), 0.0
     wall, cpu = [0.0] * len(fns), [0.0] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
+            settle_end = time.perf_counter() + settle_s
             for call in range(burst):
+                while call == 0 and burst > 1 and time.perf_counter() < settle_end:
+                    fn()  # untimed: the other function's threads settle meanwhile
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -94,6 +100,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--burst", type=int, default=3,
                     help="calls per function per round, the first untimed (1: plain round-robin)")
+    ap.add_argument("--settle-ms", type=float, default=20.0,
+                    help="with --burst > 1, the untimed first call repeats for at least this long")
     args = ap.parse_args()
 
     isa = args.isa or cpu_ext.best_isa()
@@ -110,7 +118,8 @@ def main() -> None:
                 functools.partial(torch.matmul, a, b),
                 functools.partial(cpu_ext.matmul, a, b, isa=isa, threads=t, tile=args.tile),
             ]
-            (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(fns, args.repeat, burst=args.burst)
+            (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(fns, args.repeat, burst=args.burst,
+                                                          settle_s=args.settle_ms / 1e3)
             idle_torch, idle_rep = idle_cpu_ms(fns[0]), idle_cpu_ms(fns[1])
             flops = 2.0 * n**3
             rows.append(

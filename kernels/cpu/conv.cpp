@@ -1280,13 +1280,13 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
         bool ok = true;
         for (int64_t p0 = 0; p0 < K; p0 += kc) {
             const int64_t kcur = std::min(kc, K - p0);
-            bbuf.resize(round_up(cols, GEMM_NR) * kcur);
-            abuf.resize(round_up(rows, GEMM_MR) * kcur);
-            pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bbuf.data(), ok);
-            pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, abuf.data(), ok);
+            float* const bp = at_least(bbuf, round_up(cols, GEMM_NR) * kcur);
+            float* const ap = at_least(abuf, round_up(rows, GEMM_MR) * kcur);
+            pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bp, ok);
+            pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, ap, ok);
             for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
                 for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
-                    micro_kernel(kcur, abuf.data() + ir * kcur, bbuf.data() + jr * kcur, c_at(bi, i0 + ir, j0 + jr),
+                    micro_kernel(kcur, ap + ir * kcur, bp + jr * kcur, c_at(bi, i0 + ir, j0 + jr),
                                  ldc, p0 == 0, p0 + kcur == K, std::min<int64_t>(GEMM_MR, rows - ir),
                                  std::min<int64_t>(GEMM_NR, cols - jr));
         }

@@ -33,6 +33,35 @@
 namespace repops_cpu {
 namespace {
 
+// Rows of a row-major A (k contiguous) into an MR-tall panel ([k][MR]), four rows and four k at
+// a time through one 4x4 transpose in registers; returns how many rows it packed (a multiple of
+// four), the caller packs the rest. Element by element (a strided 4-byte store each) packing A
+// took a fifth of a 2048^2 GEMM's time, as A is packed again for every column block.
+int64_t pack_a_rows4(const float* src, int64_t sai, int64_t r_valid, int64_t kc, float* o) {
+#if REPOPS_X86
+    int64_t r = 0;
+    for (; r + 4 <= r_valid; r += 4) {
+        const float* s0 = src + r * sai;
+        int64_t k = 0;
+        for (; k + 4 <= kc; k += 4) {
+            __m128 x0 = _mm_loadu_ps(s0 + k), x1 = _mm_loadu_ps(s0 + sai + k);
+            __m128 x2 = _mm_loadu_ps(s0 + 2 * sai + k), x3 = _mm_loadu_ps(s0 + 3 * sai + k);
+            _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+            _mm_storeu_ps(o + k * GEMM_MR + r, x0);
+            _mm_storeu_ps(o + (k + 1) * GEMM_MR + r, x1);
+            _mm_storeu_ps(o + (k + 2) * GEMM_MR + r, x2);
+            _mm_storeu_ps(o + (k + 3) * GEMM_MR + r, x3);
+        }
+        for (; k < kc; k++)
+            for (int64_t q = 0; q < 4; q++) o[k * GEMM_MR + r + q] = s0[q * sai + k];
+    }
+    return r;
+#else
+    (void)src, (void)sai, (void)r_valid, (void)kc, (void)o;
+    return 0;
+#endif
+}
+
 // Packs rows [i0, i0+rows) x k [p0, p0+kc) into MR-tall panels, layout [panel][k][MR],
 // zero-filling rows past `rows` (their outputs are discarded).
 void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, int64_t p0, int64_t kc,
@@ -50,7 +79,9 @@ void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, 
             }
             continue;
         }
-        for (int64_t r = 0; r < GEMM_MR; r++) {
+        int64_t r = 0;
+        if (sak == 1) r = pack_a_rows4(A + (i0 + ip) * sai + p0, sai, r_valid, kc, o);
+        for (; r < GEMM_MR; r++) {
             if (r < r_valid) {
                 const float* src = A + (i0 + ip + r) * sai + p0 * sak;
                 for (int64_t k = 0; k < kc; k++) o[k * GEMM_MR + r] = src[k * sak];
@@ -59,15 +90,6 @@ void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, 
             }
         }
     }
-}
-
-// The first n floats of a buffer a thread keeps from call to call: it grows and never shrinks,
-// so it is not zero-filled again whenever a smaller GEMM came between two larger ones (a step's
-// GEMMs differ in size, and resize() refilled what a shrink had dropped). Every user writes
-// what it then reads.
-float* at_least(std::vector<float>& v, int64_t n) {
-    if ((int64_t)v.size() < n) v.resize(n);
-    return v.data();
 }
 
 constexpr int64_t PACK_B_K = 64;  // pack_b's k block for a B whose columns run along k
