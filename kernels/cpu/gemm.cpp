@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -33,31 +34,33 @@
 namespace repops_cpu {
 namespace {
 
-// Rows of a row-major A (k contiguous) into an MR-tall panel ([k][MR]), four rows and four k at
-// a time through one 4x4 transpose in registers; returns how many rows it packed (a multiple of
-// four), the caller packs the rest. Element by element (a strided 4-byte store each) packing A
-// took a fifth of a 2048^2 GEMM's time, as A is packed again for every column block.
-int64_t pack_a_rows4(const float* src, int64_t sai, int64_t r_valid, int64_t kc, float* o) {
+// Vectors [0, n) of an operand whose vector v runs contiguously along k (src[v * stride + k]),
+// written as out[k * width + v] for k in [0, kn): four vectors by four k at a time through one
+// 4x4 transpose in registers. Returns how many vectors it wrote (a multiple of four); the
+// caller writes the rest. It packs A's rows (row-major A) and B's columns (B = W^T) into
+// panels: element by element, a strided 4-byte store each, packing A took a fifth of a 2048^2
+// GEMM's time, as A is packed again for every column block.
+int64_t transpose_by4(const float* src, int64_t stride, int64_t n, int64_t kn, float* out, int64_t width) {
 #if REPOPS_X86
-    int64_t r = 0;
-    for (; r + 4 <= r_valid; r += 4) {
-        const float* s0 = src + r * sai;
+    int64_t v = 0;
+    for (; v + 4 <= n; v += 4) {
+        const float* s0 = src + v * stride;
         int64_t k = 0;
-        for (; k + 4 <= kc; k += 4) {
-            __m128 x0 = _mm_loadu_ps(s0 + k), x1 = _mm_loadu_ps(s0 + sai + k);
-            __m128 x2 = _mm_loadu_ps(s0 + 2 * sai + k), x3 = _mm_loadu_ps(s0 + 3 * sai + k);
+        for (; k + 4 <= kn; k += 4) {
+            __m128 x0 = _mm_loadu_ps(s0 + k), x1 = _mm_loadu_ps(s0 + stride + k);
+            __m128 x2 = _mm_loadu_ps(s0 + 2 * stride + k), x3 = _mm_loadu_ps(s0 + 3 * stride + k);
             _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
-            _mm_storeu_ps(o + k * GEMM_MR + r, x0);
-            _mm_storeu_ps(o + (k + 1) * GEMM_MR + r, x1);
-            _mm_storeu_ps(o + (k + 2) * GEMM_MR + r, x2);
-            _mm_storeu_ps(o + (k + 3) * GEMM_MR + r, x3);
+            _mm_storeu_ps(out + k * width + v, x0);
+            _mm_storeu_ps(out + (k + 1) * width + v, x1);
+            _mm_storeu_ps(out + (k + 2) * width + v, x2);
+            _mm_storeu_ps(out + (k + 3) * width + v, x3);
         }
-        for (; k < kc; k++)
-            for (int64_t q = 0; q < 4; q++) o[k * GEMM_MR + r + q] = s0[q * sai + k];
+        for (; k < kn; k++)
+            for (int64_t q = 0; q < 4; q++) out[k * width + v + q] = s0[q * stride + k];
     }
-    return r;
+    return v;
 #else
-    (void)src, (void)sai, (void)r_valid, (void)kc, (void)o;
+    (void)src, (void)stride, (void)n, (void)kn, (void)out, (void)width;
     return 0;
 #endif
 }
@@ -80,7 +83,7 @@ void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, 
             continue;
         }
         int64_t r = 0;
-        if (sak == 1) r = pack_a_rows4(A + (i0 + ip) * sai + p0, sai, r_valid, kc, o);
+        if (sak == 1) r = transpose_by4(A + (i0 + ip) * sai + p0, sai, r_valid, kc, o, GEMM_MR);
         for (; r < GEMM_MR; r++) {
             if (r < r_valid) {
                 const float* src = A + (i0 + ip + r) * sai + p0 * sak;
@@ -114,7 +117,10 @@ void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, 
             // column by column wrote each of its cache lines NR/16 times from L2.
             for (int64_t kb = 0; kb < kc; kb += PACK_B_K) {
                 const int64_t kn = std::min(PACK_B_K, kc - kb);
-                for (int64_t c = 0; c < GEMM_NR; c++) {
+                int64_t c = sbk == 1 ? transpose_by4(B + p0 + kb + (j0 + jp) * sbj, sbj, c_valid, kn,
+                                                     o + kb * GEMM_NR, GEMM_NR)
+                                     : 0;
+                for (; c < GEMM_NR; c++) {
                     float* oc = o + kb * GEMM_NR + c;
                     if (c < c_valid) {
                         const float* src = B + (p0 + kb) * sbk + (j0 + jp + c) * sbj;
@@ -194,9 +200,14 @@ inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, 
 // B of batch entry bi as [K][Np], zero-padded columns.
 void small_pack_b(const GemmArgs& g, int64_t bi, int64_t Np, float* bp) {
     const float* B = g.b_at(bi);
+    // Columns along k (B = W^T): four columns at a time through transposes; the rest one by one.
+    const int64_t j_done = g.sbk == 1 ? transpose_by4(B, g.sbj, g.N, g.K, bp, Np) : 0;
     for (int64_t k = 0; k < g.K; k++) {
         float* row = bp + k * Np;
-        for (int64_t j = 0; j < g.N; j++) row[j] = B[k * g.sbk + j * g.sbj];
+        if (g.sbj == 1)
+            std::memcpy(row, B + k * g.sbk, sizeof(float) * g.N);
+        else
+            for (int64_t j = j_done; j < g.N; j++) row[j] = B[k * g.sbk + j * g.sbj];
         for (int64_t j = g.N; j < Np; j++) row[j] = 0.0f;
     }
 }
