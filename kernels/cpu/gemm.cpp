@@ -354,6 +354,20 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         gemm_small(g, threads);
         return;
     }
+    // Entries of A that follow each other row after row, against one B, are one taller matrix
+    // (a Linear layer's input x (B, T, H) @ W^T): the same chain per element, and the items
+    // are then cut from all the rows together, so each B panel is packed once and used by the
+    // thread that packed it. As a batch, the tiny Llama's 2 x 16 rows at 2 threads had items of
+    // both entries share every panel across the threads: 0.047-0.095 ms a call, against 0.081
+    // at 1 thread.
+    if (g.batch > 1 && g.one_b() && g.aoff == nullptr && g.sab == g.M * g.sai) {
+        GemmArgs rows = g;
+        rows.M = g.batch * g.M;
+        rows.batch = 1;
+        rows.sab = 0;
+        gemm(rows, threads, mc, kc, nc);
+        return;
+    }
     const int64_t n_nblocks = ceil_div(g.N, nc);
     const int64_t n_pairs = g.batch * n_nblocks;
     // A few rows of several entries against one B (a weight over a batch of matrices): B is
