@@ -37,8 +37,8 @@ def best_of(
     ``burst`` > 1: each round calls each function ``burst`` times in a row and times only the
     calls after the first. Another library's idle threads then have settled: after a call on
     2 threads, torch's OpenMP worker spins for milliseconds (~4 ms of CPU measured on the 2-core
-    machine, issue #14) on the core the next function's threads need. ``settle_s``: the untimed
-    first call is repeated until that much wall time has passed, as a 256^2 GEMM (~0.2 ms) ends
+    machine, issue #14) on the core the next function's threads need. ``settle_s``: before each
+    burst, untimed calls are repeated until that much wall time has passed, as a 256^2 GEMM (~0.2 ms) ends
     before torch's worker stops spinning: at 2 threads three calls in a row still ran at their
     1-thread speed (1.0x speed-up, against 1.5x alone)."""
     for fn in fns:
@@ -48,9 +48,9 @@ def best_of(
     for _ in range(repeat):
         for i, fn in enumerate(fns):
             settle_end = time.perf_counter() + settle_s
+            while burst > 1 and time.perf_counter() < settle_end:
+                fn()  # untimed, before the burst: the other function's threads settle meanwhile
             for call in range(burst):
-                while call == 0 and burst > 1 and time.perf_counter() < settle_end:
-                    fn()  # untimed: the other function's threads settle meanwhile
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=3,
                     help="calls per function per round, the first untimed (1: plain round-robin)")
     ap.add_argument("--settle-ms", type=float, default=20.0,
-                    help="with --burst > 1, the untimed first call repeats for at least this long")
+                    help="with --burst > 1, untimed calls before each burst last at least this long")
     args = ap.parse_args()
 
     isa = args.isa or cpu_ext.best_isa()

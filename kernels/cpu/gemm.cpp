@@ -7,7 +7,7 @@
 //   for each (batch b, column block of nc)           <- threads take these, or (one big matrix)
 //     for p0 in 0, kc, 2kc, ...  (K blocks, ascending; acc carried through C in fp32)
 //       pack B[p0:p0+kc, cols] into NR-wide panels        [k][NR]
-//       for each mc row block:
+//       for each row block of min(mc, GEMM_PAIR_PACK_ROWS):
 //         pack A rows into MR-tall panels                 [k][MR]
 //         for each NR panel, for each MR panel: micro-kernel MR x NR, k ascending
 //
@@ -15,6 +15,9 @@
 //   (mc_eff rows x nc_eff columns) and run the K blocks of their tile as above; so too a few
 //   entries against one B (packed once for all), and, at one thread too, a few rows of several
 //   entries against one B (gemm_tiles)
+//
+//   entries against one B whose A entries follow each other row after row: first folded into
+//   one taller matrix, which then takes one of the two ways above
 //
 // Carrying the accumulator through memory between K blocks stores it exactly (fp32), so the
 // chain for one output element is the same uninterrupted fma sequence whatever mc/kc/nc and
@@ -370,8 +373,9 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     }
     const int64_t n_nblocks = ceil_div(g.N, nc);
     const int64_t n_pairs = g.batch * n_nblocks;
-    // A few rows of several entries against one B (a weight over a batch of matrices): B is
-    // then most of the work, and gemm_tiles packs it once for all entries, at one thread too.
+    // A few rows of several entries against one B that did not fold into one matrix (A's
+    // entries have rows between them): B is then most of the work, and gemm_tiles packs it once
+    // for all entries, at one thread too.
     const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS && g.one_b();
     if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && n_pairs >= 2 * threads)) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
