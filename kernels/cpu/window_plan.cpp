@@ -78,6 +78,9 @@ void permute_into(const float* src, const std::vector<int64_t>& shape_in, const 
         return;
     }
     const int64_t inner = shape[rank - 1], inner_st = src_strides[rank - 1];
+    // A source already in the output's order at the output's address (a weight gradient the GEMM
+    // wrote into the node's output, whose permute runs only the epilogue): nothing to copy.
+    if (rank == 1 && inner_st == 1 && src == out) return;
     int64_t lines = 1;
     for (int64_t d = 0; d + 1 < rank; d++) lines *= shape[d];
     const int64_t per_item = std::max<int64_t>(1, (1 << 12) / std::max<int64_t>(1, inner));  // lines per item

@@ -292,6 +292,8 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
             # resnet18's convolutions have no bias: those with whole micro-tiles of pixels write
             # the output's order directly
             assert name != "resnet18" or kernel.window_forms["gemm, output order"]
+            # weight gradients carry the momentum update: written in place, no permuting copy
+            assert kernel.window_forms["gemm, epilogue in place"]
             assert_same_steps(fused, base)
 
 

@@ -124,7 +124,8 @@ class StepKernel(ArenaLayout):
                                                 self._ring.numel, self.work_numel)
         self._keep: list[object] = []  # compiled maps the plan calls by address
         self._root_rows: list[int] = []  # per plan node, the root row of its output (_hash_in_plan)
-        self.window_forms: Counter[str] = Counter()  # how the window nodes run: gemm, "gemm, output order", gemm+permute, dewindowed
+        # how the window nodes run: gemm, "gemm, output order", "gemm, epilogue in place", gemm+permute, dewindowed
+        self.window_forms: Counter[str] = Counter()
         owner: list[int] = []  # per plan node, the node it belongs to (a window node adds several)
         for d, (desc, wires) in enumerate(zip(descs, wiring, strict=True)):
             refs = self._refs(desc, wires)
@@ -199,10 +200,16 @@ class StepKernel(ArenaLayout):
             self._plan.add_window_gemm(*gemm, int(SourceKind.NODE_OUTPUT), out, list(split or ()))
             self.window_forms["gemm, output order" if split else "gemm"] += 1
             return
-        at = self._ring.take(desc.numel)
-        self._plan.add_window_gemm(*gemm, SCRATCH, at, [])
         # the (batch, m, n) result into the output's order, then the epilogue with r0 preset: its
-        # loads read plain inputs only (in_plan), the windowed ones get a map that reads nothing
+        # loads read plain inputs only (in_plan), the windowed ones get a map that reads nothing.
+        # A result already in the output's order (every weight gradient, whose epilogue is the
+        # momentum) is written into the output itself, and the permute runs the epilogue alone,
+        # in place: no copy (it was 8% of resnet18's step, on one thread).
+        if perm == tuple(range(rank)):
+            result = (int(SourceKind.NODE_OUTPUT), out)
+        else:
+            result = (SCRATCH, self._ring.take(desc.numel))
+        self._plan.add_window_gemm(*gemm, *result, [])
         src = c_strides([desc.out_shape[a] for a in perm])
         zero = (0,) * rank
         maps = [InputMap(m.numel, zero) if m.windows else m for m in desc.inputs]
@@ -213,11 +220,11 @@ class StepKernel(ArenaLayout):
         epi = self.backend.epilogue(dataclasses.replace(desc, K=1, inputs=tuple(maps), kdims=(), body=(),
                                                         prologue=(Instr(Op.LOAD, 0, imm=len(maps) - 1),)))
         empty = torch.from_numpy(encode_program(()))
-        self._plan.add_permute(torch.cat([refs, torch.tensor([[SCRATCH, at, desc.numel]])]),
+        self._plan.add_permute(torch.cat([refs, torch.tensor([[*result, desc.numel]])]),
                                torch.from_numpy(encode_maps(maps, rank)), list(desc.out_shape), 1, empty, empty,
                                torch.from_numpy(encode_program(desc.epilogue)), out,
                                [src[perm.index(d)] for d in range(rank)], *self._epilogue_args(epi))
-        self.window_forms["gemm+permute"] += 1
+        self.window_forms["gemm, epilogue in place" if result[0] != SCRATCH else "gemm+permute"] += 1
 
     def _add(self, desc: KernelDesc, refs: torch.Tensor, out: int) -> None:
         prep = self.backend.prepare(desc)
