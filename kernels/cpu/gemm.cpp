@@ -169,12 +169,16 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 constexpr int64_t SMALL_GEMM_MAX_N = 128;
 constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
 constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big matrix (choose_tiling)
-// A GEMM of at most this many rows is cut into tiles by columns only (choose_tiling). Cut into
-// row tiles of one micro-tile's height as well, each of them streamed its column block's B
-// panels, half packed by the other thread: the tiny Llama's x @ W^T, 2 x 16 rows, K 512, N 256,
-// took 0.30 ms at 2 threads against 0.21 ms at 1; cut by columns only, 0.11 ms (16 and 32 rows:
-// 1.5-1.9x from 1 to 2 threads, against 1.0x; 64-512 rows measured no better this way).
-constexpr int64_t GEMM_FEW_ROWS = 32;
+// A GEMM of at most this many rows is cut into tiles by columns only, one tile per thread
+// (choose_tiling). Cut into row tiles of one micro-tile's height as well, each of them streamed
+// its column block's B panels, half packed by the other thread: the tiny Llama's x @ W^T, 2 x 16
+// rows, K 512, N 256, took 0.30 ms at 2 threads against 0.21 ms at 1; cut by columns only,
+// 0.11 ms. Four column tiles per thread then packed all of A four times over, for every tile: on
+// the Intel machine of 2026-12-03 (stand-alone, B = W^T, medians of 2,000 calls), 32 x 256 x 256
+// at 2 threads took 24 us with 32 rows and four tiles a thread, 17 us with one tile a thread
+// (1 thread: 32 us); 64 x 256 x 256: 63 -> 31 us (1 thread: 54); 128 x 256 x 256: 88 -> 58 (97);
+// 128 x 512 x 512: 314 -> 207 (386). 256 rows measured no better cut by columns only.
+constexpr int64_t GEMM_FEW_ROWS = 128;
 
 template <int ROWS>
 inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, int64_t Np, float* C, int64_t i0) {
@@ -261,9 +265,10 @@ struct Tiling {
 // its A rows once per K block, about as much work as NR columns of FMAs. E.g. 1024^2 at 2 threads
 // is 15 x 2 tiles of 72 x 512 (the last row of tiles 16 rows high): 30 tiles, where the earlier
 // row blocks of 144 gave 8 per block (7 x 144 + 16 rows), at best 576 : 448 rows per thread.
-// At most GEMM_FEW_ROWS rows are one row of tiles, cut by columns only.
+// At most GEMM_FEW_ROWS rows are one row of tiles, cut by columns only, one tile a thread where
+// N allows.
 Tiling choose_tiling(int64_t batch, int64_t M, int64_t N, int64_t threads, int64_t mc, int64_t nc) {
-    const int64_t want = GEMM_ITEMS_PER_THREAD * threads;
+    const int64_t want = (M <= GEMM_FEW_ROWS ? 1 : GEMM_ITEMS_PER_THREAD) * threads;
     const int64_t i_lo = ceil_div(M, mc), i_hi = M <= GEMM_FEW_ROWS ? i_lo : std::min(ceil_div(M, GEMM_MR), i_lo + want);
     Tiling best{mc, nc, i_lo, ceil_div(N, nc)};
     double best_cost = -1;
