@@ -1,11 +1,15 @@
 """Benchmark the RepOps GEMM (fixed fma chain) against torch.matmul at the same thread count.
 
-Usage: python scripts/bench_gemm.py [--sizes 256 512 1024 2048] [--threads 1 2] [--isa avx512]
-       [--tile MC KC NC] [--repeat 5] [--burst 3] [--settle-ms 20]
+Usage: python scripts/bench_gemm.py [--sizes 256 512 1024 2048] [--shapes 32x256x256 ...]
+       [--threads 1 2] [--isa avx512] [--tile MC KC NC] [--repeat 5] [--burst 3] [--settle-ms 20]
 
-Square FP32 GEMMs, best-of-N wall time (the machine is shared), measured round-robin in one
-process, in bursts of --burst calls per function whose first call is not timed (see best_of).
-Per row: the ratio repops / torch at the same thread count, and the CPU utilisation of each (process CPU time / wall time over the timed calls: 2.0 = two cores busy throughout) and
+Square FP32 GEMMs (--sizes n: n x n @ n x n), and --shapes MxKxN: a Linear layer's x (M, K) @ W^T
+with W (N, K), B a transposed view as nn.Linear passes it (a transformer's projections: few rows).
+Best-of-N wall time (the machine is shared), measured round-robin in one process, in bursts of
+--burst calls per function whose first call is not timed (see best_of). Per row: the ratio
+repops / torch at the same thread count, and the CPU utilisation of each (process CPU time /
+wall time over the timed calls: 2.0 = two cores busy throughout; not meaningful for calls of
+tens of microseconds, below the process clock's resolution) and
 the CPU time its threads burn in a 5 ms sleep right after one call (idle_cpu_ms); then
 the speed-up from the smallest to each larger thread count. Prints the load average before the
 run (figures taken on a busy machine are not comparable), tables and one JSON line. Goals
@@ -77,23 +81,35 @@ def idle_cpu_ms(fn: Callable[[], object], sleep_s: float = 0.005, calls: int = 5
 
 
 def speedups(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    """Per size, the speed-up of each thread count over the smallest one measured."""
+    """Per size or shape, the speed-up of each thread count over the smallest one measured."""
     out = []
-    for n in sorted({int(str(r["n"])) for r in rows}):
+    for n in dict.fromkeys(r["n"] for r in rows):  # in the order measured
         at = {int(str(r["threads"])): r for r in rows if r["n"] == n}
         base = min(at)
         for t in sorted(at)[1:]:
             rep = float(str(at[base]["repops_ms"])) / float(str(at[t]["repops_ms"]))
             tor = float(str(at[base]["torch_ms"])) / float(str(at[t]["torch_ms"]))
+            square = isinstance(n, int)
             out.append({"n": n, "threads": f"{base}->{t}", "repops_speedup": round(rep, 2),
                         "torch_speedup": round(tor, 2), "repops_cpu": at[t]["repops_cpu"],
-                        "goal": 1.8 if n >= 1024 and (base, t) == (1, 2) else None})
+                        "goal": 1.8 if square and n >= 1024 and (base, t) == (1, 2) else None})
     return out
+
+
+def shape(text: str) -> tuple[int, int, int]:
+    """``MxKxN`` (argparse type)."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a shape is MxKxN with positive integers, got {text!r}")
+    m, k, n = (int(p) for p in parts)
+    return m, k, n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[256, 512, 1024, 2048])
+    ap.add_argument("--shapes", type=shape, nargs="+", default=[], metavar="MxKxN",
+                    help="x (M, K) @ W^T, W (N, K): a Linear layer's GEMM (no goal; ratios and speed-ups)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--isa", default=None, help=f"one of {cpu_ext.ISAS}; default: best available")
     ap.add_argument("--tile", type=int, nargs=3, default=None, metavar=("MC", "KC", "NC"))
@@ -109,9 +125,11 @@ def main() -> None:
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     rows = []
     gen = torch.Generator().manual_seed(0)
-    for n in args.sizes:
-        a = torch.randn(n, n, generator=gen)
-        b = torch.randn(n, n, generator=gen)
+    cases: list[tuple[int | str, torch.Tensor, torch.Tensor]] = [
+        (n, torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)) for n in args.sizes]
+    cases += [(f"{m}x{k}x{n}", torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen).t())
+              for m, k, n in args.shapes]
+    for n, a, b in cases:
         for t in args.threads:
             torch.set_num_threads(t)
             fns: list[Callable[[], object]] = [
@@ -121,18 +139,18 @@ def main() -> None:
             (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(fns, args.repeat, burst=args.burst,
                                                           settle_s=args.settle_ms / 1e3)
             idle_torch, idle_rep = idle_cpu_ms(fns[0]), idle_cpu_ms(fns[1])
-            flops = 2.0 * n**3
+            flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
             rows.append(
                 {
                     "n": n,
                     "threads": t,
                     "isa": isa,
-                    "torch_ms": round(t_torch * 1e3, 2),
-                    "repops_ms": round(t_rep * 1e3, 2),
+                    "torch_ms": round(t_torch * 1e3, 4),
+                    "repops_ms": round(t_rep * 1e3, 4),
                     "torch_gflops": round(flops / t_torch / 1e9, 1),
                     "repops_gflops": round(flops / t_rep / 1e9, 1),
                     "ratio": round(t_rep / t_torch, 3),
-                    "goal": 1.5 if n <= 256 else 1.1,
+                    "goal": None if isinstance(n, str) else 1.5 if n <= 256 else 1.1,
                     "torch_cpu": round(cpu_torch, 2),
                     "repops_cpu": round(cpu_rep, 2),
                     "idle_cpu_ms_torch": round(idle_torch, 2),
@@ -140,17 +158,18 @@ def main() -> None:
                 }
             )
             r = rows[-1]
+            goal = f"  (goal <= {r['goal']})" if r["goal"] else ""
             print(
-                f"n={n:5d} threads={t} {isa:7s} torch {r['torch_ms']:9.2f} ms ({r['torch_gflops']:6.1f} GF/s)"
-                f"  repops {r['repops_ms']:9.2f} ms ({r['repops_gflops']:6.1f} GF/s)  ratio {r['ratio']:.3f}"
-                f"  (goal <= {r['goal']})  CPU {r['torch_cpu']:.2f} / {r['repops_cpu']:.2f}"
+                f"n={n!s:>5} threads={t} {isa:7s} torch {r['torch_ms']:9.4f} ms ({r['torch_gflops']:6.1f} GF/s)"
+                f"  repops {r['repops_ms']:9.4f} ms ({r['repops_gflops']:6.1f} GF/s)  ratio {r['ratio']:.3f}"
+                f"{goal}  CPU {r['torch_cpu']:.2f} / {r['repops_cpu']:.2f}"
                 f"  idle CPU after a call {idle_torch:.2f} / {idle_rep:.2f} ms",
                 flush=True,
             )
     ups = speedups(rows)
     for u in ups:
         goal = f"  (goal >= {u['goal']})" if u["goal"] else ""
-        print(f"n={u['n']:5d} threads {u['threads']}: repops {u['repops_speedup']:.2f}x (CPU {u['repops_cpu']:.2f})"
+        print(f"n={u['n']!s:>5} threads {u['threads']}: repops {u['repops_speedup']:.2f}x (CPU {u['repops_cpu']:.2f})"
               f"  torch {u['torch_speedup']:.2f}x{goal}")
     print(json.dumps({"gemm": rows, "speedup": ups, "load": os.getloadavg(), "torch_version": torch.__version__}))
 
