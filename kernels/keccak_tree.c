@@ -380,9 +380,9 @@ static void hash_blocks_x4(const uint8_t* const blocks[4], size_t nb, uint8_t* o
  * (measured 31 vs 60 ns per state on the development EPYC; ~50 vs ~60 ns on a later one, a
  * Zen 4 at ~3.7 GHz, where GCC's code, vprolq and vpternlogq for chi, runs ~1.6 512-bit
  * operations per cycle and an explicit ternary-logic theta, 90 instead of 100 operations per
- * round, measured no faster there; on an Intel Xeon it is 7% faster, see keccak_round_x8). Compiled for AVX-512 only (the
- * target attribute, no clones) and called only after a runtime check; elsewhere the four-lane
- * code runs twice. Same bytes either way: lanes never mix. */
+ * round, measured no faster there; on an Intel Xeon it is 7% faster, see keccak_round_x8).
+ * Compiled for AVX-512 only (the target attribute, no clones) and called only after a runtime
+ * check; elsewhere the four-lane code runs twice. Same bytes either way: lanes never mix. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KECCAK_HAVE_X8 1
 #include <immintrin.h>

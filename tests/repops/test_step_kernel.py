@@ -413,11 +413,14 @@ def test_the_permuting_copy_over_merged_axes_equals_numpy(shape: tuple[int, ...]
 
 def test_conv_bias_as_a_compiled_map_after_the_permute_equals_the_interpreter() -> None:
     """digits_cnn's convolutions with bias run gemm+permute in the plan; the bias epilogue then
-    runs as a compiled map in place (jit.epilogue_map) with the bits of the interpreter's."""
+    runs as a compiled map in place (jit.epilogue_map) with the bits of the interpreter's, and so
+    do the weight gradients' momentum updates over the GEMM's result in the node's output."""
     job = EXAMPLES["digits_cnn"](steps=2, **CNN_JOBS["digits_cnn"])
     graph = job.program.graph
     off = run_steps(graph, job.init_state, job.batch, CpuBackend(threads=2, jit_epilogues=False), steps=2)
     assert off[2].step_kernel().compiled_epilogues() == []
+    # the interpreter runs the weight gradients' momentum in place too (r0 read from the output)
+    assert off[2].step_kernel().window_forms["gemm, epilogue in place"]
     isa = cpu_ext.best_isa()
     on = engaged(isa, 2, functools.partial(run_steps, graph, job.init_state, job.batch,
                                            CpuBackend(isa=isa, threads=2), steps=2))
