@@ -395,8 +395,9 @@ typedef uint64_t u64x8 __attribute__((vector_size(64)));
  * makes of KECCAK_ROUND (it keeps D[x] and xors it into each lane on its own). The round reads A
  * and writes E, a plane of chi at a time, so only five b are live at once: written as
  * KECCAK_ROUND is (all 25 b, then chi in place), GCC spilled enough registers to lose most of the
- * gain. On an Intel Xeon (512-bit logic on two ports, rotates on one) a 128 MB tree at one thread
- * went from 70 to 65 ms, best of 5, three runs taking turns (2026-12-03). */
+ * gain. On an Intel Xeon (whose published port tables give 512-bit logic two ports, rotates one)
+ * a 128 MiB tree at one thread went from 70 to 65 ms, best of 5, three runs taking turns
+ * (2026-12-03). */
 #define X8_XOR3(a, b, c) _mm512_ternarylogic_epi64((a), (b), (c), 0x96)
 #define X8_CHI(a, b, c) _mm512_ternarylogic_epi64((a), (b), (c), 0xD2)
 #define X8_ROL(v, r) _mm512_rol_epi64((v), (r))
