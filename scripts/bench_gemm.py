@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from verde_chain.repops.backends.cpu import extension as cpu_ext
+from verde_chain.repops.backends.registry import thread_count
 
 
 def best_of(
@@ -96,29 +97,38 @@ def speedups(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     return out
 
 
+def positive(text: str) -> int:
+    """An integer >= 1 (argparse type: one line, no traceback)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def shape(text: str) -> tuple[int, int, int]:
     """``MxKxN`` (argparse type)."""
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"a shape is MxKxN with positive integers, got {text!r}")
-    m, k, n = (int(p) for p in parts)
+    m, k, n = (positive(p) for p in parts)
     return m, k, n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sizes", type=int, nargs="*", default=[256, 512, 1024, 2048])
+    ap.add_argument("--sizes", type=positive, nargs="*", default=[256, 512, 1024, 2048])
     ap.add_argument("--shapes", type=shape, nargs="+", default=[], metavar="MxKxN",
                     help="x (M, K) @ W^T, W (N, K): a Linear layer's GEMM (no goal; ratios and speed-ups)")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--threads", type=thread_count, nargs="+", default=[1, 2])
     ap.add_argument("--isa", default=None, help=f"one of {cpu_ext.ISAS}; default: best available")
-    ap.add_argument("--tile", type=int, nargs=3, default=None, metavar=("MC", "KC", "NC"))
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--burst", type=int, default=3,
+    ap.add_argument("--tile", type=positive, nargs=3, default=None, metavar=("MC", "KC", "NC"))
+    ap.add_argument("--repeat", type=positive, default=5)
+    ap.add_argument("--burst", type=positive, default=3,
                     help="calls per function per round, the first untimed (1: plain round-robin)")
     ap.add_argument("--settle-ms", type=float, default=20.0,
                     help="with --burst > 1, untimed calls before each burst last at least this long")
     args = ap.parse_args()
+    if not args.sizes and not args.shapes:
+        ap.error("nothing to measure: give --sizes N ... or --shapes MxKxN ...")
 
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings
