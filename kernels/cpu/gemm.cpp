@@ -180,6 +180,10 @@ constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big
 // 128 x 512 x 512: 314 -> 207 (386). 256 rows cut by columns only (four tiles a thread) took
 // 158 us against 129 in row tiles.
 constexpr int64_t GEMM_FEW_ROWS = 128;
+// Entries of at most this many rows against one B that did not fold into one matrix take
+// gemm_tiles at one thread too, B packed once for all entries (gemm). Its own bound: where
+// GEMM_FEW_ROWS went from 32 to 128 for the tiling, this rule was not measured past 32 rows.
+constexpr int64_t GEMM_FEW_ROWS_ONE_B = 32;
 
 template <int ROWS>
 inline void small_gemm_rows(const GemmArgs& g, const float* A, const float* bp, int64_t Np, float* C, int64_t i0) {
@@ -382,7 +386,7 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     // A few rows of several entries against one B that did not fold into one matrix (A's
     // entries have rows between them): B is then most of the work, and gemm_tiles packs it once
     // for all entries, at one thread too.
-    const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS && g.one_b();
+    const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS_ONE_B && g.one_b();
     if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && n_pairs >= 2 * threads)) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
         parallel_items(n_pairs, threads, [&](int64_t item, int64_t) {

@@ -545,16 +545,24 @@ def test_gemm_paths_on_every_thread_count(isa: str, name: str, a_shape: tuple[in
         np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
 
 
-# GEMMs of at most 32 rows (gemm.cpp GEMM_FEW_ROWS: tiles cut by columns only) with B stored
-# transposed, as a weight is used as W^T (pack_b's k blocks of 64: K past a block and not a
-# multiple of it, a ragged last panel), one weight shared by a batch of two as the tiny Llama's
-# projections (2 x 16 tokens) have it, and 32 rows of one matrix.
+# GEMMs of at most 128 rows (gemm.cpp GEMM_FEW_ROWS: tiles cut by columns only, one a thread)
+# with B stored transposed, as a weight is used as W^T (pack_b's k blocks of 64: K past a block
+# and not a multiple of it, a ragged last panel), one weight shared by a batch of two as the tiny
+# Llama's projections (2 x 16 tokens) have it, 32, 100 (a ragged last micro-tile) and 128 rows
+# of one matrix, and 64-row entries against one weight that do not fold (past
+# GEMM_FEW_ROWS_ONE_B: the pairs path at one thread, the tiles at more).
 FEW_ROW_GEMMS = [
     ("few-rows-shared-weight", (2, 16, 517), (259, 517)),
     ("few-rows-shared-weight-a-gapped", (2, 20, 517), (259, 517)),
     ("few-rows", (32, 130), (300, 130)),
+    ("few-rows-100", (100, 67), (300, 67)),
+    ("few-rows-128", (128, 300), (520, 300)),
+    ("few-rows-64-shared-weight-a-gapped", (2, 70, 300), (259, 300)),
 ]
-FEW_ROW_A_VIEWS = {"few-rows-shared-weight-a-gapped": lambda a: a[:, 2:18, :]}  # as A_VIEWS
+FEW_ROW_A_VIEWS = {  # as A_VIEWS
+    "few-rows-shared-weight-a-gapped": lambda a: a[:, 2:18, :],
+    "few-rows-64-shared-weight-a-gapped": lambda a: a[:, 3:67, :],
+}
 
 
 @pytest.mark.parametrize("isa", ISAS)
