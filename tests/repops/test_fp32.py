@@ -83,7 +83,8 @@ def test_testfloat_vectors(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(NOT_OPCODES))
 def test_conversion_vectors_are_not_opcodes(name: str) -> None:
-    assert (VECTORS / f"{name}.txt").exists()
+    path = VECTORS / f"{name}.txt"
+    assert path.exists(), f"{path} is missing: the TestFloat vectors (../shared/testvectors) sit beside the checkout"
     pytest.skip(NOT_OPCODES[name])
 
 
