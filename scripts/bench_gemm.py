@@ -109,7 +109,7 @@ def shape(text: str) -> tuple[int, int, int]:
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"a shape is MxKxN with positive integers, got {text!r}")
-    m, k, n = (positive(p) for p in parts)
+    m, k, n = (int(p) for p in parts)
     return m, k, n
 
 
