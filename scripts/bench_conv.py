@@ -58,13 +58,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import best_of
+from bench_gemm import best_of, positive
 
 from verde_chain.examples.vision import VISION_MODELS
 from verde_chain.graph.executor import DEFAULT_CHECKPOINT_INTERVAL
 from verde_chain.repops import library, windowed
 from verde_chain.repops.backends.cpu import extension as cpu_ext
 from verde_chain.repops.backends.cpu.backend import CpuBackend
+from verde_chain.repops.backends.registry import thread_count
 from verde_chain.repops.library import ConvGeometry
 
 
@@ -441,13 +442,13 @@ def best_rotated(fns: list[Callable[[], object]], repeat: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--threads", type=thread_count, nargs="+", default=[1, 2])
     ap.add_argument("--isa", default=None, help=f"one of {cpu_ext.ISAS}; default: best available")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=positive, default=5)
     ap.add_argument("--shape", type=int, nargs=9, default=[32, 64, 32, 32, 64, 3, 3, 1, 1],
                     metavar=("N", "C", "H", "W", "M", "KH", "KW", "PAD", "STRIDE"))
     ap.add_argument("--step", default=None, choices=VISION_MODELS, help="a vision model: time a training step")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=positive, default=32)
     ap.add_argument("--profile", action="store_true", help="with --step: per node label / per aten op times")
     ap.add_argument("--nodes", action="store_true",
                     help="with --step: per conv plan node (GEMM, permute) its shape, M N K, ms and GF/s")
@@ -479,6 +480,9 @@ def main() -> None:
     if args.idle_hashing and (not args.step or args.profile or args.nodes or args.tap_classes):
         ap.error("--idle-hashing takes --step MODEL, alone or with --hashing")
     n, c, h, w, m, kh, kw, pad, stride = args.shape
+    if min(n, c, h, w, m, kh, kw, stride) < 1 or pad < 0 or h + 2 * pad < kh or w + 2 * pad < kw:
+        ap.error(f"--shape {' '.join(map(str, args.shape))}: N C H W M KH KW STRIDE take counts of at least 1, "
+                 "PAD at least 0, and the padded input must hold the kernel")
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings
     if args.families:

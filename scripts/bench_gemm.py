@@ -2,6 +2,7 @@
 
 Usage: python scripts/bench_gemm.py [--sizes 256 512 1024 2048] [--shapes 32x256x256 ...]
        [--threads 1 2] [--isa avx512] [--tile MC KC NC] [--repeat 5] [--burst 3] [--settle-ms 20]
+       [--baseline build/native/verde_repops_cpu_avx512_<key>]
 
 Square FP32 GEMMs (--sizes n: n x n @ n x n), and --shapes MxKxN: a Linear layer's x (M, K) @ W^T
 with W (N, K), B a transposed view as nn.Linear passes it (a transformer's projections: few rows).
@@ -15,16 +16,29 @@ the speed-up from the smallest to each larger thread count. Prints the load aver
 run (figures taken on a busy machine are not comparable), tables and one JSON line. Goals
 (issue #14): ratio <= 1.1 at 1024 and 2048, <= 1.5 at 256; speed-up 1 -> 2 threads >= 1.8 at
 n >= 1024.
+
+``--baseline DIR``: another build of the kernels (a folder of build/native, e.g. the one main's
+sources built before a change: the folder name carries the sources' key), its bits checked equal
+to this build's, then timed against this build in pairs (``paired_ratio``); per row
+``vs_baseline`` = the median of this build / the baseline over the pairs, and its quartiles.
+Two builds compared in one process meet the same machine state, which separate runs minutes
+apart do not (torch's own times moved by 10% between runs); in pairs whose order alternates,
+neither build always runs on the state the other left (a fixed order once showed one build 3%
+slower than itself).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -66,6 +80,33 @@ def best_of(
         if spent > budget_s:
             break
     return [(b, c / w) for b, c, w in zip(best, cpu, wall)]
+
+
+def paired_ratio(this: Callable[[], object], base: Callable[[], object], rounds: int,
+                 min_burst_s: float = 0.05) -> tuple[float, float, float]:
+    """(median, lower and upper quartile) over ``rounds`` pairs of wall time(this) / wall
+    time(base), the two taking turns and the order alternating pair by pair. Each time is a
+    burst of calls after one untimed call, at least ``min_burst_s`` long (at least two calls)."""
+    this()
+    t0 = time.perf_counter()
+    base()
+    burst = max(2, int(min_burst_s / max(time.perf_counter() - t0, 1e-6)))
+
+    def wall(fn: Callable[[], object]) -> float:
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        return time.perf_counter() - t0
+
+    ratios = []
+    for r in range(rounds):
+        pair = (this, base) if r % 2 == 0 else (base, this)
+        first, second = wall(pair[0]), wall(pair[1])
+        t_this, t_base = (first, second) if r % 2 == 0 else (second, first)
+        ratios.append(t_this / t_base)
+    ratios.sort()
+    return statistics.median(ratios), ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
 
 
 def idle_cpu_ms(fn: Callable[[], object], sleep_s: float = 0.005, calls: int = 5) -> float:
@@ -113,6 +154,32 @@ def shape(text: str) -> tuple[int, int, int]:
     return m, k, n
 
 
+def baseline_build(text: str) -> ModuleType:
+    """A built RepOps CPU extension, given its build folder or its .so (argparse type)."""
+    path = Path(text)
+    so = path / f"{path.name}.so" if path.is_dir() else path
+    name = so.name.split(".")[0]
+    if not (so.is_file() and name.startswith("verde_repops_cpu_")):
+        raise argparse.ArgumentTypeError(
+            f"want a RepOps CPU build: a folder build/native/verde_repops_cpu_<isa>_<key> holding its .so, got {text!r}")
+    spec = importlib.util.spec_from_file_location(name, so)
+    try:
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, AssertionError) as exc:
+        raise argparse.ArgumentTypeError(f"{so} does not load as a RepOps CPU build: {exc}") from None
+    if not hasattr(module, "matmul3"):
+        raise argparse.ArgumentTypeError(f"{so} has no matmul3: not a RepOps CPU build")
+    return module
+
+
+def build_matmul(ext: ModuleType, a: torch.Tensor, b: torch.Tensor, threads: int,
+                 tile: tuple[int, ...]) -> torch.Tensor:
+    """``a @ b`` (two matrices) on a given build's kernel, as ``cpu_ext.matmul`` calls it."""
+    return ext.matmul3(a.unsqueeze(0), b.unsqueeze(0), threads, *tile)[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", type=positive, nargs="*", default=[256, 512, 1024, 2048])
@@ -126,6 +193,8 @@ def main() -> None:
                     help="calls per function per round, the first untimed (1: plain round-robin)")
     ap.add_argument("--settle-ms", type=float, default=20.0,
                     help="with --burst > 1, untimed calls before each burst last at least this long")
+    ap.add_argument("--baseline", type=baseline_build, default=None, metavar="DIR",
+                    help="another build (build/native/verde_repops_cpu_<isa>_<key>) timed in the same rounds")
     args = ap.parse_args()
     if not args.sizes and not args.shapes:
         ap.error("nothing to measure: give --sizes N ... or --shapes MxKxN ...")
@@ -146,6 +215,19 @@ def main() -> None:
                 functools.partial(torch.matmul, a, b),
                 functools.partial(cpu_ext.matmul, a, b, isa=isa, threads=t, tile=args.tile),
             ]
+            if args.baseline is not None:
+                # Both builds called the same way (the kernel straight, without matmul's checks in
+                # Python, ~4% of a 256^2 call): the ratio is then the kernels' alone.
+                tile = tuple(args.tile or cpu_ext.DEFAULT_TILE)
+                this = functools.partial(build_matmul, cpu_ext.extension(isa), a, b, t, tile)
+                base = functools.partial(build_matmul, args.baseline, a, b, t, tile)
+                try:
+                    base_out = base()
+                except (TypeError, RuntimeError) as exc:
+                    raise SystemExit(f"the baseline build's matmul3 cannot be called as this one's: {exc}") from None
+                if not torch.equal(base_out.view(torch.int32),
+                                   cpu_ext.matmul(a, b, isa=isa, threads=t, tile=args.tile).view(torch.int32)):
+                    raise SystemExit(f"n={n} threads={t}: the baseline build's bits differ from this build's")
             (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(fns, args.repeat, burst=args.burst,
                                                           settle_s=args.settle_ms / 1e3)
             idle_torch, idle_rep = idle_cpu_ms(fns[0]), idle_cpu_ms(fns[1])
@@ -168,12 +250,17 @@ def main() -> None:
                 }
             )
             r = rows[-1]
+            versus = ""
+            if args.baseline is not None:
+                med, lo, hi = paired_ratio(this, base, max(10, 4 * args.repeat))
+                r["vs_baseline"], r["vs_baseline_quartiles"] = round(med, 3), [round(lo, 3), round(hi, 3)]
+                versus = f"  this build / baseline {med:.3f} (quartiles {lo:.3f}-{hi:.3f})"
             goal = f"  (goal <= {r['goal']})" if r["goal"] else ""
             print(
                 f"n={n!s:>5} threads={t} {isa:7s} torch {r['torch_ms']:9.4f} ms ({r['torch_gflops']:6.1f} GF/s)"
                 f"  repops {r['repops_ms']:9.4f} ms ({r['repops_gflops']:6.1f} GF/s)  ratio {r['ratio']:.3f}"
                 f"{goal}  CPU {r['torch_cpu']:.2f} / {r['repops_cpu']:.2f}"
-                f"  idle CPU after a call {idle_torch:.2f} / {idle_rep:.2f} ms",
+                f"  idle CPU after a call {idle_torch:.2f} / {idle_rep:.2f} ms{versus}",
                 flush=True,
             )
     ups = speedups(rows)

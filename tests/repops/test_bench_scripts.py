@@ -1,0 +1,82 @@
+"""The benchmark scripts' arguments. scripts/bench_gemm.py --baseline: another build of the kernels
+timed beside this one in the same process, refused with one line when the path is not a build,
+and never compared when its bits differ from this build's. scripts/bench_conv.py: a count out of
+range is one line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from verde_chain.repops.backends.cpu import extension as cpu_ext
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "bench_gemm.py"
+TINY = ["--sizes", "16", "--threads", "1", "--repeat", "1", "--burst", "1"]
+
+
+def bench(*args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), *args], check=False, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("path", ["README.md", "build/native", "no/such/build"])
+def test_a_baseline_that_is_not_a_build_is_one_line(path: str) -> None:
+    out = bench(*TINY, "--baseline", path)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "want a RepOps CPU build" in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_baseline_build_is_timed_beside_this_one() -> None:
+    build = cpu_ext.build_dir(cpu_ext.best_isa())
+    cpu_ext.extension(cpu_ext.best_isa())
+    out = bench(*TINY, "--baseline", str(build))
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.strip().splitlines()[-1])["gemm"][0]
+    lo, hi = row["vs_baseline_quartiles"]
+    assert 0 < lo <= row["vs_baseline"] <= hi
+
+
+def test_a_baseline_whose_bits_differ_is_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_gemm
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    this = cpu_ext.extension(cpu_ext.best_isa())
+
+    class OffByOneBit:  # a build whose kernel differs from this one's in one bit of C
+        @staticmethod
+        def matmul3(*args: object) -> torch.Tensor:
+            c = this.matmul3(*args)
+            c.view(torch.int32)[0, 0, 0] ^= 1
+            return c
+
+    monkeypatch.setattr(bench_gemm, "baseline_build", lambda text: OffByOneBit())
+    monkeypatch.setattr(sys, "argv", ["bench_gemm.py", *TINY, "--baseline", "any"])
+    with pytest.raises(SystemExit, match="the baseline build's bits differ"):
+        bench_gemm.main()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--threads", "0"], "argument --threads: want a whole number of threads >= 1"),
+        (["--repeat", "0"], "argument --repeat: want a whole number >= 1"),
+        (["--batch", "-2"], "argument --batch: want a whole number >= 1"),
+        (["--shape", "0", "64", "32", "32", "64", "3", "3", "1", "1"], "take counts of at least 1"),
+        (["--shape", "1", "1", "4", "4", "1", "3", "3", "-1", "1"], "PAD at least 0"),
+        (["--shape", "1", "1", "2", "2", "1", "5", "5", "1", "1"], "the padded input must hold the kernel"),
+    ],
+)
+def test_bench_conv_refuses_a_count_out_of_range_in_one_line(args: list[str], says: str) -> None:
+    out = bench(*args, script=SCRIPTS / "bench_conv.py")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert says in out.stderr.strip().splitlines()[-1]
