@@ -101,9 +101,12 @@ def paired_ratio(this: Callable[[], object], base: Callable[[], object], rounds:
 
     ratios = []
     for r in range(rounds):
-        pair = (this, base) if r % 2 == 0 else (base, this)
-        first, second = wall(pair[0]), wall(pair[1])
-        t_this, t_base = (first, second) if r % 2 == 0 else (second, first)
+        if r % 2 == 0:
+            t_this = wall(this)
+            t_base = wall(base)
+        else:
+            t_base = wall(base)
+            t_this = wall(this)
         ratios.append(t_this / t_base)
     ratios.sort()
     return statistics.median(ratios), ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
@@ -163,11 +166,12 @@ def baseline_build(text: str) -> ModuleType:
         raise argparse.ArgumentTypeError(
             f"want a RepOps CPU build: a folder build/native/verde_repops_cpu_<isa>_<key> holding its .so, got {text!r}")
     spec = importlib.util.spec_from_file_location(name, so)
-    try:
-        assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise argparse.ArgumentTypeError(f"{so} does not load as a RepOps CPU build")
+    try:  # an extension is loaded (dlopen, its init function) by module_from_spec already
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except (ImportError, AssertionError) as exc:
+    except ImportError as exc:
         raise argparse.ArgumentTypeError(f"{so} does not load as a RepOps CPU build: {exc}") from None
     if not hasattr(module, "matmul3"):
         raise argparse.ArgumentTypeError(f"{so} has no matmul3: not a RepOps CPU build")
@@ -225,8 +229,7 @@ def main() -> None:
                     base_out = base()
                 except (TypeError, RuntimeError) as exc:
                     raise SystemExit(f"the baseline build's matmul3 cannot be called as this one's: {exc}") from None
-                if not torch.equal(base_out.view(torch.int32),
-                                   cpu_ext.matmul(a, b, isa=isa, threads=t, tile=args.tile).view(torch.int32)):
+                if not torch.equal(base_out.view(torch.int32), this().view(torch.int32)):
                     raise SystemExit(f"n={n} threads={t}: the baseline build's bits differ from this build's")
             (t_torch, cpu_torch), (t_rep, cpu_rep) = best_of(fns, args.repeat, burst=args.burst,
                                                           settle_s=args.settle_ms / 1e3)

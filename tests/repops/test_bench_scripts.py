@@ -33,6 +33,16 @@ def test_a_baseline_that_is_not_a_build_is_one_line(path: str) -> None:
     assert "want a RepOps CPU build" in out.stderr.strip().splitlines()[-1]
 
 
+def test_a_build_folder_whose_library_does_not_load_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "verde_repops_cpu_avx512_000000000000"
+    folder.mkdir()
+    (folder / f"{folder.name}.so").write_bytes(b"not a shared library")
+    out = bench(*TINY, "--baseline", str(folder))
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "does not load as a RepOps CPU build" in out.stderr.strip().splitlines()[-1]
+
+
 def test_a_baseline_build_is_timed_beside_this_one() -> None:
     build = cpu_ext.build_dir(cpu_ext.best_isa())
     cpu_ext.extension(cpu_ext.best_isa())
