@@ -360,6 +360,15 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
 // through the windows once per mc rows (resnet18's step at mc = 48: 190 ms against 156).
 constexpr int64_t GEMM_PAIR_PACK_ROWS = 48;
 
+// gemm() halves the column blocks at several threads when that gives the pairs path two pairs a
+// thread, up to this many rows. Paired against the 2-D tiles at nc 512, 2 threads, on the Intel
+// machine of 2026-12-04 (B = W^T; medians of 21 pairs): 256 x 256 x 1024 0.77, 384 x 1024 x 1024
+// 0.82, 512 x 64 x 1024 (the wide digits MLP's first layer) 0.91, 768 x 768 x 1024 0.96,
+// 1024^3 and 1024 x 1024 x 2048 1.00, 2048 x 64 x 1024 1.08: the gain shrinks as the rows grow
+// (why the tiles lose was not traced; the pairs path packs A once per column block, so twice as
+// often at half the width). A few rows (GEMM_FEW_ROWS) keep their one tile a thread.
+constexpr int64_t GEMM_HALF_NC_ROWS = 768;
+
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
     const double fmas = (double)g.batch * (double)g.M * (double)g.N * (double)g.K;
     threads = threads_for(threads, g.batch * g.M, fmas, GEMM_MIN_FMAS);
@@ -380,6 +389,12 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         rows.sab = 0;
         gemm(rows, threads, mc, kc, nc);
         return;
+    }
+    // At several threads, column blocks half as wide when that gives every thread two pairs,
+    // for at most GEMM_HALF_NC_ROWS rows: the pairs path then beats the 2-D tiles of gemm_tiles.
+    if (threads > 1 && g.M > GEMM_FEW_ROWS && g.M <= GEMM_HALF_NC_ROWS && g.batch * ceil_div(g.N, nc) < 2 * threads) {
+        const int64_t half = round_up(ceil_div(nc, 2), GEMM_NR);
+        if (g.batch * ceil_div(g.N, half) >= 2 * threads) nc = half;
     }
     const int64_t n_nblocks = ceil_div(g.N, nc);
     const int64_t n_pairs = g.batch * n_nblocks;

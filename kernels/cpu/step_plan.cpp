@@ -61,9 +61,6 @@ constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 // ~0.3 us of one core's hashing here); a pool thread is woken for at least HASH_MIN_LEAVES
 // leaves (~20 us, several wake-ups' worth).
 constexpr size_t HASH_MIN_LEAVES = 64;
-// How many levels ahead of one that runs on several threads the plan wakes the pool's workers
-// (StepPlan::run, prewake_workers).
-constexpr size_t PREWAKE_LEVELS = 4;
 
 // The keccak tree's work taken apart (keccak_tree.c keccak_roots_api_t: roots_begin, roots_items,
 // roots_threads, roots_run_item, roots_end, LEAF_ELEMS), reached through one address
@@ -746,21 +743,21 @@ class StepPlan {
                                                  hash_workers_);
             if (!idle->installed()) idle.reset();
         }
+        size_t last_threaded = 0;  // one past the last level that runs on several threads
+        for (size_t l = 0; l < levels_.size(); l++)
+            if (uses_threads(levels_[l], threads)) last_threaded = l + 1;
         for (size_t l = 0; l < levels_.size(); l++) {
             if (idle && !overwritten_[l].empty())
                 hash_s += idle->drain(&overwritten_[l]);
             else if (root_rows && !idle && !hash_before_[l].empty())
                 hash_s += hash_nodes(hash_before_[l], base, root_rows, threads);
-            // A level on one thread within PREWAKE_LEVELS of one on several: the workers, asleep
-            // after a stretch of one-thread levels (the forward's norms and gathers), are woken
-            // now and spin when that level's job comes. (One level ahead was too late: a level
-            // of one small node ends before a sleeping worker is up.)
-            if (threads > 1 && !uses_threads(levels_[l], threads)) {
-                bool soon = false;
-                for (size_t m = l + 1; m < std::min(levels_.size(), l + 1 + PREWAKE_LEVELS) && !soon; m++)
-                    soon = uses_threads(levels_[m], threads);
-                if (soon) prewake_workers(threads);
-            }
+            // A level on one thread before one on several: the workers would fall asleep in a
+            // stretch of one-thread levels (the forward's norms, gathers and few-row GEMMs) and
+            // take tens of microseconds to wake when the next level's job comes; woken again
+            // before every such level, they still spin when it comes. (Woken four levels
+            // ahead only, a worker came late to most of the tiny Llama's single GEMM
+            // levels, which then ran no faster at 2 threads than at 1.)
+            if (threads > 1 && !uses_threads(levels_[l], threads) && l < last_threaded) prewake_workers(threads);
             const auto t0 = std::chrono::steady_clock::now();
             run_level(levels_[l], base, threads, node_s);
             if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -515,7 +515,8 @@ def test_errors() -> None:
 # (name, a shape, b shape): the blocked path on one matrix and on a few (threads share packed
 # B and take 2-D tiles, one B for all entries packed once; square-256 is the size issue #14
 # found running on one thread at 2), on
-# many (batch, column block) pairs (threads take whole pairs when there are >= 2 per thread),
+# many (batch, column block) pairs (threads take whole pairs when there are >= 2 per thread,
+# or when half as wide column blocks give them two: gemm.cpp GEMM_HALF_NC_ROWS),
 # and the small path (whole batch entries, or row blocks of entries after packing B).
 THREADED_GEMMS = [
     ("one-matrix", (301, 257), (257, 203)),
@@ -524,6 +525,9 @@ THREADED_GEMMS = [
     ("few-matrices-one-b", (3, 150, 140), (140, 170)),
     ("few-matrices-one-b-a-gapped", (3, 160, 140), (140, 170)),
     ("batch-pairs", (16, 70, 130), (16, 130, 140)),
+    # 200 rows, 800 columns: two column blocks of 512 at 2 threads, so gemm() halves them (the
+    # pairs path, four blocks of 256, the last 32 wide); at 3+ threads still the tiles
+    ("half-column-blocks", (200, 70), (70, 800)),
     ("small", (8, 1024, 16), (8, 16, 16)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
