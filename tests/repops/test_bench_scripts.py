@@ -1,6 +1,7 @@
 """The benchmark scripts' arguments. scripts/bench_gemm.py --baseline: another build of the kernels
 timed beside this one in the same process, refused with one line when the path is not a build,
-and never compared when its bits differ from this build's. scripts/bench_conv.py: a count out of
+and never compared when its bits differ from this build's; --stored-b shapes timed with B as
+stored. scripts/bench_conv.py: a count out of
 range is one line, never a traceback."""
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def test_a_baseline_build_is_timed_beside_this_one() -> None:
     row = json.loads(out.stdout.strip().splitlines()[-1])["gemm"][0]
     lo, hi = row["vs_baseline_quartiles"]
     assert 0 < lo <= row["vs_baseline"] <= hi
+
+
+def test_stored_b_shapes_are_timed_with_b_as_stored() -> None:
+    """--stored-b MxKxN: a (M, K) @ B (K, N) with B's rows contiguous, labelled as such."""
+    out = bench("--sizes", "--stored-b", "10x64x96", "--threads", "1", "--repeat", "1", "--burst", "1")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.strip().splitlines()[-1])["gemm"][0]
+    assert row["n"] == "10x64x96 B stored" and row["repops_ms"] > 0
 
 
 def test_a_baseline_whose_bits_differ_is_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -529,11 +529,18 @@ THREADED_GEMMS = [
     # pairs path, four blocks of 256, the last 32 wide); at 3+ threads still the tiles
     ("half-column-blocks", (200, 70), (70, 800)),
     ("small", (8, 1024, 16), (8, 16, 16)),
+    # at most 64 rows against a B with contiguous rows: B read in place (gemm.cpp gemm_b_in_place).
+    # A classifier's weight gradient dlogits^T @ h (A a transposed view, 10 rows: one 12-row panel
+    # computing 10; 1000 columns: a last strip 8 wide, packed); 64 rows (5 whole panels and 4 rows);
+    # a batch of 5-row entries, each with its own B
+    ("b-in-place-transposed-a", (300, 10), (300, 1000)),
+    ("b-in-place-64-rows", (64, 130), (130, 600)),
+    ("b-in-place-batch", (3, 5, 200), (3, 200, 300)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
 # batch runs against its one B as a batch (gemm_tiles' shared B).
-A_VIEWS = {"few-matrices-one-b-a-gapped": lambda a: a[:, :150, :]}
+A_VIEWS = {"few-matrices-one-b-a-gapped": lambda a: a[:, :150, :], "b-in-place-transposed-a": lambda a: a.T}
 
 
 @pytest.mark.parametrize("isa", ISAS)
