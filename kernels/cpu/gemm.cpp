@@ -166,6 +166,12 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 // batch as [K][Np] (Np = N rounded up to W lanes, zero-padded), then for ROWS output rows at a
 // time and W columns per vector, acc = a[i,0] * b[0,j] (one rounded multiply) and
 // acc = fma(a[i,k], b[k,j], acc) for k = 1 .. K-1 ascending: the same chain per element.
+// So too, at any size, a GEMM whose N fits in one vector (a classifier's logits, h @ W^T with 10
+// classes), 12 rows at a time: the blocked path packed all of A (by transposes, for B = W^T)
+// for W columns of FMAs. On the Intel machine of 2026-12-04, paired against it (bench_gemm.py
+// --baseline, 1 thread | 2 threads): 512 x 1024 x 10 0.59 | 0.64, 2048 x 64 x 12 0.77 | 0.76,
+// 1000 x 300 x 7 (B as stored) 0.55 | 0.60. Wider N was not: with B ([K][Np]) streamed from L2
+// for every 4 rows, 1024 x 512 x 64 (A transposed) took 2.5x as long as the blocked path.
 constexpr int64_t SMALL_GEMM_MAX_N = 128;
 constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
 constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big matrix (choose_tiling)
@@ -229,6 +235,8 @@ void small_rows(const GemmArgs& g, int64_t bi, const float* bp, int64_t Np, int6
     const float* A = g.a_at(bi);
     float* C = g.C + bi * g.M * g.N;
     int64_t i = i0;
+    if (Np == W)  // one vector of columns: 12 rows give the FMAs 12 independent chains
+        for (; i + 12 <= i1; i += 12) small_gemm_rows<12>(g, A, bp, Np, C, i);
     for (; i + 4 <= i1; i += 4) small_gemm_rows<4>(g, A, bp, Np, C, i);
     for (; i < i1; i++) small_gemm_rows<1>(g, A, bp, Np, C, i);
 }
@@ -249,8 +257,9 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     thread_local std::vector<float> kept;  // the caller's; its workers fill and read it
     float* const bpack = at_least(kept, g.batch * g.K * Np);
     parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack + bi * g.K * Np); });
-    // About four row blocks per thread, whole groups of 4 rows.
-    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), 4);
+    // About four row blocks per thread, whole groups of rows (small_rows: 12 for one vector of
+    // columns, else 4).
+    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), Np == W ? 12 : 4);
     const int64_t per_entry = ceil_div(g.M, rows);
     parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
         const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;
@@ -421,7 +430,7 @@ constexpr int64_t GEMM_HALF_NC_ROWS = 768;
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
     const double fmas = (double)g.batch * (double)g.M * (double)g.N * (double)g.K;
     threads = threads_for(threads, g.batch * g.M, fmas, GEMM_MIN_FMAS);
-    if (g.N <= SMALL_GEMM_MAX_N && g.M * g.N * g.K <= SMALL_GEMM_MAX_WORK) {
+    if (g.N <= SMALL_GEMM_MAX_N && (g.M * g.N * g.K <= SMALL_GEMM_MAX_WORK || g.N <= W)) {
         gemm_small(g, threads);
         return;
     }

@@ -536,6 +536,9 @@ THREADED_GEMMS = [
     ("b-in-place-transposed-a", (300, 10), (300, 1000)),
     ("b-in-place-64-rows", (64, 130), (130, 600)),
     ("b-in-place-batch", (3, 5, 200), (3, 200, 300)),
+    # a classifier's logits, N within one vector past the small GEMMs' work bound: rows computed
+    # directly 12 at a time (gemm_small), then 4 and one
+    ("narrow-n", (305, 200), (200, 10)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
