@@ -427,6 +427,16 @@ constexpr int64_t GEMM_PAIR_PACK_ROWS = 48;
 // often at half the width). A few rows (GEMM_FEW_ROWS) keep their one tile a thread.
 constexpr int64_t GEMM_HALF_NC_ROWS = 768;
 
+// At most this K, a GEMM is mostly its stores of C (a classifier's backward dlogits @ W, K = the
+// classes): one column block as wide as C, so C is written in whole rows, not in column blocks;
+// at one thread the pairs path packs and sweeps its rows MR at a time. Paired against the
+// column blocks of nc (bench_gemm.py --baseline, Intel machine of 2026-12-04, 1 | 2 threads):
+// 512 x 10 x 1024 0.86-0.89 | 0.71-0.83, 256 x 8 x 4096 0.77 | 0.80, 1024 x 16 x 1024 0.91 |
+// 0.95, 2048 x 16 x 512 (one block before too) 0.97 | 0.99. MR-row tiles at 2 threads made that
+// last one lose (1.14: 171 items of 12 rows); at K = 64 (512 x 64 x 1024) the whole width lost
+// (398 | 233 us against 387 | 216).
+constexpr int64_t GEMM_TINY_K = 16;
+
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
     const double fmas = (double)g.batch * (double)g.M * (double)g.N * (double)g.K;
     threads = threads_for(threads, g.batch * g.M, fmas, GEMM_MIN_FMAS);
@@ -452,9 +462,14 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         gemm(rows, threads, mc, kc, nc);
         return;
     }
+    // A tiny K: whole rows of C at a time (see GEMM_TINY_K).
+    if (g.K <= GEMM_TINY_K) {
+        nc = round_up(g.N, GEMM_NR);
+        if (threads == 1) mc = GEMM_MR;  // the pairs path's rows; at several, gemm_tiles' tiles
+    }
     // At several threads, column blocks half as wide when that gives every thread two pairs,
     // for at most GEMM_HALF_NC_ROWS rows: the pairs path then beats the 2-D tiles of gemm_tiles.
-    if (threads > 1 && g.M > GEMM_FEW_ROWS && g.M <= GEMM_HALF_NC_ROWS && g.batch * ceil_div(g.N, nc) < 2 * threads) {
+    else if (threads > 1 && g.M > GEMM_FEW_ROWS && g.M <= GEMM_HALF_NC_ROWS && g.batch * ceil_div(g.N, nc) < 2 * threads) {
         const int64_t half = round_up(ceil_div(nc, 2), GEMM_NR);
         if (g.batch * ceil_div(g.N, half) >= 2 * threads) nc = half;
     }

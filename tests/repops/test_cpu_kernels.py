@@ -539,6 +539,9 @@ THREADED_GEMMS = [
     # a classifier's logits, N within one vector past the small GEMMs' work bound: rows computed
     # directly 12 at a time (gemm_small), then 4 and one
     ("narrow-n", (305, 200), (200, 10)),
+    # a tiny K (a classifier's dlogits @ W): one column block as wide as C (gemm.cpp GEMM_TINY_K),
+    # its last panel 28 wide; 12-row blocks on the pairs path at one thread, tiles at more
+    ("tiny-k", (300, 10), (10, 700)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
