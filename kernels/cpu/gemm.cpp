@@ -174,6 +174,8 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 // for every 4 rows, 1024 x 512 x 64 (A transposed) took 2.5x as long as the blocked path.
 constexpr int64_t SMALL_GEMM_MAX_N = 128;
 constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
+// Rows small_rows computes at a time when N fits in one vector: 12 independent chains for the FMAs.
+constexpr int SMALL_ROWS_ONE_VECTOR = 12;
 constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big matrix (choose_tiling)
 // A GEMM of at most this many rows is cut into tiles by columns only, one tile per thread
 // (choose_tiling). Cut into row tiles of one micro-tile's height as well, each of them streamed
@@ -235,8 +237,9 @@ void small_rows(const GemmArgs& g, int64_t bi, const float* bp, int64_t Np, int6
     const float* A = g.a_at(bi);
     float* C = g.C + bi * g.M * g.N;
     int64_t i = i0;
-    if (Np == W)  // one vector of columns: 12 rows give the FMAs 12 independent chains
-        for (; i + 12 <= i1; i += 12) small_gemm_rows<12>(g, A, bp, Np, C, i);
+    if (Np == W)
+        for (; i + SMALL_ROWS_ONE_VECTOR <= i1; i += SMALL_ROWS_ONE_VECTOR)
+            small_gemm_rows<SMALL_ROWS_ONE_VECTOR>(g, A, bp, Np, C, i);
     for (; i + 4 <= i1; i += 4) small_gemm_rows<4>(g, A, bp, Np, C, i);
     for (; i < i1; i++) small_gemm_rows<1>(g, A, bp, Np, C, i);
 }
@@ -257,9 +260,8 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     thread_local std::vector<float> kept;  // the caller's; its workers fill and read it
     float* const bpack = at_least(kept, g.batch * g.K * Np);
     parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack + bi * g.K * Np); });
-    // About four row blocks per thread, whole groups of rows (small_rows: 12 for one vector of
-    // columns, else 4).
-    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), Np == W ? 12 : 4);
+    // About four row blocks per thread, whole groups of rows as small_rows takes them.
+    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), Np == W ? SMALL_ROWS_ONE_VECTOR : 4);
     const int64_t per_entry = ceil_div(g.M, rows);
     parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
         const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;
@@ -397,13 +399,10 @@ void gemm_b_in_place(const GemmArgs& g, int64_t threads) {
                 pack_b(B, g.sbk, g.sbj, j, nr, 0, g.K, packed);
                 bp = packed;
             }
-            for (int64_t i = 0; i < g.M; i += GEMM_MR) {
-                const int64_t mr = std::min<int64_t>(GEMM_MR, g.M - i);
-                if (nr < GEMM_NR)
-                    micro_kernel(g.K, ap + i * g.K, bp, C + i * g.N + j, g.N, true, true, mr, nr);
-                else
-                    micro_kernel<true>(g.K, ap + i * g.K, bp, C + i * g.N + j, g.N, true, true, mr, nr, g.sbk);
-            }
+            const int64_t ldb = nr < GEMM_NR ? GEMM_NR : g.sbk;
+            for (int64_t i = 0; i < g.M; i += GEMM_MR)
+                micro_kernel<true>(g.K, ap + i * g.K, bp, C + i * g.N + j, g.N, true, true,
+                                   std::min<int64_t>(GEMM_MR, g.M - i), nr, ldb);
         }
     });
 }
@@ -444,10 +443,6 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         gemm_small(g, threads);
         return;
     }
-    if (g.M <= GEMM_B_IN_PLACE_ROWS && g.sbj == 1 && g.N >= GEMM_NR) {
-        gemm_b_in_place(g, threads);
-        return;
-    }
     // Entries of A that follow each other row after row, against one B, are one taller matrix
     // (a Linear layer's input x (B, T, H) @ W^T): the same chain per element, and the items
     // are then cut from all the rows together, so each B panel is packed once and used by the
@@ -460,6 +455,12 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         rows.batch = 1;
         rows.sab = 0;
         gemm(rows, threads, mc, kc, nc);
+        return;
+    }
+    // After the fold: a batch of a few rows against one B reads that B once per strip, for all
+    // entries' rows, not once per entry.
+    if (g.M <= GEMM_B_IN_PLACE_ROWS && g.sbj == 1 && g.N >= GEMM_NR) {
+        gemm_b_in_place(g, threads);
         return;
     }
     // A tiny K: whole rows of C at a time (see GEMM_TINY_K).

@@ -112,7 +112,8 @@ inline void micro_kernel_cols(int64_t kc, const float* __restrict Ap, const floa
     micro_kernel_rows<GEMM_MR, V, B_IN_PLACE>(kc, Ap, Bp, C, ldc, first, last, mr, nr, ldb);
 }
 
-// B_IN_PLACE: Bp is B itself, its k rows ldb floats apart (gemm_b_in_place), not a packed panel.
+// B_IN_PLACE: Bp's k rows are ldb floats apart and fetched ahead (gemm_b_in_place: B itself, or
+// its packed last strip at ldb = GEMM_NR); otherwise Bp is a packed panel.
 template <bool B_IN_PLACE = false>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* C, int64_t ldc,
                          bool first, bool last, int64_t mr, int64_t nr, int64_t ldb = GEMM_NR) {

@@ -1,8 +1,7 @@
 """The benchmark scripts' arguments. scripts/bench_gemm.py --baseline: another build of the kernels
 timed beside this one in the same process, refused with one line when the path is not a build,
 and never compared when its bits differ from this build's; --stored-b shapes timed with B as
-stored. scripts/bench_conv.py: a count out of
-range is one line, never a traceback."""
+stored. scripts/bench_conv.py: a count out of range is one line, never a traceback."""
 
 from __future__ import annotations
 

@@ -532,10 +532,12 @@ THREADED_GEMMS = [
     # at most 64 rows against a B with contiguous rows: B read in place (gemm.cpp gemm_b_in_place).
     # A classifier's weight gradient dlogits^T @ h (A a transposed view, 10 rows: one 12-row panel
     # computing 10; 1000 columns: a last strip 8 wide, packed); 64 rows (5 whole panels and 4 rows);
-    # a batch of 5-row entries, each with its own B
+    # a batch of 5-row entries, each with its own B; two 20-row entries against one B (folded
+    # into 40 rows first)
     ("b-in-place-transposed-a", (300, 10), (300, 1000)),
     ("b-in-place-64-rows", (64, 130), (130, 600)),
     ("b-in-place-batch", (3, 5, 200), (3, 200, 300)),
+    ("b-in-place-batch-one-b", (2, 20, 130), (130, 300)),
     # a classifier's logits, N within one vector past the small GEMMs' work bound: rows computed
     # directly 12 at a time (gemm_small), then 4 and one
     ("narrow-n", (305, 200), (200, 10)),
