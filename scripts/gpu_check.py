@@ -23,11 +23,14 @@ Steps, each timed and recorded (a failing step is reported, later steps still ru
   4. "training": the digits example, 5 steps, make_runner("cuda") vs make_runner("cpu"):
      every step commitment C_0..C_T must agree. Both run whole steps (compile_step): on CUDA
      every node of a step works in one device arena, one upload / one download per step.
-  5. "step_timing": seconds per training step (median of --reps plain steps after warm-up)
+  5. "vision": the CNN jobs of issue #15 (digits_cnn, resnet18, mobilenet_v2: conv, batch norm,
+     pooling, ...), 2 steps each, every commitment on make_runner("cuda") vs ("cpu").
+  6. "step_timing": seconds per training step (median of --reps plain steps after warm-up)
      of a digits-wide MLP (hidden 512, batch 256) and the tiny transformer, the CUDA whole-step
      kernel vs the C++ CPU one, and the committed step after them compared (C_s identical).
-  6. "bench": square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
-Exit status 0 iff every comparison is bit-identical. Without CUDA it prints the summary with
+  7. "bench": square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
+The summary is rewritten to --out after every step, so a run cut short still reports the steps
+it finished. Exit status 0 iff every comparison is bit-identical. Without CUDA it prints the summary with
 the reason and exits 1 (no traceback).
 """
 
@@ -540,13 +543,13 @@ def families(cuda: Runner, quick: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def training(steps: int = 5) -> dict[str, Any]:
-    """digits, `steps` steps: every commitment C_0..C_T on make_runner("cuda") vs ("cpu")."""
+def training(example: str = "digits", steps: int = 5) -> dict[str, Any]:
+    """`example`, `steps` steps: every commitment C_0..C_T on make_runner("cuda") vs ("cpu")."""
     from verde_chain.examples import EXAMPLES
     from verde_chain.graph.backend import make_runner
 
-    job = EXAMPLES["digits"](steps=steps)
-    out: dict[str, Any] = {"example": "digits", "steps": steps}
+    job = EXAMPLES[example](steps=steps)
+    out: dict[str, Any] = {"example": example, "steps": steps, "nodes": len(job.program.graph.nodes)}
     commits = {}
     for name in ("cuda", "cpu"):
         t0 = time.perf_counter()
@@ -557,6 +560,20 @@ def training(steps: int = 5) -> dict[str, Any]:
         if name == "cuda":
             out["cuda_whole_step"] = isinstance(run.exec.step_kernel(), CudaStepKernel)
     out["identical"] = out["C_T_cuda"] == out["C_T_cpu"] and commits["cuda"] == commits["cpu"]
+    return out
+
+
+VISION_JOBS = ("digits_cnn", "resnet18", "mobilenet_v2")
+
+
+def vision(steps: int = 2) -> dict[str, Any]:
+    """The convolutional example jobs, each on its own (one failing job does not hide the others)."""
+    out: dict[str, Any] = {}
+    for example in VISION_JOBS:
+        try:
+            out[example] = training(example, steps)
+        except Exception:  # noqa: BLE001 - the summary reports every failure
+            out[example] = {"identical": False, "error": traceback.format_exc()[-2000:]}
     return out
 
 
@@ -596,14 +613,18 @@ def step_timing(cuda: Runner, reps: int = 20) -> dict[str, Any]:
     return out
 
 
-def _timed_step(summary: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
-    """summary[name] = fn(), its seconds in summary[name + "_s"]; a failure goes to the errors."""
+def _timed_step(summary: dict[str, Any], name: str, fn: Callable[[], Any], out: str | None) -> None:
+    """summary[name] = fn(), its seconds in summary[name + "_s"]; a failure goes to the errors.
+    The summary so far is then written to `out` (a run cut short keeps what it finished)."""
     t0 = time.perf_counter()
     try:
         summary[name] = fn()
     except Exception:  # noqa: BLE001 - the summary reports every failure
         summary["errors"].append(f"{name}: " + traceback.format_exc()[-3000:])
     summary[f"{name}_s"] = round(time.perf_counter() - t0, 1)
+    print(f"gpu_check: {name} done in {summary[f'{name}_s']} s", file=sys.stderr, flush=True)
+    if out:
+        Path(out).write_text(json.dumps(summary) + "\n")
 
 
 def main() -> int:
@@ -612,6 +633,7 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--quick", action="store_true", help="skip the largest comparison cases")
     ap.add_argument("--steps", type=int, default=5, help="training steps of the digits comparison")
+    ap.add_argument("--vision-steps", type=int, default=2, help="training steps of each CNN job compared")
     ap.add_argument("--reps", type=int, default=20, help="timed steps per model in step_timing")
     args = ap.parse_args()
 
@@ -639,15 +661,16 @@ def main() -> int:
                 summary["errors"].append("build: " + traceback.format_exc()[-3000:])
         summary["build_s"] = round(time.perf_counter() - t0, 1)
         if ext is not None:
-            _timed_step(summary, "compare", lambda: compare(ext, args.quick))
+            _timed_step(summary, "compare", lambda: compare(ext, args.quick), args.out)
             cuda_be = CudaBackend(ext=ext)
             # make_runner("cuda") reaches the backend through cuda_backend.default_backend: point
             # it at the extension built above (whichever build mode succeeded).
             cuda_backend.default_backend = lambda: cuda_be  # type: ignore[assignment]
-            _timed_step(summary, "families", lambda: families(cuda_be, args.quick))
-            _timed_step(summary, "training", lambda: training(args.steps))
-            _timed_step(summary, "step_timing", lambda: step_timing(cuda_backend.CudaRunner(), args.reps))
-            _timed_step(summary, "bench", lambda: bench(ext, args.sizes))
+            _timed_step(summary, "families", lambda: families(cuda_be, args.quick), args.out)
+            _timed_step(summary, "training", lambda: training("digits", args.steps), args.out)
+            _timed_step(summary, "vision", lambda: vision(args.vision_steps), args.out)
+            _timed_step(summary, "step_timing", lambda: step_timing(cuda_backend.CudaRunner(), args.reps), args.out)
+            _timed_step(summary, "bench", lambda: bench(ext, args.sizes), args.out)
         rows = summary.get("compare", [])
         fam = summary.get("families", {})
         summary["ok"] = (
@@ -655,6 +678,8 @@ def main() -> int:
             and all(r.get("mismatches") == 0 for r in rows)
             and bool(fam) and not fam.get("failed")
             and summary.get("training", {}).get("identical", False)
+            and bool(summary.get("vision"))
+            and all(r.get("identical", False) for r in summary.get("vision", {}).values())
             and bool(summary.get("step_timing"))
             and all(r["identical"] for r in summary.get("step_timing", {}).values())
             and not summary["errors"]

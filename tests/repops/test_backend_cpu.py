@@ -10,7 +10,10 @@ whole training steps: C_T must not depend on the backend.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sysconfig
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -516,6 +519,23 @@ def test_one_name_per_backend_and_the_old_name_is_refused_naming_the_new() -> No
     with pytest.raises(UnknownBackend, match="'cpp' \\(it is now called 'cpu'\\)") as info:
         backend.make_runner("cpp")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("source", cpu_ext.SOURCES, ids=lambda p: p.name)
+def test_sources_compile_after_an_older_torchs_std_flag(source: Path) -> None:
+    """torch 2.11's cpp_extension puts -std=c++17 before the extension's flags (2.13's, -std=c++20),
+    and the thread pool sleeps in std::atomic::wait (C++20): the extension's own flags must name
+    the standard, or the kernels do not build beside an older torch (found on a lent GPU
+    machine's torch 2.11). Each source, syntax-checked the way such a torch compiles it."""
+    from torch.utils import cpp_extension
+
+    gxx = shutil.which("g++") or shutil.which("c++")
+    if gxx is None:
+        pytest.skip("no C++ compiler")
+    includes = [f"-I{p}" for p in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
+    cmd = [gxx, "-fsyntax-only", "-std=c++17", *cpu_ext.extension_flags("scalar"), *includes, str(source)]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 # ======================================================================= whole steps

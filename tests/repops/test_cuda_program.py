@@ -13,6 +13,7 @@ arithmetic itself: scripts/gpu_check.py does that when a GPU is lent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.cuda_host import HostInterpreter, StandInExtension
+from tests.support.cuda_host import HostInterpreter, StandInExtension, WindowedStandInExtension
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import library, program, reference
 from verde_chain.repops.backends import BACKENDS
@@ -247,7 +248,7 @@ def test_training_through_make_runner_cuda_on_the_cpu(
     ext = StandInExtension(host)
     be = CudaBackend(device="cpu", ext=ext)
     monkeypatch.setattr(cuda_backend, "default_backend", lambda: be)
-    out = gpu_check.training(2)
+    out = gpu_check.training("digits", 2)
     assert out["identical"], out
     assert out["cuda_whole_step"], "make_runner('cuda') must offer the CUDA step kernel"
     assert ext.calls["matmul3"] > 0 and ext.calls["launch_program"] > 0 and ext.calls["run_program"] == 0
@@ -263,3 +264,29 @@ def test_gpu_check_families_step_on_the_cpu(
     out = gpu_check.families(CudaBackend(device="cpu", ext=StandInExtension(host)), quick=False)
     assert out["against"] == "cpu" and not out["failed"], out["failed"][:5]
     assert out["cases"] >= 2 * 150 and out["elements"] >= 4_000_000, out
+
+
+def test_gpu_check_vision_step_on_the_cpu(
+    host: HostInterpreter, gpu_check: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The GPU script's "vision" step with the stand-in extension: the digits CNN (conv, batch
+    norm, pooling nodes; windowed GEMMs on the device's path) agrees with the C++ backend on
+    every commitment; a job that fails is reported beside the others, not raised; and the
+    summary is on disk after the step, so a run cut short keeps it."""
+    monkeypatch.setattr(cuda_backend, "cuda_status", lambda: None)
+    ext = WindowedStandInExtension(host)
+    be = CudaBackend(device="cpu", ext=ext)
+    monkeypatch.setattr(cuda_backend, "default_backend", lambda: be)
+    monkeypatch.setattr(gpu_check, "VISION_JOBS", ("digits_cnn", "no_such_job"))
+    summary: dict[str, Any] = {"errors": []}
+    out_file = tmp_path / "summary.json"
+    gpu_check._timed_step(summary, "vision", lambda: gpu_check.vision(1), str(out_file))
+    cnn, missing = summary["vision"]["digits_cnn"], summary["vision"]["no_such_job"]
+    assert cnn["identical"] and cnn["nodes"] > 50, cnn
+    assert missing["identical"] is False and "no_such_job" in missing["error"], missing
+    assert ext.calls.get("windowed_matmul", 0) > 0 and ext.calls["run_program"] > 0, ext.calls
+    assert json.loads(out_file.read_text())["vision"] == json.loads(json.dumps(summary["vision"]))
+    gpu_check._timed_step(summary, "bench", lambda: 1 / 0, str(out_file))
+    written = json.loads(out_file.read_text())
+    assert written["errors"][0].startswith("bench: ") and "ZeroDivisionError" in written["errors"][0]
+    assert "vision" in written and "bench_s" in written

@@ -64,8 +64,10 @@ BUILD_ROOT = REPO_ROOT / "build" / "native"
 
 ISAS = ("scalar", "avx2", "avx512")
 _COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-unsafe-math-optimizations")
-# The extension only: a missing switch case is an error; symbols stay inside each ISA's module.
-_EXTENSION_FLAGS = ("-Werror=switch", "-fvisibility=hidden", "-fvisibility-inlines-hidden")
+# The extension only: C++20 (the thread pool sleeps in std::atomic::wait; torch 2.11's
+# cpp_extension passes -std=c++17, 2.13's -std=c++20, and ours comes after it, so it wins); a missing
+# switch case is an error; symbols stay inside each ISA's module.
+_EXTENSION_FLAGS = ("-std=c++20", "-Werror=switch", "-fvisibility=hidden", "-fvisibility-inlines-hidden")
 _ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "scalar": ("-DREPOPS_ISA=0",),
     "avx2": ("-DREPOPS_ISA=1", "-mavx2", "-mfma"),
@@ -137,6 +139,11 @@ def build_flags(isa: str) -> list[str]:
     return [*_COMMON_FLAGS, *_ISA_FLAGS[isa]]
 
 
+def extension_flags(isa: str) -> list[str]:
+    """Compiler flags of the extension's build for ``isa`` (after cpp_extension's own)."""
+    return [*build_flags(isa), *_EXTENSION_FLAGS]
+
+
 def source_key(paths: Sequence[Path], flags: Sequence[str]) -> str:
     """A build's cache key: the bytes of every source and header it includes, and its flags."""
     h = hashlib.sha256()
@@ -148,7 +155,7 @@ def source_key(paths: Sequence[Path], flags: Sequence[str]) -> str:
 
 def build_dir(isa: str) -> Path:
     """Where one variant is built: its name carries the hash of its sources, flags and torch."""
-    flags = [*build_flags(isa), *_EXTENSION_FLAGS]
+    flags = extension_flags(isa)
     return BUILD_ROOT / f"verde_repops_cpu_{isa}_{source_key([*SOURCES, *HEADERS], [*flags, torch.__version__])}"
 
 
@@ -159,7 +166,7 @@ def extension(isa: str) -> ModuleType:
         raise RepOpsError(f"this CPU cannot run the {isa} kernels")
     from torch.utils import cpp_extension
 
-    flags = [*build_flags(isa), *_EXTENSION_FLAGS]
+    flags = extension_flags(isa)
     where = build_dir(isa)
     try:
         with exclusive_build(where):
