@@ -1,13 +1,15 @@
 """Benchmark the RepOps GEMM (fixed fma chain) against torch.matmul at the same thread count.
 
 Usage: python scripts/bench_gemm.py [--sizes 256 512 1024 2048] [--shapes 32x256x256 ...] [--stored-b 32x512x256 ...]
+       [--a-transposed 1024x512x64 ...]
        [--threads 1 2] [--isa avx512] [--tile MC KC NC] [--repeat 5] [--burst 3] [--settle-ms 20]
        [--baseline build/native/verde_repops_cpu_avx512_<key>]
 
 Square FP32 GEMMs (--sizes n: n x n @ n x n), --shapes MxKxN: a Linear layer's x (M, K) @ W^T
 with W (N, K), B a transposed view as nn.Linear passes it (a transformer's projections: few rows),
 and --stored-b MxKxN: a (M, K) @ B (K, N) with B's rows contiguous, as the backward pass's dy @ W
-has it (at most 64 rows: B read in place, gemm.cpp gemm_b_in_place).
+has it (at most 64 rows: B read in place, gemm.cpp gemm_b_in_place), and --a-transposed MxKxN:
+A^T @ B with A stored as (K, M) and B (K, N), a weight gradient x^T @ dy (dW^T of a Linear layer).
 Best-of-N wall time (the machine is shared), measured round-robin in one process, in bursts of
 --burst calls per function whose first call is not timed (see best_of). Per row: the ratio
 repops / torch at the same thread count, and the CPU utilisation of each (process CPU time /
@@ -194,6 +196,8 @@ def main() -> None:
     ap.add_argument("--stored-b", type=shape, nargs="+", default=[], metavar="MxKxN",
                     help="a (M, K) @ B (K, N), B's rows contiguous as stored: a layer's input gradient "
                          "dy @ W (no goal)")
+    ap.add_argument("--a-transposed", type=shape, nargs="+", default=[], metavar="MxKxN",
+                    help="A^T (M, K) @ B (K, N), A stored as (K, M): a weight gradient x^T @ dy (no goal)")
     ap.add_argument("--threads", type=thread_count, nargs="+", default=[1, 2])
     ap.add_argument("--isa", default=None, help=f"one of {cpu_ext.ISAS}; default: best available")
     ap.add_argument("--tile", type=positive, nargs=3, default=None, metavar=("MC", "KC", "NC"))
@@ -205,8 +209,9 @@ def main() -> None:
     ap.add_argument("--baseline", type=baseline_build, default=None, metavar="DIR",
                     help="another build (build/native/verde_repops_cpu_<isa>_<key>) timed against this one in pairs")
     args = ap.parse_args()
-    if not args.sizes and not args.shapes and not args.stored_b:
-        ap.error("nothing to measure: give --sizes N ..., --shapes MxKxN ... or --stored-b MxKxN ...")
+    if not args.sizes and not args.shapes and not args.stored_b and not args.a_transposed:
+        ap.error("nothing to measure: give --sizes N ..., --shapes MxKxN ..., --stored-b MxKxN ... or "
+                 "--a-transposed MxKxN ...")
 
     isa = args.isa or cpu_ext.best_isa()
     cpu_ext.extension(isa)  # build outside the timings
@@ -219,6 +224,8 @@ def main() -> None:
               for m, k, n in args.shapes]
     cases += [(f"{m}x{k}x{n} B stored", torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen))
               for m, k, n in args.stored_b]
+    cases += [(f"{m}x{k}x{n} A transposed", torch.randn(k, m, generator=gen).t(), torch.randn(k, n, generator=gen))
+              for m, k, n in args.a_transposed]
     for n, a, b in cases:
         for t in args.threads:
             torch.set_num_threads(t)

@@ -61,6 +61,14 @@ def test_stored_b_shapes_are_timed_with_b_as_stored() -> None:
     assert row["n"] == "10x64x96 B stored" and row["repops_ms"] > 0
 
 
+def test_a_transposed_shapes_are_timed_with_a_stored_as_k_by_m() -> None:
+    """--a-transposed MxKxN: A^T @ B with A stored (K, M) (a weight gradient), labelled as such."""
+    out = bench("--sizes", "--a-transposed", "96x64x10", "--threads", "1", "--repeat", "1", "--burst", "1")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.strip().splitlines()[-1])["gemm"][0]
+    assert row["n"] == "96x64x10 A transposed" and row["repops_ms"] > 0
+
+
 def test_a_baseline_whose_bits_differ_is_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     try:

@@ -544,11 +544,15 @@ THREADED_GEMMS = [
     # a tiny K (a classifier's dlogits @ W): one column block as wide as C (gemm.cpp GEMM_TINY_K),
     # its last panel 28 wide; 12-row blocks on the pairs path at one thread, tiles at more
     ("tiny-k", (300, 10), (10, 700)),
+    # A transposed past the few-row paths (a weight gradient x^T @ dy): 203 rows, 16 whole 12-row
+    # panels copied a k row at a time and a last one of 11 rows; K = 300 crosses a K block
+    ("transposed-a", (300, 203), (300, 150)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
 # batch runs against its one B as a batch (gemm_tiles' shared B).
-A_VIEWS = {"few-matrices-one-b-a-gapped": lambda a: a[:, :150, :], "b-in-place-transposed-a": lambda a: a.T}
+A_VIEWS = {"few-matrices-one-b-a-gapped": lambda a: a[:, :150, :], "b-in-place-transposed-a": lambda a: a.T,
+           "transposed-a": lambda a: a.T}
 
 
 @pytest.mark.parametrize("isa", ISAS)
