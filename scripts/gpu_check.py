@@ -30,8 +30,8 @@ Steps, each timed and recorded (a failing step is reported, later steps still ru
      kernel vs the C++ CPU one, and the committed step after them compared (C_s identical).
   7. "bench": square GEMMs vs torch.matmul (cuBLAS, TF32 disabled) with CUDA events.
 The summary is rewritten to --out after every step, so a run cut short still reports the steps
-it finished. Exit status 0 iff every comparison is bit-identical. Without CUDA it prints the summary with
-the reason and exits 1 (no traceback).
+it finished. Exit status 0 iff every comparison is bit-identical. Without CUDA it prints the
+summary with the reason and exits 1 (no traceback).
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.support.cxx import syntax_check, torch_includes
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops import fp32, isa, program
 from verde_chain.repops.backends.cpu import jit
@@ -112,13 +112,8 @@ def _mutant(tmp_path: Path, rel: str, line: str) -> Path:
 
 def _syntax_check(source: Path, kernels: Path, system: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     """g++ -fsyntax-only -Werror=switch on ``source``, ``kernels`` on the include path (torch's
-    headers, if needed, as system headers: their own warnings are not ours)."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not installed")
-    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-Werror=switch", f"-I{kernels}", *[f"-isystem{p}" for p in system],
-           str(source)]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    headers, if needed, as system headers)."""
+    return syntax_check(source, ["-std=c++17", "-Werror=switch"], [kernels], system)
 
 
 def test_an_opcode_without_a_case_fails_the_cuda_interpreter_build(tmp_path: Path) -> None:
@@ -134,9 +129,7 @@ def test_an_opcode_without_a_case_fails_the_cuda_interpreter_build(tmp_path: Pat
 
 def test_an_opcode_without_a_case_fails_the_cpu_extension_build(tmp_path: Path) -> None:
     """The CPU interpreter's switch, compiled with the extension's -Werror=switch."""
-    from torch.utils import cpp_extension
-
-    torch_inc = (*[Path(p) for p in cpp_extension.include_paths()], Path(sysconfig.get_paths()["include"]))
+    torch_inc = torch_includes()
     src = "cpu/interpreter.cpp"
     assert _syntax_check(KERNELS / src, KERNELS, torch_inc).returncode == 0
     root = _mutant(tmp_path, src, "        case RP_GETMANT: RP_LANES1(rp_getmant); break;\n")

@@ -184,6 +184,9 @@ constexpr int64_t SMALL_GEMM_MAX_N = 128;
 constexpr int64_t SMALL_GEMM_MAX_WORK = 1 << 18;  // M*N*K of one batch entry
 // Rows small_rows computes at a time when N fits in one vector: 12 independent chains for the FMAs.
 constexpr int SMALL_ROWS_ONE_VECTOR = 12;
+// The row group small_rows sweeps first for a B of Np packed columns (gemm_small cuts its items
+// in whole groups).
+constexpr int64_t small_row_group(int64_t Np) { return Np == W ? SMALL_ROWS_ONE_VECTOR : 4; }
 constexpr int64_t GEMM_ITEMS_PER_THREAD = 4;      // tiles per thread on one big matrix (choose_tiling)
 // A GEMM of at most this many rows is cut into tiles by columns only, one tile per thread
 // (choose_tiling). Cut into row tiles of one micro-tile's height as well, each of them streamed
@@ -245,7 +248,7 @@ void small_rows(const GemmArgs& g, int64_t bi, const float* bp, int64_t Np, int6
     const float* A = g.a_at(bi);
     float* C = g.C + bi * g.M * g.N;
     int64_t i = i0;
-    if (Np == W)
+    if (small_row_group(Np) == SMALL_ROWS_ONE_VECTOR)
         for (; i + SMALL_ROWS_ONE_VECTOR <= i1; i += SMALL_ROWS_ONE_VECTOR)
             small_gemm_rows<SMALL_ROWS_ONE_VECTOR>(g, A, bp, Np, C, i);
     for (; i + 4 <= i1; i += 4) small_gemm_rows<4>(g, A, bp, Np, C, i);
@@ -269,7 +272,7 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     float* const bpack = at_least(kept, g.batch * g.K * Np);
     parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack + bi * g.K * Np); });
     // About four row blocks per thread, whole groups of rows as small_rows takes them.
-    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), Np == W ? SMALL_ROWS_ONE_VECTOR : 4);
+    const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), small_row_group(Np));
     const int64_t per_entry = ceil_div(g.M, rows);
     parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
         const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;

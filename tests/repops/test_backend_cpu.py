@@ -10,8 +10,6 @@ whole training steps: C_T must not depend on the backend.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sysconfig
 from functools import partial
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.cxx import syntax_check, torch_includes
 from verde_chain.repops import edges, library, program, reference, torch_api
 from verde_chain.repops.backends import BACKENDS, BackendUnavailable
 from verde_chain.repops.backends.cpu import extension as cpu_ext
@@ -527,14 +526,7 @@ def test_sources_compile_after_an_older_torchs_std_flag(source: Path) -> None:
     and the thread pool sleeps in std::atomic::wait (C++20): the extension's own flags must name
     the standard, or the kernels do not build beside an older torch (found on a lent GPU
     machine's torch 2.11). Each source, syntax-checked the way such a torch compiles it."""
-    from torch.utils import cpp_extension
-
-    gxx = shutil.which("g++") or shutil.which("c++")
-    if gxx is None:
-        pytest.skip("no C++ compiler")
-    includes = [f"-I{p}" for p in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
-    cmd = [gxx, "-fsyntax-only", "-std=c++17", *cpu_ext.extension_flags("scalar"), *includes, str(source)]
-    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    r = syntax_check(source, ["-std=c++17", *cpu_ext.extension_flags("scalar")], system=torch_includes())
     assert r.returncode == 0, r.stderr[-3000:]
 
 
