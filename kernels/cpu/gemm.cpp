@@ -325,12 +325,56 @@ Tiling choose_tiling(int64_t batch, int64_t M, int64_t N, int64_t threads, int64
 // the other panels of their column block, then wait for it. So packing costs no barrier: an
 // earlier version packed each nc x kc block in a parallel call of its own and then computed it
 // in another, two barriers per block (16 per 1024^2 GEMM).
+//
+// At several threads, though, each thread packs the column block its items need into a buffer
+// of its own (once per call and column block: items are column block major, so a thread mostly
+// stays in one), where that is little work beside the thread's share of the FMAs
+// (GEMM_OWN_B_MIN_FMAS); B itself is only read, so nothing a thread reads was written by
+// another. Panels one core packed and another read cost more than packing them twice: on the
+// Intel machine of 2026-12-04 (stand-alone build, 2 threads, medians of up to 3,000 calls) a
+// weight gradient x^T @ dy of the tiny Llama, 256 x 32 x 512, took 47.7 us with the shared
+// panels against 33.5 us (1 thread: 56.6); 300 x 100 x 200 56.1 -> 45.0; 512^3 with B = W^T
+// 1,020 -> 919; 768^3 3,229 -> 2,982; 1024^3 7,415 -> 6,867 (as stored) and 7,489 -> 7,278
+// (B = W^T). A thread then packs up to a whole column block, where the shared panels had it
+// pack its part: fine at 2 threads, not measured at 8 or more (the rule keeps each thread's FMAs
+// at least GEMM_OWN_B_MIN_FMAS per packed element). Entries against one B (a few rows each) keep
+// the shared panels: a thread would pack that B again for every entry it visits.
+constexpr double GEMM_OWN_B_MIN_FMAS = 64;
+constexpr int64_t GEMM_OWN_B_MAX_FLOATS = int64_t(1) << 22;  // a thread's buffer: 16 MiB at most
+
 void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc) {
     const Tiling tl = choose_tiling(g.batch, g.M, g.N, threads, mc, nc);
     const int64_t mc_eff = tl.mc, nc_eff = tl.nc, n_i = tl.n_i, n_j = tl.n_j;
     const int64_t panels = ceil_div(g.N, GEMM_NR), pstride = g.K * GEMM_NR;  // per batch entry
     // One B for every entry (GemmArgs::one_b) is packed once, as entry 0's.
     const bool shared_b = g.one_b();
+    const int64_t block_floats = ceil_div(nc_eff, GEMM_NR) * pstride;  // one packed column block
+    const double fmas_per_thread = (double)g.batch * (double)g.M * (double)g.N * (double)g.K / (double)threads;
+    if (threads > 1 && (g.batch == 1 || !shared_b) && block_floats <= GEMM_OWN_B_MAX_FLOATS &&
+        fmas_per_thread >= GEMM_OWN_B_MIN_FMAS * (double)block_floats) {
+        // Tells this call's items from an earlier call's in a thread's buffer (a thread may keep
+        // the same (entry, column block) of another B, at the same address, from call to call).
+        static std::atomic<uint64_t> calls{0};
+        const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
+        parallel_items(g.batch * n_j * n_i, threads, [&](int64_t item, int64_t) {
+            const int64_t bi = item / (n_j * n_i), jb = item / n_i % n_j, ib = item % n_i;
+            const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
+            thread_local std::vector<float> mine, abuf;
+            thread_local uint64_t mine_call = 0;
+            thread_local int64_t mine_entry = -1, mine_block = -1;
+            float* const bcols = at_least(mine, block_floats);
+            if (mine_call != call || mine_entry != bi || mine_block != jb) {
+                for (int64_t jp = 0; jp < cols; jp += GEMM_NR)
+                    pack_b(g.b_at(bi), g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), 0, g.K,
+                           bcols + jp / GEMM_NR * pstride);
+                mine_call = call, mine_entry = bi, mine_block = jb;
+            }
+            for (int64_t p0 = 0; p0 < g.K; p0 += kc)
+                compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
+                             std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);
+        });
+        return;
+    }
     const int64_t b_entries = shared_b ? 1 : g.batch;
     // Kept for this thread's next call (no page faults per call) up to GEMM_KEEP_PACKED_B floats;
     // a bigger B (K*N floats per entry) gets a buffer of its own, freed on return.
