@@ -256,7 +256,10 @@ void small_rows(const GemmArgs& g, int64_t bi, const float* bp, int64_t Np, int6
 }
 
 // Items: whole batch entries when there are at least two per thread (each packs its own B);
-// otherwise every entry's B is packed first (one item each) and the items are blocks of rows.
+// otherwise blocks of rows, each thread packing the B of its blocks' entries for itself. (B
+// packed once, one item per entry, then read by every thread took 1.03-1.08x as long at 2
+// threads, bench_gemm.py --baseline on the Intel machine of 2026-12-04, medians of 15 pairs:
+// 512 x 1024 x 10 0.926, 2048 x 64 x 12 0.969, 1000 x 300 x 7 (B as stored) 0.946 of before.)
 void gemm_small(const GemmArgs& g, int64_t threads) {
     const int64_t Np = round_up(g.N, W);
     if (threads == 1 || g.batch >= 2 * threads) {
@@ -268,15 +271,23 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
         });
         return;
     }
-    thread_local std::vector<float> kept;  // the caller's; its workers fill and read it
-    float* const bpack = at_least(kept, g.batch * g.K * Np);
-    parallel_items(g.batch, threads, [&](int64_t bi, int64_t) { small_pack_b(g, bi, Np, bpack + bi * g.K * Np); });
-    // About four row blocks per thread, whole groups of rows as small_rows takes them.
+    // About four row blocks per thread, whole groups of rows as small_rows takes them; a thread
+    // packs an entry's B once per call into a buffer of its own (as gemm_tiles' threads do).
     const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), small_row_group(Np));
     const int64_t per_entry = ceil_div(g.M, rows);
+    static std::atomic<uint64_t> calls{0};
+    const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
     parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
         const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;
-        small_rows(g, bi, bpack + bi * g.K * Np, Np, i0, std::min(g.M, i0 + rows));
+        thread_local std::vector<float> mine;
+        thread_local uint64_t mine_call = 0;
+        thread_local int64_t mine_entry = -1;
+        float* const bp = at_least(mine, g.K * Np);
+        if (mine_call != call || mine_entry != bi) {
+            small_pack_b(g, bi, Np, bp);
+            mine_call = call, mine_entry = bi;
+        }
+        small_rows(g, bi, bp, Np, i0, std::min(g.M, i0 + rows));
     });
 }
 

@@ -568,25 +568,28 @@ def test_gemm_paths_on_every_thread_count(isa: str, name: str, a_shape: tuple[in
         np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
 
 
+# Shapes whose threads pack B into buffers of their own at several threads, kept from call to
+# call: gemm_tiles (one matrix; a batch whose entries have B's of their own) and gemm_small's
+# row blocks (N within one vector; a batch of a few entries, each with its own B).
+OWN_B_GEMMS = [((301, 257), (257, 203)), ((3, 150, 140), (3, 140, 170)), ((305, 200), (200, 10)),
+               ((3, 120, 64), (3, 64, 32))]
+
+
 @pytest.mark.parametrize("isa", ISAS)
-def test_tiles_pack_each_calls_own_b_at_several_threads(isa: str) -> None:
-    """At several threads gemm_tiles' threads pack B into buffers of their own, kept from call to
-    call; a buffer holds this call's (entry, column block) only. Calls of the same shapes, one
-    after the other, with B changed in place between them (same address) and with batches
-    whose entries have B's of their own: every result is its own B's."""
+def test_threads_pack_each_calls_own_b_at_several_threads(isa: str) -> None:
+    """A thread's own packed B holds this call's (entry, column block) only: calls of the same
+    shapes one after the other, B changed in place between them (same address), each result
+    its own B's."""
     need(isa)
-    a = torch.from_numpy(edge_matrix((301, 257), 181, 0.02))
-    b = torch.from_numpy(edge_matrix((257, 203), 182, 0.02))
-    c = torch.from_numpy(edge_matrix((3, 150, 140), 183, 0.02))
-    d = torch.from_numpy(edge_matrix((3, 140, 170), 184, 0.02))
-    for threads in (2, 3, 4):
-        for round_ in range(3):
-            b.copy_(torch.from_numpy(edge_matrix((257, 203), 190 + 10 * threads + round_, 0.02)))
-            d.copy_(torch.from_numpy(edge_matrix((3, 140, 170), 290 + 10 * threads + round_, 0.02)))
-            for x, y in ((a, b), (c, d)):
-                got = run_engaged(isa, threads, partial(cpu_ext.matmul, x, y, isa=isa, threads=threads))
-                np.testing.assert_array_equal(got, bits(ref_matmul(x.numpy(), y.numpy())),
-                                              err_msg=f"{threads} threads, round {round_}")
+    for n, (a_shape, b_shape) in enumerate(OWN_B_GEMMS):
+        a = torch.from_numpy(edge_matrix(a_shape, 181 + n, 0.02))
+        b = torch.from_numpy(edge_matrix(b_shape, 191 + n, 0.02))
+        for threads in (2, 3, 4):
+            for round_ in range(3):
+                b.copy_(torch.from_numpy(edge_matrix(b_shape, 200 + 100 * n + 10 * threads + round_, 0.02)))
+                got = run_engaged(isa, threads, partial(cpu_ext.matmul, a, b, isa=isa, threads=threads))
+                np.testing.assert_array_equal(got, bits(ref_matmul(a.numpy(), b.numpy())),
+                                              err_msg=f"{a_shape} @ {b_shape}, {threads} threads, round {round_}")
 
 
 # GEMMs of at most 128 rows (gemm.cpp GEMM_FEW_ROWS: tiles cut by columns only, one a thread)
