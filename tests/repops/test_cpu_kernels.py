@@ -605,10 +605,18 @@ FEW_ROW_GEMMS = [
     ("few-rows-100", (100, 67), (300, 67)),
     ("few-rows-128", (128, 300), (520, 300)),
     ("few-rows-64-shared-weight-a-gapped", (2, 70, 300), (259, 300)),
+    # W read in place, transposed (gemm.cpp gemm_w_rows: one vector < rows <= the micro-tile's
+    # width): 17 rows (AVX-512: one lane past a vector) against 125 rows of W (a last group of
+    # 5); entries of 24 rows that do not fold (x^T packed per entry); 12 rows (AVX2), 3 (scalar)
+    ("w-rows-17", (17, 300), (125, 300)),
+    ("w-rows-batch-a-gapped", (2, 30, 300), (80, 300)),
+    ("w-rows-12", (12, 300), (150, 300)),
+    ("w-rows-3", (3, 1000), (200, 1000)),
 ]
 FEW_ROW_A_VIEWS = {  # as A_VIEWS
     "few-rows-shared-weight-a-gapped": lambda a: a[:, 2:18, :],
     "few-rows-64-shared-weight-a-gapped": lambda a: a[:, 3:67, :],
+    "w-rows-batch-a-gapped": lambda a: a[:, 3:27, :],
 }
 
 
