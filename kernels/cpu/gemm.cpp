@@ -145,6 +145,30 @@ void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, 
     }
 }
 
+// A thread's own packed copy of an operand, kept from call to call (no page faults per call)
+// and valid for one (call, key): at several threads each thread packs what its items read
+// itself, since data one core packed and another read cost more than packing it twice (see
+// GEMM_OWN_B_MIN_FMAS). `call` tells one call from another (a later call may pass the same key
+// with other data at the same address), `key` the part packed (an entry, a column block).
+struct OwnPacked {
+    std::vector<float> buf;
+    uint64_t call = 0;
+    int64_t key = -1;
+    // The buffer (at least n floats) and whether it must be packed for (call, key) now.
+    std::pair<float*, bool> get(int64_t n, uint64_t c, int64_t k) {
+        float* const p = at_least(buf, n);
+        const bool stale = call != c || key != k;
+        call = c, key = k;
+        return {p, stale};
+    }
+};
+
+// A number of its own for every call that packs into OwnPacked buffers.
+uint64_t new_call() {
+    static std::atomic<uint64_t> calls{0};
+    return calls.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 // Rows [i_begin, i_end) of one output column block [j0, j0+cols) for one K block, given the
 // packed B block (its NR panels `bstride` floats apart): pack each mc x kcur block of A and run
 // the micro-kernels over it.
@@ -275,18 +299,12 @@ void gemm_small(const GemmArgs& g, int64_t threads) {
     // packs an entry's B once per call into a buffer of its own (as gemm_tiles' threads do).
     const int64_t rows = round_up(ceil_div(g.M * g.batch, 4 * threads), small_row_group(Np));
     const int64_t per_entry = ceil_div(g.M, rows);
-    static std::atomic<uint64_t> calls{0};
-    const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
+    const uint64_t call = new_call();
     parallel_items(g.batch * per_entry, threads, [&](int64_t item, int64_t) {
         const int64_t bi = item / per_entry, i0 = (item % per_entry) * rows;
-        thread_local std::vector<float> mine;
-        thread_local uint64_t mine_call = 0;
-        thread_local int64_t mine_entry = -1;
-        float* const bp = at_least(mine, g.K * Np);
-        if (mine_call != call || mine_entry != bi) {
-            small_pack_b(g, bi, Np, bp);
-            mine_call = call, mine_entry = bi;
-        }
+        thread_local OwnPacked mine;
+        const auto [bp, stale] = mine.get(g.K * Np, call, bi);
+        if (stale) small_pack_b(g, bi, Np, bp);
         small_rows(g, bi, bp, Np, i0, std::min(g.M, i0 + rows));
     });
 }
@@ -363,23 +381,17 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     const double fmas_per_thread = (double)g.batch * (double)g.M * (double)g.N * (double)g.K / (double)threads;
     if (threads > 1 && (g.batch == 1 || !shared_b) && block_floats <= GEMM_OWN_B_MAX_FLOATS &&
         fmas_per_thread >= GEMM_OWN_B_MIN_FMAS * (double)block_floats) {
-        // Tells this call's items from an earlier call's in a thread's buffer (a thread may keep
-        // the same (entry, column block) of another B, at the same address, from call to call).
-        static std::atomic<uint64_t> calls{0};
-        const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
+        const uint64_t call = new_call();
         parallel_items(g.batch * n_j * n_i, threads, [&](int64_t item, int64_t) {
             const int64_t bi = item / (n_j * n_i), jb = item / n_i % n_j, ib = item % n_i;
             const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
-            thread_local std::vector<float> mine, abuf;
-            thread_local uint64_t mine_call = 0;
-            thread_local int64_t mine_entry = -1, mine_block = -1;
-            float* const bcols = at_least(mine, block_floats);
-            if (mine_call != call || mine_entry != bi || mine_block != jb) {
+            thread_local OwnPacked mine;
+            thread_local std::vector<float> abuf;
+            const auto [bcols, stale] = mine.get(block_floats, call, bi * n_j + jb);
+            if (stale)
                 for (int64_t jp = 0; jp < cols; jp += GEMM_NR)
                     pack_b(g.b_at(bi), g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), 0, g.K,
                            bcols + jp / GEMM_NR * pstride);
-                mine_call = call, mine_entry = bi, mine_block = jb;
-            }
             for (int64_t p0 = 0; p0 < g.K; p0 += kc)
                 compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
                              std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);
@@ -443,20 +455,15 @@ constexpr int64_t W_ROWS_PER_ITEM = 4;  // MR-row groups of W per item
 void gemm_w_rows(const GemmArgs& g, int64_t threads) {
     const int64_t groups = ceil_div(g.N, GEMM_MR), per_item = std::min(W_ROWS_PER_ITEM, ceil_div(groups, threads));
     const int64_t blocks = ceil_div(groups, per_item), items = g.batch * blocks;
-    static std::atomic<uint64_t> calls{0};
-    const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
+    const uint64_t call = new_call();
     parallel_items(items, std::min(threads, items), [&](int64_t item, int64_t) {
         const int64_t bi = item / blocks, j_begin = item % blocks * per_item * GEMM_MR;
         const int64_t j_end = std::min(g.N, j_begin + per_item * GEMM_MR);
         // x^T of entry bi, packed by this thread once per call and entry
-        thread_local std::vector<float> panel, last_rows;
-        thread_local uint64_t panel_call = 0;
-        thread_local int64_t panel_entry = -1;
-        float* const xp = at_least(panel, g.K * GEMM_NR);
-        if (panel_call != call || panel_entry != bi) {
-            pack_b(g.a_at(bi), g.sak, g.sai, 0, g.M, 0, g.K, xp);  // x^T as a K x M operand: one panel
-            panel_call = call, panel_entry = bi;
-        }
+        thread_local OwnPacked panel;
+        thread_local std::vector<float> last_rows;
+        const auto [xp, stale] = panel.get(g.K * GEMM_NR, call, bi);
+        if (stale) pack_b(g.a_at(bi), g.sak, g.sai, 0, g.M, 0, g.K, xp);  // x^T as a K x M operand: one panel
         const float* B = g.b_at(bi);
         float* C = g.C + bi * g.M * g.N;
         for (int64_t j0 = j_begin; j0 < j_end; j0 += GEMM_MR) {
