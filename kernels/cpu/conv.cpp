@@ -1284,11 +1284,12 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
             float* const ap = at_least(abuf, round_up(rows, GEMM_MR) * kcur);
             pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bp, ok);
             pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, ap, ok);
-            for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
-                for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
-                    micro_kernel(kcur, ap + ir * kcur, bp + jr * kcur, c_at(bi, i0 + ir, j0 + jr),
-                                 ldc, p0 == 0, p0 + kcur == K, std::min<int64_t>(GEMM_MR, rows - ir),
-                                 std::min<int64_t>(GEMM_NR, cols - jr));
+            sweep_tiles(  // C not fetched ahead: not measured on the windowed GEMM's shapes
+                rows, cols, ldc, false, [&](int64_t i, int64_t j) { return c_at(bi, i0 + i, j0 + j); },
+                [&](int64_t ir, int64_t jr, float* c) {
+                    micro_kernel(kcur, ap + ir * kcur, bp + jr * kcur, c, ldc, p0 == 0, p0 + kcur == K,
+                                 std::min<int64_t>(GEMM_MR, rows - ir), std::min<int64_t>(GEMM_NR, cols - jr));
+                });
         }
         if (!ok) all_ok = false;
     });

@@ -180,11 +180,12 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
     for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
         const int64_t rows = std::min(mc, i_end - i0);
         pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, ap);
-        for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
-            for (int64_t ir = 0; ir < rows; ir += GEMM_MR)
-                micro_kernel(kcur, ap + ir * kcur, bpack + jr / GEMM_NR * bstride,
-                             C + (i0 + ir) * g.N + j0 + jr, g.N, first, last, std::min<int64_t>(GEMM_MR, rows - ir),
-                             std::min<int64_t>(GEMM_NR, cols - jr));
+        sweep_tiles(
+            rows, cols, g.N, g.M * g.N >= GEMM_FETCH_C_MIN_FLOATS, [&](int64_t i, int64_t j) { return C + (i0 + i) * g.N + j0 + j; },
+            [&](int64_t ir, int64_t jr, float* c) {
+                micro_kernel(kcur, ap + ir * kcur, bpack + jr / GEMM_NR * bstride, c, g.N, first, last,
+                             std::min<int64_t>(GEMM_MR, rows - ir), std::min<int64_t>(GEMM_NR, cols - jr));
+            });
     }
 }
 
@@ -379,6 +380,14 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     const bool shared_b = g.one_b();
     const int64_t block_floats = ceil_div(nc_eff, GEMM_NR) * pstride;  // one packed column block
     const double fmas_per_thread = (double)g.batch * (double)g.M * (double)g.N * (double)g.K / (double)threads;
+    // One tile (entry bi, rows from i0, columns [j0, j0 + cols)) over all K blocks, given its
+    // column block of packed B (NR panels pstride floats apart).
+    auto tile_over_k = [&](int64_t bi, int64_t i0, int64_t j0, int64_t cols, const float* bcols) {
+        thread_local std::vector<float> abuf;
+        for (int64_t p0 = 0; p0 < g.K; p0 += kc)
+            compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
+                         std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);
+    };
     if (threads > 1 && (g.batch == 1 || !shared_b) && block_floats <= GEMM_OWN_B_MAX_FLOATS &&
         fmas_per_thread >= GEMM_OWN_B_MIN_FMAS * (double)block_floats) {
         const uint64_t call = new_call();
@@ -386,15 +395,12 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
             const int64_t bi = item / (n_j * n_i), jb = item / n_i % n_j, ib = item % n_i;
             const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
             thread_local OwnPacked mine;
-            thread_local std::vector<float> abuf;
             const auto [bcols, stale] = mine.get(block_floats, call, bi * n_j + jb);
             if (stale)
                 for (int64_t jp = 0; jp < cols; jp += GEMM_NR)
                     pack_b(g.b_at(bi), g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), 0, g.K,
                            bcols + jp / GEMM_NR * pstride);
-            for (int64_t p0 = 0; p0 < g.K; p0 += kc)
-                compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
-                             std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);
+            tile_over_k(bi, i0, j0, cols, bcols);
         });
         return;
     }
@@ -431,11 +437,7 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
         const int64_t be = shared_b ? 0 : bi;
         const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
         ready(be, j0 / GEMM_NR, ceil_div(j0 + cols, GEMM_NR));
-        thread_local std::vector<float> abuf;
-        const float* bcols = bw + (be * panels + j0 / GEMM_NR) * pstride;
-        for (int64_t p0 = 0; p0 < g.K; p0 += kc)
-            compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bcols + p0 * GEMM_NR, pstride, i0,
-                         std::min(g.M, i0 + mc_eff), j0, cols, p0, std::min(kc, g.K - p0), mc_eff, abuf);
+        tile_over_k(bi, i0, j0, cols, bw + (be * panels + j0 / GEMM_NR) * pstride);
     });
 }
 
@@ -476,32 +478,9 @@ void gemm_w_rows(const GemmArgs& g, int64_t threads) {
                     for (int64_t k = 0; k < g.K; k++) t[r * g.K + k] = r < R ? w[r * g.sbj + k] : 0.0f;
                 w = t, ldw = g.K;
             }
-            Vec acc[GEMM_MR][GEMM_NV];
-            {
-                Vec b[GEMM_NV];
-#pragma GCC unroll 8
-                for (int v = 0; v < GEMM_NV; v++) b[v] = vload(xp + v * W);
-#pragma GCC unroll 16
-                for (int r = 0; r < GEMM_MR; r++) {
-                    const Vec a = vbcast(w[r * ldw]);
-#pragma GCC unroll 8
-                    for (int v = 0; v < GEMM_NV; v++) acc[r][v] = vmul(a, b[v]);
-                }
-            }
-            for (int64_t k = 1; k < g.K; k++) {
-                Vec b[GEMM_NV];
-#pragma GCC unroll 8
-                for (int v = 0; v < GEMM_NV; v++) b[v] = vload(xp + k * GEMM_NR + v * W);
-#pragma GCC unroll 16
-                for (int r = 0; r < GEMM_MR; r++) {
-                    const Vec a = vbcast(w[r * ldw + k]);
-#pragma GCC unroll 8
-                    for (int v = 0; v < GEMM_NV; v++) acc[r][v] = vfma(a, b[v], acc[r][v]);
-                }
-            }
-            alignas(64) float tile[GEMM_MR][GEMM_NR];
-            for (int r = 0; r < GEMM_MR; r++)
-                for (int v = 0; v < GEMM_NV; v++) vstore(&tile[r][v * W], vcanon(acc[r][v]));
+            alignas(64) float tile[GEMM_MR][GEMM_NR];  // C^T's MR x NR tile: lane m of row r is C[m][j0 + r]
+            micro_kernel_rows<GEMM_MR, GEMM_NV, false, true>(g.K, w, xp, &tile[0][0], GEMM_NR, true, true, GEMM_MR,
+                                                             GEMM_NR, GEMM_NR, ldw);
             for (int64_t m = 0; m < g.M; m++)
                 for (int64_t r = 0; r < R; r++) C[m * g.N + j0 + r] = tile[r][m];
         }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -43,10 +44,15 @@ inline float* at_least(std::vector<float>& v, int64_t n) {
 // nor a GEMM of 10 columns (a classifier's logits) for 32.
 // `ldb`: floats between B's k rows: GEMM_NR for a packed panel (a constant, so the loop steps
 // by an immediate), or B's own row stride when B is read in place (gemm_b_in_place).
-template <int R, int V = GEMM_NV, bool B_IN_PLACE = false>
+// A_IN_PLACE: A's R rows are read where they lie, `lda` floats apart, k contiguous within a row
+// (gemm_w_rows: rows of W), instead of from a packed [k][MR] panel.
+template <int R, int V = GEMM_NV, bool B_IN_PLACE = false, bool A_IN_PLACE = false>
 inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
-                              int64_t ldc, bool first, bool last, int64_t mr, int64_t nr, int64_t ldb = GEMM_NR) {
+                              int64_t ldc, bool first, bool last, int64_t mr, int64_t nr, int64_t ldb = GEMM_NR,
+                              int64_t lda = 0) {
     if constexpr (!B_IN_PLACE) ldb = GEMM_NR;
+    // A's element (row i, k)
+    auto a_at = [&](int i, int64_t k) { return A_IN_PLACE ? Ap[i * lda + k] : Ap[k * GEMM_MR + i]; };
     Vec acc[R][V];
     alignas(64) float tile[R * GEMM_NR];
     const bool full_cols = nr == GEMM_NR;
@@ -62,7 +68,7 @@ inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const floa
         for (int j = 0; j < V; j++) b[j] = vload(Bp + j * W);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
-            Vec a = vbcast(Ap[i]);
+            Vec a = vbcast(a_at(i, 0));
 #pragma GCC unroll 8
             for (int j = 0; j < V; j++) acc[i][j] = vmul(a, b[j]);
         }
@@ -79,13 +85,12 @@ inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const floa
 #pragma GCC unroll 8
             for (int j = 0; j < V; j++) __builtin_prefetch(bk + GEMM_IN_PLACE_PREFETCH_ROWS * ldb + j * W, 0, 3);
         }
-        const float* ak = Ap + k * GEMM_MR;  // the panel's rows stay MR apart whatever R is
         Vec b[V];
 #pragma GCC unroll 8
         for (int j = 0; j < V; j++) b[j] = vload(bk + j * W);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
-            Vec a = vbcast(ak[i]);
+            Vec a = vbcast(a_at(i, k));  // a packed panel's rows stay MR apart whatever R is
 #pragma GCC unroll 8
             for (int j = 0; j < V; j++) acc[i][j] = vfma(a, b[j], acc[i][j]);
         }
@@ -120,6 +125,35 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
     if constexpr (GEMM_NV > 1)
         if (nr <= W) return micro_kernel_cols<1, B_IN_PLACE>(kc, Ap, Bp, C, ldc, first, last, mr, nr, ldb);
     micro_kernel_cols<GEMM_NV, B_IN_PLACE>(kc, Ap, Bp, C, ldc, first, last, mr, nr, ldb);
+}
+
+// Runs tile(ir, jr, C) for the micro-tiles of a rows x cols block of C (`c_at(i, j)`: where its
+// element (i, j) lies; a tile's rows are `ldc` floats apart), columns outer so one B panel serves
+// every row panel. With `fetch_c`, each next tile's C is fetched (for writing) while the one
+// before runs: each K block reloads its tiles of C, rows a whole row of C apart, which the
+// hardware prefetchers do not follow once C has left L2. Only for a C of at least
+// GEMM_FETCH_C_MIN_FLOATS: on the Intel machine of 2026-12-04 (bench_gemm.py --baseline, this
+// build / before, medians of pairs, 1 | 2 threads) 2048^3 took 0.975 | 0.940, 0.996 | 0.976 and
+// 0.989 | 0.969 in three runs, 1024^3 0.998 | 0.980, 1.001 | 1.006, 0.996 | 0.990; with C in L2
+// the prefetches cost more than they saved (512 x 256 x 512 1.022, 256^3 1.017, and K = 32:
+// 256 x 32 x 512 1.066).
+constexpr int64_t GEMM_FETCH_C_MIN_FLOATS = int64_t(1) << 20;  // 4 MiB of C
+template <class CAt, class Tile>
+inline void sweep_tiles(int64_t rows, int64_t cols, int64_t ldc, bool fetch_c, CAt c_at, Tile tile) {
+    for (int64_t jr = 0; jr < cols; jr += GEMM_NR)
+        for (int64_t ir = 0; ir < rows; ir += GEMM_MR) {
+            const bool down = ir + GEMM_MR < rows;
+            if (fetch_c && (down || jr + GEMM_NR < cols)) {
+                const int64_t ni = down ? ir + GEMM_MR : 0, nj = down ? jr : jr + GEMM_NR;
+                const int64_t last_col = std::min<int64_t>(GEMM_NR, cols - nj) - 1;
+                const float* c = c_at(ni, nj);
+                for (int64_t r = 0, n = std::min<int64_t>(GEMM_MR, rows - ni); r < n; r++, c += ldc) {
+                    for (int64_t j = 0; j < last_col; j += 64 / sizeof(float)) __builtin_prefetch(c + j, 1, 3);
+                    __builtin_prefetch(c + last_col, 1, 3);
+                }
+            }
+            tile(ir, jr, c_at(ir, jr));
+        }
 }
 
 }  // namespace repops_cpu

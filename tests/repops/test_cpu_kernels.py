@@ -547,6 +547,9 @@ THREADED_GEMMS = [
     # A transposed past the few-row paths (a weight gradient x^T @ dy): 203 rows, 16 whole 12-row
     # panels copied a k row at a time and a last one of 11 rows; K = 300 crosses a K block
     ("transposed-a", (300, 203), (300, 150)),
+    # a C past gemm_tile.h's GEMM_FETCH_C_MIN_FLOATS (each next tile's C fetched ahead): ragged
+    # last row and column tiles (10 rows, 6 columns); K = 260 crosses a K block, so tiles reload C
+    ("c-fetched-ahead", (1030, 260), (260, 1030)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
