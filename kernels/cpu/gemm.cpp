@@ -552,6 +552,15 @@ constexpr int64_t GEMM_PAIR_PACK_ROWS = 48;
 // often at half the width). A few rows (GEMM_FEW_ROWS) keep their one tile a thread.
 constexpr int64_t GEMM_HALF_NC_ROWS = 768;
 
+// At one thread the pairs path's column blocks are this many times the tile's nc: it packs all
+// of A once per column block, so wider blocks pack A less often (B's block, kc x nc, then 1 MiB
+// at the default tile: half this machine's L2 a core). Where it splits a GEMM among threads the
+// blocks stay nc wide (enough pairs for every thread). On the Intel machine of 2026-12-04
+// (bench_gemm.py --baseline, this build / before, 1 thread, medians of pairs, two runs):
+// 1024^3 0.973 and 0.976, 2048^3 0.981 and 0.985, 512 x 512 x 1024 (B = W^T) 0.991, 512 x 256
+// x 1024 (A transposed) 1.018 and 0.985, 512^3 1.007.
+constexpr int64_t GEMM_ONE_THREAD_NC_FACTOR = 2;
+
 // At most this K, a GEMM is mostly its stores of C (a classifier's backward dlogits @ W, K = the
 // classes): one column block as wide as C, so C is written in whole rows, not in column blocks;
 // at one thread the pairs path packs and sweeps its rows MR at a time. Paired against the
@@ -613,14 +622,16 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS_ONE_B && g.one_b();
     if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && n_pairs >= 2 * threads)) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
-        parallel_items(n_pairs, threads, [&](int64_t item, int64_t) {
-            const int64_t bi = item / n_nblocks;
-            const int64_t j0 = (item % n_nblocks) * nc, cols = std::min(nc, g.N - j0);
+        if (threads == 1 && g.K > GEMM_TINY_K) nc *= GEMM_ONE_THREAD_NC_FACTOR;
+        const int64_t blocks = ceil_div(g.N, nc);
+        parallel_items(g.batch * blocks, threads, [&](int64_t item, int64_t) {
+            const int64_t bi = item / blocks;
+            const int64_t j0 = (item % blocks) * nc, cols = std::min(nc, g.N - j0);
             const float* A = g.a_at(bi);
             const float* B = g.b_at(bi);
             float* C = g.C + bi * g.M * g.N;
             // Kept by each thread from call to call: fresh buffers of this size were zero-filled
-            // and page-faulted on every call (512 KB of B block at the default tile).
+            // and page-faulted on every call (0.5-1 MiB of B block at the default tile).
             thread_local std::vector<float> abuf, bbuf;
             float* const bp = at_least(bbuf, round_up(nc, GEMM_NR) * kc);
             for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
