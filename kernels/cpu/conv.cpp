@@ -276,8 +276,8 @@ bool pack_steps_row_div(const WinOperand& o, int64_t r, int64_t valid, const int
 }
 
 template <int NCHK>
-void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* kk, int64_t step, const int64_t* delta,
-                    const uint64_t* size, float* d, bool& ok);
+void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* ks, int64_t cols, int64_t kc, int64_t step,
+                    const int64_t* delta, const uint64_t* size, float* d, int64_t ld, bool& ok);
 
 // Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
 // `count` (those outputs are discarded). NCHK >= 0: that many checked windows, all div == 1
@@ -337,6 +337,14 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
         // map 1.38x faster, on a 4x4 map 0.86x, kernel alone, 2026-12-02)
         use_runs = use_runs && n_runs * (DIV ? 8 : 4) <= valid;
         if (DIV && use_runs) div_run_panels.fetch_add(1, std::memory_order_relaxed);
+        if (NCHK >= 0 && !DIV && use_runs) {  // run by run, each over all k of the block
+            for (int64_t i = 0; i < n_runs; i++)
+                pack_run_lanes<NCHK>(o, r + runs[i].c0, runs[i].len, o.ks + p0 * cols, cols, kc, runs[i].step,
+                                     runs[i].delta, size, panel + runs[i].c0, P, ok);
+            if (valid < P)
+                for (int64_t k = 0; k < kc; k++) std::fill(panel + k * P + valid, panel + (k + 1) * P, 0.0f);
+            continue;
+        }
         for (int64_t k = 0; k < kc; k++) {
             const int64_t* kk = o.ks + (p0 + k) * cols;
             float* d = panel + k * P;
@@ -349,11 +357,6 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
                     if (!pack_steps_row_div<NCHK, float>(o, r + u.c0, u.len, kk, u.step, u.delta, shift, d + u.c0, 1, ok))
                         for (int64_t e = 0; e < u.len; e++) d[u.c0 + e] = from_bits(fetch_any(o, r + u.c0 + e, kk, ok));
                 }
-                c = valid;
-            } else if (use_runs) {
-                for (int64_t i = 0; i < n_runs; i++)
-                    pack_run_lanes<NCHK>(o, r + runs[i].c0, runs[i].len, kk, runs[i].step, runs[i].delta, size,
-                                         d + runs[i].c0, ok);
                 c = valid;
             } else {
                 const int64_t* ra = o.rows + r;
@@ -606,36 +609,50 @@ inline Vec span_lanes(const uint32_t* data, int64_t ebase, const Span& sp, int64
 #endif
 }
 
-// One run of a panel's k row (pack_panels). On AVX-512 a unit-step span is moved 16 lanes at a
-// time (masked at its ends) after the fill is written where the run is out of range; otherwise,
-// and on the other ISAs, write_span. Bits are moved, never computed on (a NaN's payload survives
-// as through a scalar copy). Through write_span (a memcpy call and scalar fills per k row), the
-// im2col operand of the 64 -> 64 forward on 32 x 32 maps took as long to pack as its FMAs.
+// One run of a panel's rows at every k of a K block (pack_panels; the k rows `ld` floats apart,
+// k's table entries `cols` apart from ks): run by run, not k row by k row, so one call serves
+// the block. On AVX-512 a unit-step span is moved 16 lanes at a time in one pass: the lanes in
+// range loaded over the fill (masked-off lanes are never read), the run's lanes stored;
+// otherwise, and on the other ISAs, write_span. resnet18's 64 -> 64 convolutions on 8 x 8 maps
+// pack runs of 8, which went through write_span per (k, run) (a call, scalar fills and a masked
+// move for 8 floats; perf: packing 43% of the forward, the micro-kernel 33%). Kernel alone, 1
+// thread, old and new builds taking turns (Intel machine of 2026-12-04, best of 2 s, two
+// rounds): forward 1.83-1.89 -> 1.72-1.76 ms, grad input 1.95-1.97 -> 1.73-1.76, grad weight
+// (runs of 3: not this path) 2.02-2.11 -> 2.09-2.15; on 32 x 32 maps (runs of 32) within noise. Bits are moved, never computed on (a NaN's
+// payload survives as through a scalar copy). Through write_span (a memcpy call and scalar
+// fills per k row), the im2col operand of the 64 -> 64 forward on 32 x 32 maps took as long to
+// pack as its FMAs.
 template <int NCHK>
-void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* kk, int64_t step, const int64_t* delta,
-                    const uint64_t* size, float* d, bool& ok) {
-    const Span sp = span_steps<NCHK>(o, r, len, kk, step, delta, size);
+void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* ks, int64_t cols, int64_t kc, int64_t step,
+                    const int64_t* delta, const uint64_t* size, float* d, int64_t ld, bool& ok) {
 #if REPOPS_ISA == 2
-    if (len >= 2 * W && sp.n > 0 && sp.pshift == 0 && sp.s == 1) {
-        if (!sp.inside(o.numel)) {
-            ok = false;
-            return;
-        }
-        auto first_n = [](int64_t n) { return n >= W ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); };
-        if (sp.c1 > 0 || sp.n < len) {
-            const __m512 fill = _mm512_set1_ps(from_bits(o.fill));
-            for (int64_t c = 0; c < len; c += W) _mm512_mask_storeu_ps(d + c, first_n(len - c), fill);
-        }
-        const float* src = reinterpret_cast<const float*>(o.data + sp.first);
-        float* dst = d + sp.c1;
-        for (int64_t j = 0; j < sp.n; j += W) {
-            const __mmask16 m = first_n(sp.n - j);
-            _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
-        }
-        return;
-    }
+    const __m512 fill = _mm512_set1_ps(from_bits(o.fill));
+    auto lanes = [](int64_t from, int64_t to) {  // lanes [from, to) of one vector, clipped to [0, W)
+        from = std::max<int64_t>(from, 0), to = std::min<int64_t>(to, W);
+        return from >= to ? (__mmask16)0 : (__mmask16)((((1u << (to - from)) - 1) << from) & 0xFFFFu);
+    };
 #endif
-    write_span(o, sp, len, d, 1, ok);
+    for (int64_t k = 0; k < kc; k++, d += ld) {
+        const Span sp = span_steps<NCHK>(o, r, len, ks + k * cols, step, delta, size);
+#if REPOPS_ISA == 2
+        if (sp.s == 1 || sp.n == 0) {
+            if (!sp.inside(o.numel)) {
+                ok = false;
+                continue;
+            }
+            // where lane c of the run would read: data + first + (c - c1), for the lanes in range only
+            const uintptr_t src = reinterpret_cast<uintptr_t>(o.data + sp.first) - (uintptr_t)(sp.c1 * sizeof(float));
+            for (int64_t c = 0; c < len; c += W) {
+                const __mmask16 in = lanes(sp.c1 - c, sp.c1 + sp.n - c);
+                const __m512 v =
+                    in ? _mm512_mask_loadu_ps(fill, in, reinterpret_cast<const float*>(src + c * sizeof(float))) : fill;
+                _mm512_mask_storeu_ps(d + c, lanes(0, len - c), v);
+            }
+            continue;
+        }
+#endif
+        write_span(o, sp, len, d, 1, ok);
+    }
 }
 
 // The lanes of every batch entry at once (see above): entry 0's runs, grouped (consecutive runs of
