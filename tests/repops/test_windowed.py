@@ -57,6 +57,29 @@ WIDE = [  # rows of 40 and a 1x1 map: runs of 32 columns and more (conv.cpp move
 ]
 
 
+# 8 x 8 maps, padded on every side (resnet18's first stage): B's 32-wide panels are four rows of
+# one image, their addresses following each other (conv.cpp pack_contiguous_panel on AVX-512)
+EIGHT_BY_EIGHT = ((3, 8, 8, 8), (16, 8, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1)
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_panels_of_consecutive_addresses_equal_the_reference(isa: str) -> None:
+    """The forward and grad input on 8 x 8 maps, at 1 and 2 threads and two blockings (K cut
+    into blocks that split a channel's taps): the reference's bits; on AVX-512 the lane-mask
+    packing ran."""
+    ext = ck.extension(isa)
+    for desc, a, a_bits, b, b_bits, shape, want in _big_cases((EIGHT_BY_EIGHT,))[:2]:
+        plan = windowed.plan(desc)
+        assert plan is not None
+        for threads in (1, 2):
+            for tile in (None, (12, 37, 64)):
+                before = ext.contiguous_panels()
+                got = ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads, tile).numpy()
+                assert (ext.contiguous_panels() > before) == (isa == "avx512"), (desc.label, threads, tile)
+                got = windowed.to_output(desc, plan, got).view(np.uint32).reshape(-1)
+                assert (got == want).all(), (desc.label, threads, tile)
+
+
 @pytest.mark.parametrize("isa", ck.available_isas())
 def test_implicit_im2col_gemm_at_every_thread_count_and_blocking(isa: str) -> None:
     """The native windowed GEMM (kernels/cpu/conv.cpp) against the reference for 1/2/3/4/7
