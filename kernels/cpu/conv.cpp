@@ -329,9 +329,10 @@ bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t k
         if (all != 0 && (first + __builtin_ctz(all) < 0 || first + 31 - __builtin_clz(all) >= o.numel)) ok = false;
         const uintptr_t src = reinterpret_cast<uintptr_t>(o.data) + (uintptr_t)(first * (int64_t)sizeof(float));
         float* d = panel + k * 2 * W;
-        for (int h = 0; h < 2; h++)
-            _mm512_storeu_ps(d + h * W, in[h] && ok ? _mm512_mask_loadu_ps(fill, in[h], reinterpret_cast<const float*>(src + h * W * sizeof(float)))
-                                                    : fill);
+        for (int h = 0; h < 2; h++) {
+            const float* half = reinterpret_cast<const float*>(src + h * W * sizeof(float));
+            _mm512_storeu_ps(d + h * W, in[h] && ok ? _mm512_mask_loadu_ps(fill, in[h], half) : fill);
+        }
     }
     return true;
 }
@@ -680,10 +681,10 @@ inline Vec span_lanes(const uint32_t* data, int64_t ebase, const Span& sp, int64
 // move for 8 floats; perf: packing 43% of the forward, the micro-kernel 33%). Kernel alone, 1
 // thread, old and new builds taking turns (Intel machine of 2026-12-04, best of 2 s, two
 // rounds): forward 1.83-1.89 -> 1.72-1.76 ms, grad input 1.95-1.97 -> 1.73-1.76, grad weight
-// (runs of 3: not this path) 2.02-2.11 -> 2.09-2.15; on 32 x 32 maps (runs of 32) within noise. Bits are moved, never computed on (a NaN's
-// payload survives as through a scalar copy). Through write_span (a memcpy call and scalar
-// fills per k row), the im2col operand of the 64 -> 64 forward on 32 x 32 maps took as long to
-// pack as its FMAs.
+// (runs of 3: not this path) 2.02-2.11 -> 2.09-2.15; on 32 x 32 maps (runs of 32) within
+// noise. Bits are moved, never computed on (a NaN's payload survives as through a scalar copy).
+// Through write_span (a memcpy call and scalar fills per k row), the im2col operand of the
+// 64 -> 64 forward on 32 x 32 maps took as long to pack as its FMAs.
 template <int NCHK>
 void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* ks, int64_t cols, int64_t kc, int64_t step,
                     const int64_t* delta, const uint64_t* size, float* d, int64_t ld, bool& ok) {
