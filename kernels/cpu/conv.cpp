@@ -281,12 +281,28 @@ void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* 
                     const int64_t* delta, const uint64_t* size, float* d, int64_t ld, bool& ok);
 
 #if REPOPS_ISA == 2
+// Window coordinates, their k parts and sizes are held as int32 lanes below this bound (the
+// caller checks the block's k parts once: ks_fit_lanes).
+constexpr int64_t CONTIGUOUS_LIM = int64_t(1) << 30;
+
+// Whether every window k part of k rows [p0, p0 + kc) is within CONTIGUOUS_LIM.
+inline bool ks_fit_lanes(const WinOperand& o, int64_t p0, int64_t kc) {
+    const int64_t cols = 1 + o.nchk;
+    for (int64_t k = p0; k < p0 + kc; k++)
+        for (int64_t w = 0; w < o.nchk; w++) {
+            const int64_t v = o.ks[k * cols + 1 + w];
+            if (v <= -CONTIGUOUS_LIM || v >= CONTIGUOUS_LIM) return false;
+        }
+    return true;
+}
+
 // A panel of 2W rows whose addresses follow each other (rows(0, r + c) = rows(0, r) + c: the
 // 32 positions of four rows of an 8 x 8 map, one image's input plane) through NCHK div == 1
 // windows: at each k its elements are 2W consecutive floats of the input, those whose windows
 // are all in range, the fill elsewhere. So per k: a lane mask from the window coordinates (held
 // in vectors for the whole K block) and two masked loads over the fill, where the runs (four of
-// 8 here) took a span each. False (nothing written) where the panel is not of this form.
+// 8 here) took a span each. False (nothing written) where the panel is not of this form. The
+// caller has checked the block's k parts (ks_fit_lanes).
 // Kernel alone, 1 thread, this build and the one before taking turns (Intel machine of
 // 2026-12-04, best of 2 s, two rounds): 64 -> 64, 3x3, batch 32, on 8 x 8 maps forward 1.79-1.83
 // -> 1.11-1.12 ms, grad input 1.80-1.81 -> 1.07-1.11 (torch 0.93-0.99); on 32 x 32 maps (one
@@ -294,7 +310,7 @@ void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* 
 template <int NCHK>
 bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t kc, const uint64_t* size, float* panel,
                            bool& ok) {
-    constexpr int64_t LIM = int64_t(1) << 30;  // window coordinates and sizes held as int32 lanes
+    constexpr int64_t LIM = CONTIGUOUS_LIM;
     const int64_t cols = 1 + o.nchk, base = o.rows[r];
     for (int64_t c = 1; c < 2 * W; c++)
         if (o.rows[r + c] != base + c) return false;
@@ -310,11 +326,6 @@ bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t k
         coord[w][0] = _mm512_load_si512(lane);
         coord[w][1] = _mm512_load_si512(lane + W);
     }
-    for (int64_t k = 0; k < kc; k++)
-        for (int w = 0; w < NCHK; w++) {
-            const int64_t v = o.ks[(p0 + k) * cols + 1 + w];
-            if (v <= -LIM || v >= LIM) return false;
-        }
     contiguous_panels.fetch_add(1, std::memory_order_relaxed);
     const __m512 fill = _mm512_set1_ps(from_bits(o.fill));
     for (int64_t k = 0; k < kc; k++) {
@@ -366,6 +377,10 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
             kmax = std::max(kmax, o.ks[(p0 + k) * cols]);
         }
     }
+#if REPOPS_ISA == 2
+    // the block's k parts checked once for all its panels (pack_contiguous_panel)
+    const bool ks_fit = NCHK > 0 && !DIV && P == 2 * W && ks_fit_lanes(o, p0, kc);
+#endif
     for (int64_t pp = 0; pp < count; pp += P) {
         const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
         float* panel = out + pp * kc;
@@ -384,7 +399,7 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
         }
 #if REPOPS_ISA == 2
         if constexpr (NCHK > 0 && !DIV && P == 2 * W)
-            if (valid == P && pack_contiguous_panel<NCHK>(o, r, p0, kc, size, panel, ok)) continue;
+            if (valid == P && ks_fit && pack_contiguous_panel<NCHK>(o, r, p0, kc, size, panel, ok)) continue;
 #endif
         // the panel as runs; runs of one or two rows do not pay
         Run runs[P];
@@ -677,8 +692,9 @@ inline Vec span_lanes(const uint32_t* data, int64_t ebase, const Span& sp, int64
 // the block. On AVX-512 a unit-step span is moved 16 lanes at a time in one pass: the lanes in
 // range loaded over the fill (masked-off lanes are never read), the run's lanes stored;
 // otherwise, and on the other ISAs, write_span. resnet18's 64 -> 64 convolutions on 8 x 8 maps
-// pack runs of 8, which went through write_span per (k, run) (a call, scalar fills and a masked
-// move for 8 floats; perf: packing 43% of the forward, the micro-kernel 33%). Kernel alone, 1
+// packed runs of 8 through write_span per (k, run) (a call, scalar fills and a masked move for 8
+// floats; perf: packing 43% of the forward, the micro-kernel 33%); on AVX-512 those panels now
+// take pack_contiguous_panel, and the figures here were measured before it. Kernel alone, 1
 // thread, old and new builds taking turns (Intel machine of 2026-12-04, best of 2 s, two
 // rounds): forward 1.83-1.89 -> 1.72-1.76 ms, grad input 1.95-1.97 -> 1.73-1.76, grad weight
 // (runs of 3: not this path) 2.02-2.11 -> 2.09-2.15; on 32 x 32 maps (runs of 32) within
