@@ -258,6 +258,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "panels the windowed GEMM packed as runs through div > 1 windows so far");
     m.def("contiguous_panels", [] { return repops_cpu::contiguous_panels.load(); },
           "panels the windowed GEMM packed with lane masks, their rows' addresses following each other, so far");
+    m.def("k_panels", [] { return repops_cpu::k_panels.load(); },
+          "panels the windowed GEMM packed along k with in-register transposes, so far");
     m.def("tap_class_gemms", [] { return repops_cpu::tap_class_gemms.load(); },
           "windowed GEMMs run class by class over only the taps that read inside the input, so far");
     m.def("tap_class_zero_columns", [] { return repops_cpu::tap_class_zero_columns.load(); },

@@ -38,6 +38,7 @@ namespace repops_cpu {
 
 std::atomic<int64_t> div_run_panels{0};
 std::atomic<int64_t> contiguous_panels{0};
+std::atomic<int64_t> k_panels{0};
 std::atomic<int64_t> row_plan_items{0}, row_chain_items{0};
 
 namespace {
@@ -347,6 +348,178 @@ bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t k
     }
     return true;
 }
+
+// The k side of one K block for pack_k_panel: the block in groups of W consecutive k, each
+// group's window k parts as int32 lanes (ks_fit_lanes checked) and its segments of k whose
+// addresses follow each other (ks(k + 1, 0) = ks(k, 0) + 1: a grad weight's positions along an
+// output row, or along a whole image where the map keeps its size).
+struct KSegments {
+    struct Seg {
+        int32_t lane, len;
+        int64_t addr;  // ks(0) of the segment's first k
+    };
+    std::vector<__m512i> kpart;  // [group * nchk + w]
+    std::vector<Seg> segs;       // group g's: [first[g], first[g + 1])
+    std::vector<int32_t> first;
+    int64_t kc = 0;
+
+    // Built for k rows [p0, p0 + kc) of o; whether the segments are long enough to pay: MIN_LEN
+    // lanes or more on average (a stride-1 output row of 4 columns).
+    bool build(const WinOperand& o, int64_t p0, int64_t kc_) {
+        constexpr int64_t MIN_LEN = 4;
+        kc = kc_;
+        const int64_t cols = 1 + o.nchk, groups = ceil_div(kc, W);
+        kpart.resize(groups * o.nchk);
+        segs.clear();
+        first.assign(groups + 1, 0);
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t k0 = p0 + g * W, nk = std::min<int64_t>(W, p0 + kc - k0);
+            for (int64_t w = 0; w < o.nchk; w++) {
+                alignas(64) int32_t lane[W] = {};
+                for (int64_t l = 0; l < nk; l++) lane[l] = (int32_t)o.ks[(k0 + l) * cols + 1 + w];
+                kpart[g * o.nchk + w] = _mm512_load_si512(lane);
+            }
+            for (int64_t l = 0; l < nk;) {
+                const int64_t a0 = o.ks[(k0 + l) * cols], start = l;
+                for (l++; l < nk && o.ks[(k0 + l) * cols] == a0 + (l - start); l++) {
+                }
+                segs.push_back({(int32_t)start, (int32_t)(l - start), a0});
+            }
+            first[g + 1] = (int32_t)segs.size();
+        }
+        return (int64_t)segs.size() * MIN_LEN <= kc;
+    }
+};
+
+// Sixteen vectors of sixteen floats transposed in registers (lane j of v[i] <- lane i of v[j]):
+// pairs of rows interleaved, then pairs of pairs, then 128-bit quarters across the groups of
+// four rows. Moves bits only.
+inline void transpose_16x16(__m512* v) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);      // per quarter: a0 b0 a1 b1
+        t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);  // a2 b2 a3 b3
+    }
+    for (int i = 0; i < 16; i += 4) {  // v[i + j]: rows i .. i + 3 at columns j, j + 4, j + 8, j + 12
+        const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+        v[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        v[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        v[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        v[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int j = 0; j < 4; j++) {  // quarter q of v[4g + j]: column j + 4q of rows 4g .. 4g + 3
+        const __m512 u0 = _mm512_shuffle_f32x4(v[j], v[4 + j], 0x88), u1 = _mm512_shuffle_f32x4(v[j], v[4 + j], 0xDD);
+        const __m512 u2 = _mm512_shuffle_f32x4(v[8 + j], v[12 + j], 0x88);
+        const __m512 u3 = _mm512_shuffle_f32x4(v[8 + j], v[12 + j], 0xDD);
+        t[j] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+        t[j + 8] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+        t[j + 4] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+        t[j + 12] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) v[i] = t[i];
+}
+
+// A panel of `valid` rows packed along k, where its rows do not step evenly but k does (a grad
+// weight's B: the rows are taps (channel, kh, kw), k the positions (image, oh, ow)). Along each
+// segment of k a row reads consecutive floats of the input. Per W rows and W k: each row's W k
+// as a masked load over the fill (the mask from the window coordinates: the row's part plus the
+// group's k parts; rows a period of the window parts apart share it), then a transpose in
+// registers into the panel's [k][P] layout. False (nothing written) where a row's window part
+// does not fit int32 lanes. Packing those panels element by element took 2/3 of a 64 -> 64 grad
+// weight on 32 x 32 maps (perf: 39% of the samples, the FMAs 21%). Kernel alone, 1 thread
+// (Intel machine of 2026-12-05, best of 3 s): 64 -> 64, 3x3, batch 32, on 32 x 32 maps 38.8 ->
+// 20.1-22.2 ms, on 8 x 8 maps 2.25 -> 1.21 ms. The same for the plain A (dy: rows the channels,
+// 16 k consecutive floats; 12-row panels, four rows of zeros in the transpose) measured within
+// the runs' spread (22.5 / 22.0 ms against 22.8 / 22.1, taking turns).
+template <int NCHK>
+bool pack_k_panel(const WinOperand& o, int64_t r, int64_t valid, const KSegments& ks, const uint64_t* size,
+                  float* panel, bool& ok) {
+    constexpr int64_t LIM = CONTIGUOUS_LIM, P = 2 * W;
+    for (int w = 0; w < NCHK; w++) {
+        if (size[w] >= (uint64_t)LIM) return false;
+        for (int64_t c = 0; c < valid; c++) {
+            const int64_t v = o.rows[(1 + w) * o.R + r + c];
+            if (v <= -LIM || v >= LIM) return false;
+        }
+    }
+    k_panels.fetch_add(1, std::memory_order_relaxed);
+    // the rows' window parts (int32) and address parts, and the least period of the window parts
+    // along the panel (a grad weight's 9 taps of each channel): rows a period apart have the
+    // same lane masks, which are computed for one period only
+    alignas(64) int32_t part[NCHK][P];
+    int64_t base[P];
+    for (int64_t c = 0; c < P; c++) {
+        base[c] = c < valid ? o.rows[r + c] : 0;
+        for (int w = 0; w < NCHK; w++) part[w][c] = c < valid ? (int32_t)o.rows[(1 + w) * o.R + r + c] : 0;
+    }
+    int64_t period = 1;
+    for (; period < valid; period++) {
+        bool same = true;
+        for (int w = 0; w < NCHK && same; w++)
+            same = std::memcmp(part[w], part[w] + period, (valid - period) * sizeof(int32_t)) == 0;
+        if (same) break;
+    }
+    int64_t bmin = base[0], bmax = base[0];  // a segment whose box of addresses is inside the
+    for (int64_t c = 1; c < valid; c++)      // input needs no check per row
+        bmin = std::min(bmin, base[c]), bmax = std::max(bmax, base[c]);
+    const __m512 fill = _mm512_set1_ps(from_bits(o.fill));
+    __m512i lim[NCHK];
+    for (int w = 0; w < NCHK; w++) lim[w] = _mm512_set1_epi32((int32_t)size[w]);
+    const float* data = reinterpret_cast<const float*>(o.data);
+    bool all_ok = true;
+    const int64_t groups = ceil_div(ks.kc, W);
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t nk = std::min<int64_t>(W, ks.kc - g * W);
+        const __m512i* kp = ks.kpart.data() + g * NCHK;
+        __mmask16 in[P];
+        for (int64_t c = 0; c < valid; c++) {
+            if (c >= period) {
+                in[c] = in[c - period];
+                continue;
+            }
+            __mmask16 m = 0xFFFF;
+            for (int w = 0; w < NCHK; w++)  // 0 <= row part + k part < size, one unsigned compare
+                m &= _mm512_cmplt_epu32_mask(_mm512_add_epi32(_mm512_set1_epi32(part[w][c]), kp[w]), lim[w]);
+            in[c] = m;
+        }
+        const KSegments::Seg* sg0 = ks.segs.data() + ks.first[g];
+        const int64_t nseg = ks.first[g + 1] - ks.first[g];
+        // the usual group: one segment over all W lanes, every row's box inside the input
+        const bool whole = nseg == 1 && sg0->len == W && bmin + sg0->addr >= 0 && bmax + sg0->addr + W <= o.numel;
+        for (int64_t h = 0; h < P; h += W) {
+            __m512 v[W];
+            for (int64_t c = 0; c < W; c++) {
+                if (h + c >= valid) {  // past the operand's rows: zeros (those outputs are discarded)
+                    v[c] = _mm512_setzero_ps();
+                    continue;
+                }
+                if (whole) {
+                    v[c] = _mm512_mask_loadu_ps(fill, in[h + c], data + base[h + c] + sg0->addr);
+                    continue;
+                }
+                v[c] = fill;
+                for (int64_t s = 0; s < nseg; s++) {
+                    const KSegments::Seg& sg = sg0[s];
+                    const __mmask16 m = in[h + c] & (__mmask16)(((1u << sg.len) - 1) << sg.lane);
+                    if (!m) continue;
+                    const int64_t at = base[h + c] + sg.addr - sg.lane;  // lane l's address: at + l
+                    if (at + __builtin_ctz(m) < 0 || at + 31 - __builtin_clz(m) >= o.numel) {
+                        all_ok = false;
+                        continue;
+                    }
+                    // masked-off lanes are never read (nor is an address outside formed as a pointer)
+                    const uintptr_t src = reinterpret_cast<uintptr_t>(data) + (uintptr_t)(at * (int64_t)sizeof(float));
+                    v[c] = _mm512_mask_loadu_ps(v[c], m, reinterpret_cast<const float*>(src));
+                }
+            }
+            transpose_16x16(v);
+            for (int64_t t = 0; t < nk; t++) _mm512_storeu_ps(panel + (g * W + t) * P + h, v[t]);
+        }
+    }
+    if (!all_ok) ok = false;
+    return true;
+}
 #endif
 
 // Rows [r0, r0 + count) x k [p0, p0 + kc) into P-wide panels, layout [panel][k][P], zeros past
@@ -378,8 +551,15 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
         }
     }
 #if REPOPS_ISA == 2
-    // the block's k parts checked once for all its panels (pack_contiguous_panel)
+    // the block's k parts checked once for all its panels (pack_contiguous_panel, pack_k_panel)
     const bool ks_fit = NCHK > 0 && !DIV && P == 2 * W && ks_fit_lanes(o, p0, kc);
+    // k's segments (pack_k_panel), built for the block when a panel first asks
+    thread_local KSegments kseg;
+    int k_segs = -1;  // not built yet; then whether they pay
+    auto k_segments = [&] {
+        if (k_segs < 0) k_segs = kseg.build(o, p0, kc);
+        return k_segs == 1;
+    };
 #endif
     for (int64_t pp = 0; pp < count; pp += P) {
         const int64_t valid = std::min<int64_t>(P, count - pp), r = r0 + pp;
@@ -415,6 +595,11 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
         // map 1.38x faster, on a 4x4 map 0.86x, kernel alone, 2026-12-02)
         use_runs = use_runs && n_runs * (DIV ? 8 : 4) <= valid;
         if (DIV && use_runs) div_run_panels.fetch_add(1, std::memory_order_relaxed);
+#if REPOPS_ISA == 2
+        if constexpr (NCHK > 0 && !DIV && P == 2 * W)  // rows in short runs: along k, if k steps evenly
+            if (!use_runs && ks_fit && k_segments() && pack_k_panel<NCHK>(o, r, valid, kseg, size, panel, ok))
+                continue;
+#endif
         if (NCHK >= 0 && !DIV && use_runs) {  // run by run, each over all k of the block
             for (int64_t i = 0; i < n_runs; i++)
                 pack_run_lanes<NCHK>(o, r + runs[i].c0, runs[i].len, o.ks + p0 * cols, cols, kc, runs[i].step,

@@ -106,6 +106,9 @@ extern std::atomic<int64_t> div_run_panels;
 // Panels whose rows' addresses follow each other, packed with lane masks (conv.cpp
 // pack_contiguous_panel, AVX-512), since the library loaded: tests read it to prove that path ran.
 extern std::atomic<int64_t> contiguous_panels;
+// Panels packed along k with in-register transposes (conv.cpp pack_k_panel, AVX-512: a grad
+// weight's taps), since the library loaded: tests read it to prove that path ran.
+extern std::atomic<int64_t> k_panels;
 // Windowed GEMMs run class by class over only the taps that read inside the input (padding at a
 // small map's edges, a strided grad input's taps between dy's elements: conv.cpp tap_class_gemm),
 // the columns they recomputed with every tap (a zero's sign), and the columns none of whose taps

@@ -67,17 +67,37 @@ def test_panels_of_consecutive_addresses_equal_the_reference(isa: str) -> None:
     """The forward and grad input on 8 x 8 maps, at 1 and 2 threads and two blockings (K cut
     into blocks that split a channel's taps): the reference's bits; on AVX-512 the lane-mask
     packing ran."""
-    ext = ck.extension(isa)
-    for desc, a, a_bits, b, b_bits, shape, want in _big_cases((EIGHT_BY_EIGHT,))[:2]:
+    _bits_and_avx512_path(isa, _big_cases((EIGHT_BY_EIGHT,))[:2], "contiguous_panels")
+
+
+def _bits_and_avx512_path(isa: str, cases: list[tuple], counter: str) -> None:  # type: ignore[type-arg]
+    """Each case at 1 and 2 threads and two blockings (K cut into blocks of 37): the reference's
+    bits, and the extension's path counter ``counter`` moved exactly on AVX-512."""
+    count = getattr(ck.extension(isa), counter)
+    for desc, a, a_bits, b, b_bits, shape, want in cases:
         plan = windowed.plan(desc)
         assert plan is not None
         for threads in (1, 2):
             for tile in (None, (12, 37, 64)):
-                before = ext.contiguous_panels()
+                before = count()
                 got = ck.windowed_matmul(a, a_bits, b, b_bits, *shape, isa, threads, tile).numpy()
-                assert (ext.contiguous_panels() > before) == (isa == "avx512"), (desc.label, threads, tile)
+                assert (count() > before) == (isa == "avx512"), (desc.label, threads, tile)
                 got = windowed.to_output(desc, plan, got).view(np.uint32).reshape(-1)
                 assert (got == want).all(), (desc.label, threads, tile)
+
+
+# a map padded unevenly (ONNX pads: begins, then ends), so that its output rows are narrower than
+# its input rows: a grad weight's k (positions) step evenly along each output row only
+UNEVEN = ((2, 8, 10, 12), (8, 8, 3, 3), (1, 1), (1, 1), (0, 1, 2, 0), 1)
+
+
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_panels_packed_along_k_equal_the_reference(isa: str) -> None:
+    """Grad weights, whose B panels (rows the taps, k the positions) are packed along k: on 8 x 8
+    maps (k consecutive along a whole image) and on an unevenly padded map (along each output
+    row), at 1 and 2 threads and two blockings (K blocks of 37: groups of k cut short and crossing
+    images), the reference's bits; on AVX-512 the transposing path ran."""
+    _bits_and_avx512_path(isa, _big_cases((EIGHT_BY_EIGHT, UNEVEN))[2::3], "k_panels")
 
 
 @pytest.mark.parametrize("isa", ck.available_isas())
