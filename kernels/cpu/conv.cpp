@@ -1341,6 +1341,8 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
 // when their estimate is at most MAX_COST_SHARE of the one GEMM's (resnet18's 3x3 layers on 8x8
 // maps estimate 0.96 and measured 1.1-1.3x slower; on 4x4 maps 0.86 and 0.6-0.9x).
 constexpr double PACK_PLAIN_FMAS = 16, SCAN_FMAS = 8, STORE_FMAS = 128, MAX_COST_SHARE = 0.9;
+// Writing one element of C in a row written whole (the fill-only columns' zeros, vector stores).
+constexpr double PREFILL_FMAS = 8;
 
 // One GEMM item of the tap classes: class c's columns [j0, j1) (of its list) by A's rows [i0, i1)
 // of batch entry bi, over the class's taps.
@@ -1377,11 +1379,10 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
         double one = 0, classes = 0;
         for (int64_t i0 = 0; i0 < M; i0 += mc)
             for (int64_t j0 = 0; j0 < N; j0 += nc) one += cost(std::min(mc, M - i0), std::min(nc, N - j0), K);
-        int64_t widest = 0;
-        bool fill_only = false;
+        int64_t widest = 0, n_fill = 0;
         for (size_t c = 0; c < tc.cols.size(); c++) {
             widest = std::max(widest, (int64_t)tc.cols[c].size());
-            fill_only = fill_only || tc.count[c] == 0;
+            if (tc.count[c] == 0) n_fill += (int64_t)tc.cols[c].size();
         }
         for (int64_t bi = 0; bi < batch; bi++)
             for (int64_t i0 = 0; i0 < M; i0 += mc)
@@ -1392,8 +1393,10 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
                         items.push_back({(int64_t)c, bi, i0, std::min(M, i0 + mc), j0, std::min(n, j0 + nc)});
                         if (bi == 0) classes += cost(std::min(mc, M - i0), std::min(nc, n - j0), k);
                     }
-        // every output element stored through the column table; the fill-only rows' A read once
-        classes += STORE_FMAS * (double)M * (double)N + (fill_only ? (double)M * (double)K : 0.0);
+        // every other output element stored through the column table; with fill-only columns,
+        // each row of C written whole first (its A row read once)
+        classes += STORE_FMAS * (double)M * (double)(N - n_fill) +
+                   (n_fill ? PREFILL_FMAS * (double)M * (double)N + (double)M * (double)K : 0.0);
         return (double)batch * classes + SCAN_FMAS * (double)a.numel <= MAX_COST_SHARE * (double)batch * one;
     }();
     const int choice = tap_class_choice.load(std::memory_order_relaxed);
@@ -1445,16 +1448,19 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
                            }
                        });
     };
-    run(items, tc.cols, tc.taps, &tc.phases);
-    std::vector<int64_t> fill_only;
+    // Columns none of whose taps reads the input (every product a * fill): the row's zero, -0
+    // iff each of them is -0. Each row of C is first written whole with it (vector stores), then
+    // the classes overwrite their columns: 8 columns of 9 of a 3x3 grad weight on a 1x1 map are
+    // such columns, scattered through every row.
+    int64_t n_fill = 0;
     for (size_t c = 0; c < tc.cols.size(); c++)
-        if (tc.taps[c].empty()) fill_only.insert(fill_only.end(), tc.cols[c].begin(), tc.cols[c].end());
-    if (!fill_only.empty()) {  // every product a * fill: the row's zero, -0 iff each of them is -0
-        fill_only_columns.fetch_add((int64_t)fill_only.size(), std::memory_order_relaxed);
+        if (tc.taps[c].empty()) n_fill += (int64_t)tc.cols[c].size();
+    if (n_fill) {
+        fill_only_columns.fetch_add(n_fill, std::memory_order_relaxed);
         const uint32_t fill_sign = b.fill & 0x80000000u;
+        const int64_t seg = n_inner ? n_inner : N;  // C's rows are contiguous in segments of seg columns
         parallel_items(batch * M,
-                       threads_for(threads, batch * M, (double)(batch * M) * (double)(K + fill_only.size()),
-                                   BINARY_MIN_ELEMS),
+                       threads_for(threads, batch * M, (double)(batch * M) * (double)(K + N), BINARY_MIN_ELEMS),
                        [&](int64_t row, int64_t) {
                            thread_local std::vector<uint32_t> arow;
                            arow.resize(K);
@@ -1463,11 +1469,14 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
                            uint32_t all_neg = 0x80000000u;
                            for (int64_t k = 0; k < K; k++) all_neg &= arow[k] ^ fill_sign;
                            const float z = from_bits(all_neg);
-                           float* dst = out.at(row / M, row % M, 0);
-                           for (int64_t j : fill_only) dst[col_off[j]] = z;
+                           for (int64_t j = 0; j < N; j += seg) {
+                               float* dst = out.at(row / M, row % M, j);
+                               std::fill(dst, dst + seg, z);
+                           }
                            if (!row_ok) all_ok = false;
                        });
     }
+    run(items, tc.cols, tc.taps, &tc.phases);
     std::vector<int64_t> zero_cols;
     for (int64_t j = 0; j < N; j++)
         if (redo[j].load(std::memory_order_relaxed)) zero_cols.push_back(j);

@@ -239,6 +239,9 @@ TAP_CLASSES = [
     (((2, 8, 11, 17), (6, 4, 3, 2), (2, 2), (2, 1), (2, 0, 1, 3), 2), ("fill", "fill", "taps")),
     (((2, 4, 10, 24), (4, 4, 3, 3), (3, 2), (1, 1), (1, 1, 1, 1), 1), ("taps", "taps", "taps")),
     (((8, 16, 16, 16), (32, 16, 5, 5), (2, 2), (1, 1), (2, 2, 2, 2), 1), ("taps", "taps", "taps")),  # worth threads
+    # padding 2 around a 1x1 kernel: the border's outputs read only the fill, the forward's
+    # columns written in the output's order (each image's 96 pixels a segment of C's rows)
+    (((2, 4, 4, 8), (8, 4, 1, 1), (1, 1), (1, 1), (2, 2, 2, 2), 1), ("fill", None, "taps")),
     # a stride-2 1x1 downsample: its grad input's odd positions read no dy at all; no padding
     (((3, 6, 9, 18), (8, 6, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1), (None, "fill", None)),
     # 1-D, dilation 2 and uneven pads on a short sequence; grouped 2-D with asymmetric pads
@@ -349,17 +352,17 @@ def _run_tap_class_cases(isa: str, ext: ModuleType, engaged_at: dict[int, int], 
 @pytest.mark.parametrize("isa", ck.available_isas())
 def test_tap_classes_run_where_they_pay(isa: str) -> None:
     """By their estimated cost (the default), the tap classes run for resnet18's convolutions on
-    1x1 maps (one tap of nine reads the input) and its stride-2 1x1 grad inputs, and not for a
-    3x3 layer on 16x16 maps (88% of the taps read the input), nor for a weight gradient on 1x1
-    maps (its eight fill-only taps of nine are as many output elements to store as the GEMM
-    writes, over K = 32). Same bits as the one GEMM either way."""
+    1x1 maps (one tap of nine reads the input), its weight gradients there included (the eight
+    fill-only taps of nine are written as whole rows of zeros first), and its stride-2 1x1 grad
+    inputs, and not for a 3x3 layer on 16x16 maps (88% of the taps read the input). Same bits
+    as the one GEMM either way."""
     ext = ck.extension(isa)
     cases = [  # (geometry, kind 0/1/2 = forward / grad input / grad weight, runs by cost)
         (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 0, True),
         (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 1, True),
         (((32, 64, 8, 8), (128, 64, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1), 1, True),
         (((8, 64, 16, 16), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 0, False),
-        (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 2, False),
+        (((32, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1), 2, True),
     ]
     for (xs, ws, st, dil, pads, groups), kind, pays in cases:
         g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
