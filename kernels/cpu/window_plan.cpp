@@ -127,6 +127,11 @@ PoolBackward read_pool_backward(const torch::Tensor& axes, const torch::Tensor& 
         box += (g.O[i] - 1) * g.st[i];
     }
     g.plane_off.assign(plane_off.data_ptr<int64_t>(), plane_off.data_ptr<int64_t>() + plane_off.numel());
+    if (K <= PoolBackward::TAP_TABLE_MAX) {  // three integer divisions per entry were most of the
+        g.tap_off.resize(3 * K);                // node's time (resnet18's 3x3 pool: 3.1 ms on 131 k entries)
+        for (int64_t t = 0; t < K; t++)
+            for (int64_t i = 0; i < 3; i++) g.tap_off[3 * t + i] = g.kmul[i] * ((t / g.dstride[i]) % g.dsize[i]) + g.off[i];
+    }
     for (int64_t p : g.plane_off)
         TORCH_CHECK(p >= 0 && p + box < std::min(arg_numel, dy_numel), "max-pool backward: an entry leaves its input");
     return g;
@@ -159,7 +164,7 @@ void pool_backward_into(const PoolBackward& g, const uint32_t* arg, const uint32
                         int64_t x = 0;
                         bool inside = true;
                         for (int64_t i = 0; i < 3; i++) {
-                            const int64_t xi = q[i] * g.div[i] - g.kmul[i] * ((t / g.dstride[i]) % g.dsize[i]) - g.off[i];
+                            const int64_t xi = q[i] * g.div[i] - g.tap_part(t, i);
                             inside &= xi >= 0 && xi < g.S[i];
                             x = x * g.S[i] + xi;
                         }
