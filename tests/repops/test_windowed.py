@@ -89,15 +89,19 @@ def _bits_and_avx512_path(isa: str, cases: list[tuple], counter: str) -> None:  
 # a map padded unevenly (ONNX pads: begins, then ends), so that its output rows are narrower than
 # its input rows: a grad weight's k (positions) step evenly along each output row only
 UNEVEN = ((2, 8, 10, 12), (8, 8, 3, 3), (1, 1), (1, 1), (0, 1, 2, 0), 1)
+# resnet18's first convolution (7x7, stride 2, pad 3), smaller: a grad weight's k step by two
+# floats along an output row, its rows (the taps) in runs of 7
+STRIDED = ((2, 3, 20, 36), (8, 3, 7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1)
 
 
 @pytest.mark.parametrize("isa", ck.available_isas())
 def test_panels_packed_along_k_equal_the_reference(isa: str) -> None:
     """Grad weights, whose B panels (rows the taps, k the positions) are packed along k: on 8 x 8
-    maps (k consecutive along a whole image) and on an unevenly padded map (along each output
-    row), at 1 and 2 threads and two blockings (K blocks of 37: groups of k cut short and crossing
-    images), the reference's bits; on AVX-512 the transposing path ran."""
-    _bits_and_avx512_path(isa, _big_cases((EIGHT_BY_EIGHT, UNEVEN))[2::3], "k_panels")
+    maps (k consecutive along a whole image), on an unevenly padded map (along each output row)
+    and with stride 2 (every other float along each output row), at 1 and 2 threads and two
+    blockings (K blocks of 37: groups of k cut short and crossing images), the reference's bits;
+    on AVX-512 the transposing path ran."""
+    _bits_and_avx512_path(isa, _big_cases((EIGHT_BY_EIGHT, UNEVEN, STRIDED))[2::3], "k_panels")
 
 
 @pytest.mark.parametrize("isa", ck.available_isas())
