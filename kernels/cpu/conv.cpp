@@ -351,8 +351,8 @@ bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t k
 
 // The k side of one K block for pack_k_panel: the block in groups of W consecutive k, each
 // group's window k parts as int32 lanes (ks_fit_lanes checked) and its segments of k whose
-// addresses follow each other (ks(k + 1, 0) = ks(k, 0) + 1: a grad weight's positions along an
-// output row, or along a whole image where the map keeps its size).
+// addresses step by one or two floats (ks(k + 1, 0) = ks(k, 0) + step: a grad weight's positions
+// along an output row, or along a whole image where the map keeps its size; stride 2).
 struct KSegments {
     struct Seg {
         int32_t lane, len, step;  // step 1 or 2 (a stride-2 convolution's positions)

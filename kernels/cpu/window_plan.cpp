@@ -130,7 +130,7 @@ PoolBackward read_pool_backward(const torch::Tensor& axes, const torch::Tensor& 
     if (K <= PoolBackward::TAP_TABLE_MAX) {  // three integer divisions per entry were most of the
         g.tap_off.resize(3 * K);                // node's time (resnet18's 3x3 pool: 3.1 ms on 131 k entries)
         for (int64_t t = 0; t < K; t++)
-            for (int64_t i = 0; i < 3; i++) g.tap_off[3 * t + i] = g.kmul[i] * ((t / g.dstride[i]) % g.dsize[i]) + g.off[i];
+            for (int64_t i = 0; i < 3; i++) g.tap_off[3 * t + i] = g.tap_part_of(t, i);
     }
     for (int64_t p : g.plane_off)
         TORCH_CHECK(p >= 0 && p + box < std::min(arg_numel, dy_numel), "max-pool backward: an entry leaves its input");

@@ -34,13 +34,12 @@ struct PoolBackward {
     int64_t S[3] = {1, 1, 1}, O[3] = {1, 1, 1}, div[3] = {1, 1, 1}, kmul[3] = {}, off[3] = {}, st[3] = {},
             dstride[3] = {1, 1, 1}, dsize[3] = {1, 1, 1};
     std::vector<int64_t> plane_off;
-    // tap_off[3 * t + i]: tap t's part of the position along axis i, kmul[i] * ((t / dstride[i]) %
-    // dsize[i]) + off[i] (for K <= TAP_TABLE_MAX; beyond, computed per entry)
+    // tap t's part of the position along axis i; tap_off[3 * t + i] holds it for K <=
+    // TAP_TABLE_MAX (read_pool_backward), beyond that it is computed per entry
     std::vector<int64_t> tap_off;
     static constexpr int64_t TAP_TABLE_MAX = int64_t(1) << 16;
-    int64_t tap_part(int64_t t, int64_t i) const {
-        return tap_off.empty() ? kmul[i] * ((t / dstride[i]) % dsize[i]) + off[i] : tap_off[3 * t + i];
-    }
+    int64_t tap_part_of(int64_t t, int64_t i) const { return kmul[i] * ((t / dstride[i]) % dsize[i]) + off[i]; }
+    int64_t tap_part(int64_t t, int64_t i) const { return tap_off.empty() ? tap_part_of(t, i) : tap_off[3 * t + i]; }
     int64_t numel() const { return (int64_t)plane_off.size() * plane; }
 };
 
