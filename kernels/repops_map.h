@@ -3,8 +3,8 @@
 // repops_map.h — the W-lane layer of compiled maps (verde_chain/repops/backends/cpu/jit.py).
 //
 // A long straight-line map (K = 1, linear input maps: transcendentals, optimizer updates, the
-// elementwise parts of norms and losses) is compiled into one loop over output elements, W of
-// them per iteration (C++17, g++). The generated source is
+// elementwise parts of norms and losses; indexed reads too: concat, gathers, slice gradients) is
+// compiled into one loop over output elements, W of them per iteration (C++17, g++). The generated source is
 //
 //     #define W 16
 //     #include "repops_map.h"
@@ -26,7 +26,7 @@
 // sign operations keep a NaN a NaN, RINT/FLOOR too; MAX/MIN/LDEXP/GETEXP/GETMANT return the
 // canonical NaN; LT/EQ and SELECT's condition only ask "NaN or not", "zero or not"), so only the
 // final register's bits can show a payload, and rp_canon fixes those. The one exception is a
-// result last written by LOAD or CONST, which the spec returns raw (jit.py leaves it).
+// result last written by LOAD, LOADIDX or CONST, which the spec returns raw (jit.py leaves it).
 //
 // Build flags: -ffp-contract=off, no fast-math (each instruction stays one IEEE operation rounded
 // once), -fno-trapping-math (selects may evaluate both sides; only FP exception flags, which
@@ -103,6 +103,50 @@ inline vf rp_fscale(vf x, vi e) {
 #include "repops_fp32.h"
 
 #define RP_MAP_BODY static inline __attribute__((always_inline)) vu body
+
+// LOADIDX on W lanes: lane i reads p at base[i] + int(index of lane i) * idx_stride, or yields the
+// canonical NaN and reads nothing, by rp_loadidx_address (the one rule: the interpreter's, the
+// chain's twin's). base[i] is the descriptor's address of lane i's element (jit.py computes it
+// from the input's periodic map); lanes past a tail hold some element's base, and whatever they
+// read lies inside the input too (the rule bounds every address by numel), nothing is stored.
+inline vu rp_loadidx_lanes(const uint32_t* p, vl base, vu index_bits, int64_t idx_stride, int64_t numel) {
+    vu r;
+    for (int i = 0; i < W; i++) {
+        const int64_t a = rp_loadidx_address(base[i], index_bits[i], idx_stride, numel);
+        r[i] = a < 0 ? RP_CANONICAL_NAN : p[a];
+    }
+    return r;
+}
+
+// The same rule in 32-bit vector operations, for a map whose input has numel < 2^29 and whose
+// descriptor addresses lie in (-2^29, 2^29) (jit.py emits it then, with `limit` the largest
+// binary32 <= floor(2^30 / |idx_stride|), or 0 for a stride of 0: no limit). rp_index's rule:
+// the value is an index if it is integral (floor(x) == x: neither NaN nor fractional) and
+// |x| < 2^31 (exponent field < 158), or x = -2^31 exactly. An index with |x| > limit is at
+// least 2^30 / |idx_stride| + 1 (no binary32 lies between limit and the floor), so its address
+// is at least 2^30 - 2^29 away from [0, numel): it fails the rule anyway, and no product or sum
+// below leaves int32 (|x * idx_stride| <= 2^30). Failing lanes convert +0 (no out-of-range
+// conversion) and read element 0 (numel >= 1), then yield the canonical NaN: no branch per
+// lane, as which lanes fail follows the data (half of a concat's reads).
+inline vu rp_loadidx_lanes_small(const uint32_t* p, vi base, vu u, int32_t idx_stride, int32_t numel, float limit) {
+    const vf x = (vf)u;
+    vf fl;
+    for (int i = 0; i < W; i++) fl[i] = __builtin_floorf(x[i]);
+    vi ok = (((u & 0x7FFFFFFFu) >> 23) < 158u || u == 0xCF000000u) && fl == x;
+    if (limit > 0) ok = ok && (x <= limit) && (x >= -limit);
+    const vi a = base + __builtin_convertvector(ok ? x : vf{}, vi) * idx_stride;
+    ok = ok && a >= 0 && a < numel;
+    const vi at = ok ? a : vi{};
+    vu r;
+#if defined(__AVX512F__) && W == 16  // one gather instruction (GCC does not vectorise the loop into one)
+    r = (vu)__builtin_ia32_gathersiv16sf(vf{}, p, at, (unsigned short)0xFFFF, 4);
+#elif defined(__AVX2__) && W == 8
+    r = (vu)__builtin_ia32_gathersiv8sf(vf{}, (const float*)p, at, (vf)(vi{} - 1), 4);
+#else
+    for (int i = 0; i < W; i++) r[i] = p[at[i]];
+#endif
+    return ok ? r : vu{} + RP_CANONICAL_NAN;
+}
 
 // The map's loop runs with the FP environment the spec assumes: no FTZ/DAZ, round to nearest
 // (a library may have changed this thread's MXCSR).

@@ -220,6 +220,54 @@ def test_loadidx_outside_int32_is_nan_even_with_index_stride_zero(be: CpuBackend
     assert got[0] == got[2] == 0x7FC00000
 
 
+@pytest.mark.parametrize("isa", cpu_ext.available_isas())
+def test_jit_loadidx_equals_the_interpreter(isa: str) -> None:
+    """LOADIDX compiled (repops_map.h): the 32-bit lanes with one gather where the input and its
+    addresses are small, the 64-bit rule lane by lane where not, on every kind of index (NaN,
+    inf, fractional, -0, negative, out of range, +-2^31, huge), index strides 0, 1, -1 and 2^20
+    (the 32-bit path's limit: 1023 * 2^20 is out of range for a small input, and 4096 * 2^20 = 2^32
+    would wrap to 0 in int32 without it), element counts that leave a tail; payloads: a result last written by LOADIDX keeps
+    the input's NaN payload, concat's SELECT canonicalises. Bits against the interpreter and
+    the spec, 1 and 2 threads, and the path must be the compiled map."""
+    bad = [np.nan, np.inf, -np.inf, 2.5, -0.0, -1.0, 1e9, 2.0**31, -(2.0**31), 3e38, 1023.0, 1024.0, -1024.0, 4096.0]
+    rng = np.random.default_rng(11)
+
+    def indices(n: int, hi: int, lo: int = 0) -> np.ndarray:
+        ix = rng.integers(lo, hi, n).astype(np.float32)
+        pick = rng.random(n) < 0.3
+        ix[pick] = rng.choice(np.array(bad, np.float32), int(pick.sum()))
+        return ix
+
+    data = edge_array((37, 5), 7)
+    data.reshape(-1).view(np.uint32)[3] = 0x7FC0_1234  # a payload NaN a raw read must keep
+    n = 1000  # a tail at every width
+    cases: list[tuple[program.KernelDesc, list[np.ndarray], bool]] = []
+    for stride, offset in ((1, 0), (0, 3), (-1, 184), (1 << 20, 0)):
+        m = program.InputMap(data.size, (0,), 0, offset, stride)
+        desc = program.KernelDesc((n,), 1, (m, program.InputMap(n, (1,))), (library.load(1, 1), Instr(Op.LOADIDX, 0, 1, 0, 0)),
+                                  label=f"loadidx stride {stride}")
+        cases.append((desc, [data, indices(n, 190)], True))  # 185..189: past the end
+    # a base of 2^30 (index -2^30 + j reads j): beyond the 32-bit lanes' bounds
+    far = program.InputMap(data.size, (0,), 0, 1 << 30, 1)
+    desc = program.KernelDesc((n,), 1, (far, program.InputMap(n, (1,))), (library.load(1, 1), Instr(Op.LOADIDX, 0, 1, 0, 0)),
+                              label="loadidx far base")
+    cases.append((desc, [data, indices(n, 185, 0) - np.float32(1 << 30)], False))
+    cases.append((library.gather((37, 5), (n,), 0), [data, indices(n, 40, -40)], True))
+    parts = ((3, 4, 7), (3, 4, 2), (3, 4, 9))  # along the last axis (periodic maps: a rotary embedding's halves)
+    cases.append((library.concat(parts, -1), [edge_array(s, i) for i, s in enumerate(parts)], True))
+    cases.append((library.slice_grad((6, 50), (1, 3), (6, 47), (2, 4)), [edge_array((3, 11), 9)], True))
+    for threads in (1, 2):
+        be = CpuBackend(isa, threads, jit_min_instrs=1)
+        for desc, ins, small in cases:
+            source = jit_source(desc, min_instrs=1)
+            assert source is not None and ("rp_loadidx_lanes_small(" in source) == small, desc.label
+            assert_same(desc, ins, be)
+            assert be.path(desc) == "jit", desc.label
+            np.testing.assert_array_equal(be(desc, ins).view(np.uint32), program.run_spec(desc, ins).view(np.uint32))
+    got = CpuBackend(isa, 1, jit_min_instrs=1)(cases[0][0], [data, np.full(n, 3.0, np.float32)])
+    assert (got.view(np.uint32) == 0x7FC0_1234).all()  # raw: the last writer is LOADIDX
+
+
 # ======================================================================= GEMM path
 
 

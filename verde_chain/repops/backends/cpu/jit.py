@@ -9,8 +9,10 @@ The compiler vectorises across ELEMENTS only, never across k (there is none), an
 once. NaN results are canonicalised once, at the end (``kernels/repops_map.h`` says why that
 gives the spec's bits). Eligible: K = 1, every input read through a periodic map
 (``plan.periodic_map``: contiguous, a scalar, a per-row statistic broadcast along its row, a
-row of scale or bias broadcast over the rows), no LOADIDX, at least JIT_MIN_INSTRS instructions, JIT_MIN_NUMEL
-elements or JIT_MIN_WORK lane-instructions (small short programs are not worth a compile). One shared object per (program, linear
+row of scale or bias broadcast over the rows), at least JIT_MIN_INSTRS instructions, JIT_MIN_NUMEL
+elements or JIT_MIN_WORK lane-instructions (small short programs are not worth a compile). LOADIDX
+compiles too (concat, gathers, slice gradients: ``jit_source`` says how), where the input it
+reads is read by no LOAD. One shared object per (program, linear
 maps, ISA), cached on disk (well under a second per compile) under a key that covers the headers
 too.
 
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from verde_chain.repops.backends.cpu import extension as ext
@@ -66,7 +69,7 @@ _JIT_OPS: dict[Op, str | None] = {
     Op.LDEXP: "rp_ldexp({a}, {b})", Op.GETEXP: "rp_getexp({a})", Op.GETMANT: "rp_getmant({a})",
     Op.NEG: "rp_neg_value({a})", Op.ABS: "rp_abs_value({a})", Op.MOV: "rp_mov_value({a})",
     Op.CONST: "rp_splat<vu>({imm}u)", Op.LOAD: "x{imm}",
-    Op.COORD: "c{imm}", Op.LOADIDX: None,
+    Op.COORD: "c{imm}", Op.LOADIDX: "rp_loadidx_lanes{small}(p{imm}, b{imm}, {a}, {idx_stride}, {numel}{limit})",
 }  # fmt: skip
 if set(_JIT_OPS) != set(Op):
     raise AssertionError(f"compiled maps: no row for {sorted(o.name for o in set(Op) - set(_JIT_OPS))}")
@@ -79,37 +82,62 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     Every LOAD of input t reads the same address for a given element (K = 1), so each input is
     loaded once per iteration into x_t: a full vector, or zero-padded lanes in the tail. Every
     input of a block is loaded before the block is stored, which epilogue maps rely on: they
-    run in place, reading element e of the output they overwrite (``epilogue_map``)."""
+    run in place, reading element e of the output they overwrite (``epilogue_map``).
+
+    An input read by LOADIDX (and by no LOAD) is passed as its pointer p_t and the W lanes'
+    descriptor addresses b_t (int64, from its periodic map); each LOADIDX is
+    ``rp_loadidx_lanes`` (repops_map.h), the interpreter's rule lane by lane. Such an input's
+    bounds check is its numel (``map_lin``): the rule keeps every read below it. Its reads are
+    done inside the body, so an epilogue map, which reads its output through LOAD only (input
+    0), still loads that before it stores."""
     code = desc.prologue + desc.epilogue  # K = 1: both run at k = 0
     if desc.K != 1 or desc.body or len(code) < min_instrs:
         return None
     periods = [periodic_map(m, desc.out_shape) for m in desc.inputs]
     if any(per is None or per[0] < 0 for per in periods):
         return None
+    indexed = indexed_inputs(desc)
+    if indexed & {ins.imm for ins in code if ins.op == Op.LOAD}:
+        return None  # read both ways: its bounds check would need both rows (map_lin)
+    # rp_loadidx_lanes_small's bounds (repops_map.h): 32-bit lanes
+    small = {t for t in indexed
+             if 1 <= desc.inputs[t].numel < 1 << 29 and max(map(abs, desc.inputs[t].base_range(desc.out_shape, 1))) < 1 << 29}
     lines = []
     for ins in code:
         spelling = _JIT_OPS[ins.op]
         if spelling is None:
-            return None  # LOADIDX: the interpreter handles it
-        lines.append(f"r{ins.dst} = " + spelling.format(a=f"r{ins.a}", b=f"r{ins.b}", c=f"r{ins.imm & 15}", imm=ins.imm) + ";")
-    # The result is canonicalised unless r0's last writer copies raw bits (LOAD, CONST keep
-    # payloads in the spec; every register instruction canonicalises).
+            return None
+        m = desc.inputs[ins.imm] if ins.op == Op.LOADIDX else None
+        fields = {"small": "", "idx_stride": "", "numel": "", "limit": ""}
+        if m is not None:
+            fields |= {"idx_stride": f"{m.idx_stride}LL", "numel": f"{m.numel}LL"}
+        if m is not None and ins.imm in small:
+            fields |= {"small": "_small", "limit": f", {_index_limit(m.idx_stride)}f"}
+        lines.append(f"r{ins.dst} = " + spelling.format(a=f"r{ins.a}", b=f"r{ins.b}", c=f"r{ins.imm & 15}", imm=ins.imm,
+                                                        **fields) + ";")
+    # The result is canonicalised unless r0's last writer copies raw bits (LOAD, LOADIDX, CONST
+    # keep payloads in the spec; every register instruction canonicalises).
     last = next((i for i in reversed(code) if i.dst == 0), None)
-    ret = "r0" if last is None or last.op in (Op.LOAD, Op.CONST) else "rp_canon(r0)"
+    ret = "r0" if last is None or last.op in (Op.LOAD, Op.LOADIDX, Op.CONST) else "rp_canon(r0)"
     n_in = len(desc.inputs)
     # COORD d: the output coordinate along axis d, (e / inner_d) % shape_d as binary32 (exact:
     # every dim is below program.MAX_DIM = 2^24), one more vector per iteration like an input
     axes = sorted({ins.imm for ins in code if ins.op == Op.COORD})
     if any(d >= len(desc.out_shape) for d in axes):
         return None
-    params = ", ".join([f"vu x{t}" for t in range(n_in)] + [f"vu c{d}" for d in axes])
-    args = ", ".join([f"x{t}" for t in range(n_in)] + [f"c{d}" for d in axes])
+    params = ", ".join([f"const uint32_t* p{t}, {'vi' if t in small else 'vl'} b{t}" if t in indexed else f"vu x{t}"
+                        for t in range(n_in)]
+                       + [f"vu c{d}" for d in axes])
+    args = ", ".join([f"((const uint32_t*)in[{t}]), b{t}" if t in indexed else f"x{t}" for t in range(n_in)]
+                     + [f"c{d}" for d in axes])
     regs = ", ".join(f"r{i} = rp_splat<vu>(0u)" for i in range(16))
     body = "\n    ".join(lines)
 
     def load(t: int, tail: bool) -> str:
         m, (s, q, p) = desc.inputs[t], cast(tuple[int, int, int], periods[t])
         src = f"((const uint32_t*)in[{t}])"
+        if t in indexed:
+            return base(t, m, s, q, p, tail)
         if s == 0:
             return f"const vu x{t} = rp_splat<vu>({src}[{m.offset}]);"
         wrap = q * p < desc.numel  # an outer block the map is constant along
@@ -129,6 +157,23 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
             return (f"vu x{t}; if (e % {p} + W <= {p}) __builtin_memcpy(&x{t}, {src} + {m.offset} + e % {p}, "
                     f"sizeof x{t}); else {{ {lanes} }}")
         return "vu " + lanes
+
+    def base(t: int, m: InputMap, s: int, q: int, p: int, tail: bool) -> str:
+        """b_t: the descriptor address of each of the W lanes; in a tail, lanes past the end get
+        element 0's (inside the bounds rp_loadidx_lanes_small was chosen by)."""
+        ty, lane = ("vi", "int32_t") if t in small else ("vl", "int64_t")
+        if s == 0:
+            return f"const {ty} b{t} = {ty}{{}} + ({lane}){m.offset};"
+        wrap = q * p < desc.numel
+        row = f"(e + i) / {q}" if q > 1 else "(e + i)"
+        addr = f"{m.offset} + (({row}) % {p}) * {s}" if wrap else f"{m.offset} + ({row}) * {s}"
+        if tail:
+            return f"{ty} b{t}; for (int i = 0; i < W; i++) b{t}[i] = i < rem ? {addr} : {m.offset};"
+        lanes = f"for (int i = 0; i < W; i++) b{t}[i] = {addr};"
+        if q > 1:  # W lanes in one row: one address for all
+            first = f"{m.offset} + ((e / {q}) % {p}) * {s}" if wrap else f"{m.offset} + (e / {q}) * {s}"
+            return f"{ty} b{t}; if (e / {q} == (e + W - 1) / {q}) b{t} = {ty}{{}} + ({lane})({first}); else {{ {lanes} }}"
+        return f"{ty} b{t}; {lanes}"
 
     def coord(d: int, tail: bool) -> str:
         inner, n = math.prod(desc.out_shape[d + 1:]), desc.out_shape[d]
@@ -180,11 +225,30 @@ def epilogue_map(desc: KernelDesc) -> KernelDesc | None:
     return KernelDesc(desc.out_shape, 1, inputs, (Instr(Op.LOAD, 0, imm=0), *code), label=f"{desc.label} epilogue")
 
 
+def _index_limit(idx_stride: int) -> str:
+    """rp_loadidx_lanes_small's limit: the largest binary32 <= floor(2^30 / |idx_stride|) (0: none)."""
+    if idx_stride == 0:
+        return "0.0"
+    f = float(np.float32((1 << 30) // abs(idx_stride)))
+    while f > (1 << 30) // abs(idx_stride):
+        f = float(np.nextafter(np.float32(f), np.float32(0)))
+    return f"{f:.1f}"
+
+
+def indexed_inputs(desc: KernelDesc) -> set[int]:
+    """The input slots ``desc``'s K = 1 program reads with LOADIDX."""
+    return {i.imm for i in desc.prologue + desc.epilogue if i.op == Op.LOADIDX}
+
+
 def map_lin(desc: KernelDesc) -> torch.Tensor:
     """(n_inputs, 4) int64 rows ``offset, s, q, p``: where a compiled map of ``desc`` reads input
     t for output element e (``offset + ((e // q) % p) * s``, ``plan.periodic_map``), as the
-    extension's bounds check takes them."""
-    rows = [(m.offset, *cast(tuple[int, int, int], periodic_map(m, desc.out_shape))) for m in desc.inputs]
+    extension's bounds check takes them. An input read by LOADIDX: one address, its last
+    element (numel - 1, 0, 1, 1): the check then proves the tensor holds the numel that the
+    index rule bounds every read by (``jit_source``)."""
+    indexed = indexed_inputs(desc)
+    rows = [(m.numel - 1, 0, 1, 1) if t in indexed else (m.offset, *cast(tuple[int, int, int], periodic_map(m, desc.out_shape)))
+            for t, m in enumerate(desc.inputs)]
     return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 4)
 
 
