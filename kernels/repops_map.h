@@ -4,7 +4,8 @@
 //
 // A long straight-line map (K = 1, linear input maps: transcendentals, optimizer updates, the
 // elementwise parts of norms and losses; indexed reads too: concat, gathers, slice gradients) is
-// compiled into one loop over output elements, W of them per iteration (C++17, g++). The generated source is
+// compiled into one loop over output elements, W of them per iteration (C++17, g++); a K > 1
+// program (a chain) the same, with a loop over k inside it. The generated source of a map is
 //
 //     #define W 16
 //     #include "repops_map.h"
@@ -25,7 +26,8 @@
 // the spec's bits: no instruction's result depends on a NaN operand's payload (arithmetic and
 // sign operations keep a NaN a NaN, RINT/FLOOR too; MAX/MIN/LDEXP/GETEXP/GETMANT return the
 // canonical NaN; LT/EQ and SELECT's condition only ask "NaN or not", "zero or not"), so only the
-// final register's bits can show a payload, and rp_canon fixes those. The one exception is a
+// final register's bits can show a payload, and rp_canon fixes those. The same holds across a
+// chain's k iterations: a register carried to the next k is an operand like any other. The one exception is a
 // result last written by LOAD, LOADIDX or CONST, which the spec returns raw (jit.py leaves it).
 //
 // Build flags: -ffp-contract=off, no fast-math (each instruction stays one IEEE operation rounded

@@ -268,6 +268,63 @@ def test_jit_loadidx_equals_the_interpreter(isa: str) -> None:
     assert (got.view(np.uint32) == 0x7FC0_1234).all()  # raw: the last writer is LOADIDX
 
 
+@pytest.mark.parametrize("isa", cpu_ext.available_isas())
+def test_jit_chains_equal_the_interpreter(isa: str) -> None:
+    """K > 1 programs compiled (jit._chain_source: the prologue at k = 0, the body for k = 1 ..
+    K - 1, the epilogue at K - 1, registers carried across k in each lane): a batch-norm
+    statistic over a k-major operand (lanes contiguous at each k), a row-major one (lanes K
+    apart), a negative k stride, a broadcast and a per-row input, COORD in the body, a register
+    read before any write (+0), NaN payloads through the chain (canonical at the end) and a body
+    whose last write of r0 is a LOAD after the prologue's register write (raw), an epilogue
+    reading at k = K - 1, element counts that leave a tail. Bits against the
+    interpreter and the reference, 1 and 2 threads, and the path must be the compiled map; a
+    chain with LOADIDX stays on the interpreter."""
+    L = library.load
+    C, K = 37, 50
+    xk = edge_array((K, C), 61, 0.3)  # k-major: row k holds every lane's element
+    xk.view(np.uint32)[K - 1, 3] = 0x7FC0_0BAD  # a payload the raw result below must keep
+    xr = edge_array((C, K), 62, 0.3)  # row-major: lane c's k run
+    mu = edge_array((C,), 63, 0.3)
+    var_pro = (L(1, 0), L(2, 1), Instr(Op.SUB, 1, 1, 2), Instr(Op.MUL, 0, 1, 1))
+    var_body = (L(1, 0), L(2, 1), Instr(Op.SUB, 1, 1, 2), Instr(Op.FMA, 0, 1, 1, 0))
+    half = (Instr(Op.CONST, 3, imm=0x3F000000), Instr(Op.MUL, 0, 0, 3), L(4, 0), Instr(Op.ADD, 0, 0, 4))  # reads k = K-1
+    kmajor = program.InputMap(C * K, (1,), C)
+    cases = [
+        (program.KernelDesc((C,), K, (kmajor, program.InputMap(C, (1,))), var_pro, var_body, half,
+                            label="k-major var"), [xk, mu]),
+        (program.KernelDesc((C,), K, (program.InputMap(C * K, (K,), 1), program.InputMap(C, (1,))), var_pro, var_body,
+                            (), label="row-major var"), [xr, mu]),
+        # k walking backwards from the last row; the mean broadcast as one scalar; r7 never written
+        (program.KernelDesc((C,), K, (program.InputMap(C * K, (1,), -C, (K - 1) * C), program.InputMap(1, (0,))),
+                            (L(1, 0), L(2, 1), Instr(Op.ADD, 0, 1, 7)),
+                            (L(1, 0), Instr(Op.SUB, 4, 1, 0), Instr(Op.COORD, 5, imm=0), Instr(Op.FMA, 0, 4, 5, 0),
+                             Instr(Op.MAX, 6, 6, 4)),
+                            (Instr(Op.ADD, 0, 0, 6),), label="backwards"), [xk, mu[:1].copy()]),
+        # NaN payloads from inf - inf through the chain; the body ends with a raw LOAD into r0
+        (program.KernelDesc((C,), K, (kmajor,), (L(1, 0), Instr(Op.SUB, 2, 1, 1), Instr(Op.MUL, 3, 2, 1),
+                                                 Instr(Op.MOV, 0, 3)),
+                            (L(1, 0), Instr(Op.SUB, 2, 1, 3), Instr(Op.SELECT, 3, 2, 3, 1), L(0, 0)), (),
+                            label="raw load last"), [xk]),
+        # per-row input (q > 1): 4 x 9 outputs, each row's scale broadcast along it
+        (program.KernelDesc((4, 9), 6, (program.InputMap(216, (9, 1), 36), program.InputMap(4, (1, 0))),
+                            (L(1, 0), L(2, 1), Instr(Op.MUL, 0, 1, 2)),
+                            (L(1, 0), L(2, 1), Instr(Op.FMA, 0, 1, 2, 0)), (), label="per-row scale"),
+         [edge_array((216,), 64, 0.3), edge_array((4,), 65, 0.3)]),
+    ]
+    for threads in (1, 2):
+        be, interp = CpuBackend(isa, threads, jit_min_instrs=1), CpuBackend(isa, threads, jit=False)
+        for desc, ins in cases:
+            assert_same(desc, ins, be)
+            assert be.path(desc) == "jit", desc.label
+            np.testing.assert_array_equal(be(desc, ins).view(np.uint32), interp(desc, ins).view(np.uint32))
+    raw = CpuBackend(isa, 1, jit_min_instrs=1)(cases[3][0], cases[3][1]).view(np.uint32)
+    np.testing.assert_array_equal(raw, xk[K - 1].view(np.uint32))  # the LOAD's bits, payloads and all
+    gather = program.InputMap(C, (1,), 0, 0, 1)
+    indexed = program.KernelDesc((C,), K, (kmajor, gather), (L(1, 0), Instr(Op.LOADIDX, 0, 1, 0, 1)),
+                                 (L(1, 0), Instr(Op.LOADIDX, 2, 1, 0, 1), Instr(Op.ADD, 0, 0, 2)), (), label="indexed")
+    assert jit_source(indexed, min_instrs=1) is None
+
+
 # ======================================================================= GEMM path
 
 

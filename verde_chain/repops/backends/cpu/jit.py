@@ -4,17 +4,19 @@ Long maps (transcendentals, optimizer updates, the elementwise parts of norms an
 compiled: the program becomes the body of one loop over output elements, W of them per
 iteration (W lanes of a GCC vector per register), every instruction the template of
 ``kernels/repops_fp32.h`` (the one definition every C++/CUDA path uses) instantiated for W lanes.
-The compiler vectorises across ELEMENTS only, never across k (there is none), and runs with
--ffp-contract=off and without fast-math, so each instruction stays one IEEE operation rounded
-once. NaN results are canonicalised once, at the end (``kernels/repops_map.h`` says why that
-gives the spec's bits). Eligible: K = 1, every input read through a periodic map
-(``plan.periodic_map``: contiguous, a scalar, a per-row statistic broadcast along its row, a
-row of scale or bias broadcast over the rows), at least JIT_MIN_INSTRS instructions, JIT_MIN_NUMEL
-elements or JIT_MIN_WORK lane-instructions (small short programs are not worth a compile). LOADIDX
-compiles too (concat, gathers, slice gradients: ``jit_source`` says how), where the input it
-reads is read by no LOAD. One shared object per (program, linear
-maps, ISA), cached on disk (well under a second per compile) under a key that covers the headers
-too.
+The compiler vectorises across ELEMENTS only, never across k, and runs with -ffp-contract=off
+and without fast-math, so each instruction stays one IEEE operation rounded once. NaN results
+are canonicalised once, at the end (``kernels/repops_map.h`` says why that gives the spec's
+bits). Eligible: every input read through a periodic map (``plan.periodic_map``: contiguous, a
+scalar, a per-row statistic broadcast along its row, a row of scale or bias broadcast over the
+rows), at least JIT_MIN_INSTRS instructions, JIT_MIN_NUMEL elements or JIT_MIN_WORK
+lane-instructions (small short programs are not worth a compile). LOADIDX compiles too (concat,
+gathers, slice gradients: ``jit_source`` says how), where the input it reads is read by no LOAD.
+K > 1 programs (chains: a batch-norm statistic after its gather, a reduction the fold and row
+kernels do not take) compile as a loop over k inside the loop over elements
+(``_chain_source``): each lane runs one element's whole chain in the interpreter's order, and
+each input's address moves by its k stride. One shared object per (program, linear maps, ISA),
+cached on disk (well under a second per compile) under a key that covers the headers too.
 
 Epilogues of the fast kernels (GEMM, fold, row dot) are compiled the same way
 (``epilogue_map``): the epilogue as a map whose input 0 is the node's own output, run in place
@@ -90,8 +92,9 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     bounds check is its numel (``map_lin``): the rule keeps every read below it. Its reads are
     done inside the body, so an epilogue map, which reads its output through LOAD only (input
     0), still loads that before it stores."""
-    code = desc.prologue + desc.epilogue  # K = 1: both run at k = 0
-    if desc.K != 1 or desc.body or len(code) < min_instrs:
+    chain = desc.K > 1
+    code = desc.prologue + desc.body + desc.epilogue  # K = 1: no body; the rest runs at k = 0
+    if (desc.body and not chain) or len(code) < min_instrs:
         return None
     periods = [periodic_map(m, desc.out_shape) for m in desc.inputs]
     if any(per is None or per[0] < 0 for per in periods):
@@ -99,25 +102,31 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     indexed = indexed_inputs(desc)
     if indexed & {ins.imm for ins in code if ins.op == Op.LOAD}:
         return None  # read both ways: its bounds check would need both rows (map_lin)
+    if chain and (indexed or desc.numel < 2):
+        return None  # a chain's bounds row is its inputs' box (map_lin): LOAD only, two elements
     # rp_loadidx_lanes_small's bounds (repops_map.h): 32-bit lanes
     small = {t for t in indexed
              if 1 <= desc.inputs[t].numel < 1 << 29 and max(map(abs, desc.inputs[t].base_range(desc.out_shape, 1))) < 1 << 29}
-    lines = []
-    for ins in code:
-        spelling = _JIT_OPS[ins.op]
-        if spelling is None:
-            return None
+
+    def spell(ins: Instr) -> str:
+        spelling = cast(str, _JIT_OPS[ins.op])
         m = desc.inputs[ins.imm] if ins.op == Op.LOADIDX else None
         fields = {"small": "", "idx_stride": "", "numel": "", "limit": ""}
         if m is not None:
             fields |= {"idx_stride": f"{m.idx_stride}LL", "numel": f"{m.numel}LL"}
         if m is not None and ins.imm in small:
             fields |= {"small": "_small", "limit": f", {_index_limit(m.idx_stride)}f"}
-        lines.append(f"r{ins.dst} = " + spelling.format(a=f"r{ins.a}", b=f"r{ins.b}", c=f"r{ins.imm & 15}", imm=ins.imm,
-                                                        **fields) + ";")
+        return f"r{ins.dst} = " + spelling.format(a=f"r{ins.a}", b=f"r{ins.b}", c=f"r{ins.imm & 15}", imm=ins.imm,
+                                                  **fields) + ";"
+
+    if any(_JIT_OPS[ins.op] is None for ins in code):
+        return None
+    lines = [spell(ins) for ins in desc.prologue + desc.epilogue]
     # The result is canonicalised unless r0's last writer copies raw bits (LOAD, LOADIDX, CONST
-    # keep payloads in the spec; every register instruction canonicalises).
-    last = next((i for i in reversed(code) if i.dst == 0), None)
+    # keep payloads in the spec; every register instruction canonicalises). A chain runs its
+    # body last before the epilogue, at k = K - 1.
+    order = desc.prologue + desc.body + desc.epilogue if chain else code
+    last = next((i for i in reversed(order) if i.dst == 0), None)
     ret = "r0" if last is None or last.op in (Op.LOAD, Op.LOADIDX, Op.CONST) else "rp_canon(r0)"
     n_in = len(desc.inputs)
     # COORD d: the output coordinate along axis d, (e / inner_d) % shape_d as binary32 (exact:
@@ -138,23 +147,25 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
         src = f"((const uint32_t*)in[{t}])"
         if t in indexed:
             return base(t, m, s, q, p, tail)
+        # a chain's k (a variable of the generated loop) moves the address
+        off = f"({m.offset} + k * {m.kstride})" if chain and m.kstride else str(m.offset)
         if s == 0:
-            return f"const vu x{t} = rp_splat<vu>({src}[{m.offset}]);"
+            return f"const vu x{t} = rp_splat<vu>({src}[{off}]);"
         wrap = q * p < desc.numel  # an outer block the map is constant along
         row = f"(e + i) / {q}" if q > 1 else "(e + i)"
-        addr = f"{m.offset} + (({row}) % {p}) * {s}" if wrap else f"{m.offset} + {row} * {s}"
+        addr = f"{off} + (({row}) % {p}) * {s}" if wrap else f"{off} + {row} * {s}"
         lim = "rem" if tail else "W"
         lanes = f"x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{addr}];"
         if tail:
             return "vu " + lanes
         if q > 1:  # W lanes in one row: one address for all
-            first = f"{m.offset} + ((e / {q}) % {p}) * {s}" if wrap else f"{m.offset} + (e / {q}) * {s}"
+            first = f"{off} + ((e / {q}) % {p}) * {s}" if wrap else f"{off} + (e / {q}) * {s}"
             return (f"vu x{t}; if (e / {q} == (e + W - 1) / {q}) x{t} = rp_splat<vu>({src}[{first}]); "
                     f"else {{ {lanes} }}")
         if s == 1 and not wrap:
-            return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {m.offset} + e, sizeof x{t});"
+            return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {off} + e, sizeof x{t});"
         if s == 1:  # W lanes inside one period: contiguous
-            return (f"vu x{t}; if (e % {p} + W <= {p}) __builtin_memcpy(&x{t}, {src} + {m.offset} + e % {p}, "
+            return (f"vu x{t}; if (e % {p} + W <= {p}) __builtin_memcpy(&x{t}, {src} + {off} + e % {p}, "
                     f"sizeof x{t}); else {{ {lanes} }}")
         return "vu " + lanes
 
@@ -185,9 +196,11 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
             return (f"vu c{d}; if (e / {inner} == (e + W - 1) / {inner}) c{d} = rp_splat<vu>(rp_u((float)((e / {inner}) "
                     f"% {n}))); else {{ {lanes} }}")
         # W consecutive coordinates inside one run: c0 + i, no division per lane
-        return (f"vu c{d}; {{ const int64_t c0 = e % {n}; if (c0 + W <= {n}) {{ for (int i = 0; i < W; i++) "
-                f"c{d}[i] = rp_u((float)(c0 + i)); }} else {{ {lanes} }} }}")
+        return (f"vu c{d}; {{ const int64_t first = e % {n}; if (first + W <= {n}) {{ for (int i = 0; i < W; i++) "
+                f"c{d}[i] = rp_u((float)(first + i)); }} else {{ {lanes} }} }}")
 
+    if chain:
+        return _chain_source(desc, lanes, ret, regs, spell, load, coord, axes)
     main_loads = "\n        ".join([load(t, False) for t in range(n_in)] + [coord(d, False) for d in axes])
     tail_loads = "\n        ".join([load(t, True) for t in range(n_in)] + [coord(d, True) for d in axes])
     return (
@@ -200,6 +213,39 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
         + f"        const vu r = body({args});\n        __builtin_memcpy(out + e, &r, sizeof r);\n    }}\n"
         + f"    if (e < e1) {{\n        const int rem = (int)(e1 - e);\n        {tail_loads}\n"
         + f"        const vu r = body({args});\n        for (int i = 0; i < rem; i++) out[e + i] = r[i];\n    }}\n"
+        + "    RP_MAP_FPENV_EXIT;\n}\n"
+    )
+
+
+def _chain_source(desc: KernelDesc, lanes: int, ret: str, regs: str, spell: Callable[[Instr], str],
+                  load: Callable[[int, bool], str], coord: Callable[[int, bool], str], axes: list[int]) -> str:
+    """A K > 1 program as one loop over blocks of W output elements, the chain inside it:
+    registers start at +0, the prologue runs with its inputs loaded at k = 0, the body for k = 1
+    .. K - 1 (each iteration loading what the body reads at that k), the epilogue at k = K - 1:
+    the interpreter's order for every lane, one element's whole chain in one lane. The
+    canonical NaN once at the end, as in a K = 1 map (repops_map.h says why that holds across
+    iterations too: no instruction's value depends on a NaN operand's payload)."""
+
+    def phase(code: tuple[Instr, ...], tail: bool) -> str:
+        read = sorted({i.imm for i in code if i.op == Op.LOAD})
+        return " ".join([load(t, tail) for t in read] + [spell(i) for i in code])
+
+    def block(tail: bool) -> str:
+        return (" ".join(coord(d, tail) for d in axes) + f" vu {regs};"
+                + f" {{ const int64_t k = 0; {phase(desc.prologue, tail)} }}"
+                + f" for (int64_t k = 1; k < {desc.K}; k++) {{ {phase(desc.body, tail)} }}"
+                + f" {{ const int64_t k = {desc.K - 1}; {phase(desc.epilogue, tail)} }}"
+                + f" const vu r = {ret};")
+
+    return (
+        f'#define W {lanes}\n#include "repops_map.h"\n'
+        + 'extern "C" __attribute__((visibility("default")))\n'
+        + "void repops_map(const void* const* in, uint32_t* out, int64_t e0, int64_t e1) {\n"
+        + "    RP_MAP_FPENV_ENTER;\n    int64_t e = e0;\n"
+        + f"    for (; e + W <= e1; e += W) {{\n        {block(False)}\n"
+        + "        __builtin_memcpy(out + e, &r, sizeof r);\n    }\n"
+        + f"    if (e < e1) {{\n        const int rem = (int)(e1 - e);\n        {block(True)}\n"
+        + "        for (int i = 0; i < rem; i++) out[e + i] = r[i];\n    }\n"
         + "    RP_MAP_FPENV_EXIT;\n}\n"
     )
 
@@ -247,6 +293,9 @@ def map_lin(desc: KernelDesc) -> torch.Tensor:
     element (numel - 1, 0, 1, 1): the check then proves the tensor holds the numel that the
     index rule bounds every read by (``jit_source``)."""
     indexed = indexed_inputs(desc)
+    if desc.K > 1:  # a chain (jit_source): each input's box over every element and k, as one row
+        boxes = [m.base_range(desc.out_shape, desc.K) for m in desc.inputs]
+        return torch.tensor([(lo, hi - lo, 1, 2) for lo, hi in boxes], dtype=torch.int64).reshape(len(boxes), 4)
     rows = [(m.numel - 1, 0, 1, 1) if t in indexed else (m.offset, *cast(tuple[int, int, int], periodic_map(m, desc.out_shape)))
             for t, m in enumerate(desc.inputs)]
     return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 4)
@@ -254,7 +303,7 @@ def map_lin(desc: KernelDesc) -> torch.Tensor:
 
 def map_work(desc: KernelDesc) -> int:
     """Lane-instructions of a compiled map of ``desc`` (how many threads it is worth)."""
-    return desc.numel * (len(desc.prologue) + len(desc.epilogue))
+    return desc.numel * (len(desc.prologue) + (desc.K - 1) * len(desc.body) + len(desc.epilogue))
 
 
 def map_address(fn: Callable[..., None]) -> int:
