@@ -9,6 +9,7 @@ whole training steps: C_T must not depend on the backend.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from functools import partial
 from pathlib import Path
@@ -323,6 +324,10 @@ def test_jit_chains_equal_the_interpreter(isa: str) -> None:
     indexed = program.KernelDesc((C,), K, (kmajor, gather), (L(1, 0), Instr(Op.LOADIDX, 0, 1, 0, 1)),
                                  (L(1, 0), Instr(Op.LOADIDX, 2, 1, 0, 1), Instr(Op.ADD, 0, 0, 2)), (), label="indexed")
     assert jit_source(indexed, min_instrs=1) is None
+    in_body = dataclasses.replace(indexed, prologue=(L(0, 0),))  # LOADIDX in the body only
+    assert jit_source(in_body, min_instrs=1) is None
+    windowed = program.InputMap(C * K, (0,), C, windows=(program.Window(axis=0, out_mul=1, size=C, stride=1),))
+    assert jit_source(dataclasses.replace(cases[0][0], inputs=(windowed, cases[0][0].inputs[1])), min_instrs=1) is None
 
 
 # ======================================================================= GEMM path

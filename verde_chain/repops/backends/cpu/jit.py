@@ -94,8 +94,8 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     0), still loads that before it stores."""
     chain = desc.K > 1
     code = desc.prologue + desc.body + desc.epilogue  # K = 1: no body; the rest runs at k = 0
-    if (desc.body and not chain) or len(code) < min_instrs:
-        return None
+    if (desc.body and not chain) or len(code) < min_instrs or any(m.windows for m in desc.inputs):
+        return None  # a windowed read (out of its window: the fill) is no periodic map
     periods = [periodic_map(m, desc.out_shape) for m in desc.inputs]
     if any(per is None or per[0] < 0 for per in periods):
         return None
@@ -282,8 +282,8 @@ def _index_limit(idx_stride: int) -> str:
 
 
 def indexed_inputs(desc: KernelDesc) -> set[int]:
-    """The input slots ``desc``'s K = 1 program reads with LOADIDX."""
-    return {i.imm for i in desc.prologue + desc.epilogue if i.op == Op.LOADIDX}
+    """The input slots ``desc``'s program reads with LOADIDX."""
+    return {i.imm for i in desc.prologue + desc.body + desc.epilogue if i.op == Op.LOADIDX}
 
 
 def map_lin(desc: KernelDesc) -> torch.Tensor:
