@@ -17,7 +17,7 @@ from pathlib import Path
 from verde_chain.agents.catalog import JOB_KINDS
 from verde_chain.agents.system import HELPER_CONTRACTS, deploy_full_system
 from verde_chain.agents.system import SYSTEM_CONTRACTS as MARKET_SYSTEM
-from verde_chain.chain.anvil import Anvil, install_signal_cleanup
+from verde_chain.chain.anvil import Anvil, install_signal_cleanup, stop_requested
 from verde_chain.chain.compile import compile_contracts
 from verde_chain.errors import VerdeError
 
@@ -54,11 +54,12 @@ def cmd_node(args: argparse.Namespace) -> int:
             print(f"  ({i}) {a}  {w3.from_wei(w3.eth.get_balance(a), 'ether')} ETH")
         print(f"Logs: {node.log_path}\nPress Ctrl-C to stop.", flush=True)
         try:
-            while node.running:
-                time.sleep(0.5)
+            while node.running and stop_requested() is None:
+                time.sleep(0.2)
         except KeyboardInterrupt:
             pass
-    return 0
+    stopped_by = stop_requested()
+    return 0 if stopped_by is None else 128 + stopped_by  # the status a process ended by the signal reports
 
 
 def _deploy_args(p: argparse.ArgumentParser) -> None:

@@ -174,10 +174,23 @@ def mine(w3: Web3, blocks: int = 1) -> None:
     w3.provider.make_request("anvil_mine", [hex(blocks)])  # type: ignore[arg-type]
 
 
+_stop_signal: int | None = None  # the SIGTERM a foreground command was asked to stop by
+
+
 def install_signal_cleanup() -> None:
-    """Turn SIGTERM into SystemExit so ``atexit`` handlers stop every Anvil we started."""
+    """SIGTERM stops a foreground command (``verde-chain node``) the way Ctrl-C does: the handler
+    only records the signal, and the command's loop polls ``stop_requested`` and leaves its
+    ``with Anvil`` block, which stops the node. The handler once raised SystemExit, but a signal
+    can land inside any code, a ``__del__`` run by the garbage collector included, where Python
+    prints the exception as a traceback and swallows it: the node then kept running."""
 
-    def _exit(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
+    def _record(signum: int, _frame: object) -> None:
+        global _stop_signal
+        _stop_signal = signum
 
-    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGTERM, _record)
+
+
+def stop_requested() -> int | None:
+    """The signal number ``install_signal_cleanup``'s handler recorded, or None."""
+    return _stop_signal
