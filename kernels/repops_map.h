@@ -27,8 +27,9 @@
 // sign operations keep a NaN a NaN, RINT/FLOOR too; MAX/MIN/LDEXP/GETEXP/GETMANT return the
 // canonical NaN; LT/EQ and SELECT's condition only ask "NaN or not", "zero or not"), so only the
 // final register's bits can show a payload, and rp_canon fixes those. The same holds across a
-// chain's k iterations: a register carried to the next k is an operand like any other. The one exception is a
-// result last written by LOAD, LOADIDX or CONST, which the spec returns raw (jit.py leaves it).
+// chain's k iterations: a register carried to the next k is an operand like any other. The one
+// exception is a result last written by LOAD, LOADIDX or CONST, which the spec returns raw
+// (jit.py leaves it).
 //
 // Build flags: -ffp-contract=off, no fast-math (each instruction stays one IEEE operation rounded
 // once), -fno-trapping-math (selects may evaluate both sides; only FP exception flags, which
@@ -107,8 +108,8 @@ inline vf rp_fscale(vf x, vi e) {
 #define RP_MAP_BODY static inline __attribute__((always_inline)) vu body
 
 // LOADIDX on W lanes: lane i reads p at base[i] + int(index of lane i) * idx_stride, or yields the
-// canonical NaN and reads nothing, by rp_loadidx_address (the one rule: the interpreter's, the
-// chain's twin's). base[i] is the descriptor's address of lane i's element (jit.py computes it
+// canonical NaN and reads nothing, by rp_loadidx_address (the one rule, which the C++ and CUDA
+// interpreters call too). base[i] is the descriptor's address of lane i's element (jit.py computes it
 // from the input's periodic map); lanes past a tail hold some element's base, and whatever they
 // read lies inside the input too (the rule bounds every address by numel), nothing is stored.
 inline vu rp_loadidx_lanes(const uint32_t* p, vl base, vu index_bits, int64_t idx_stride, int64_t numel) {

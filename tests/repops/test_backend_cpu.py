@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.cxx import syntax_check, torch_includes
+from tests.support.threads import run_engaged
 from verde_chain.repops import edges, library, program, reference, torch_api
 from verde_chain.repops.backends import BACKENDS, BackendUnavailable
 from verde_chain.repops.backends.cpu import extension as cpu_ext
@@ -229,7 +230,8 @@ def test_jit_loadidx_equals_the_interpreter(isa: str) -> None:
     (the 32-bit path's limit: 1023 * 2^20 is out of range for a small input, and 4096 * 2^20 = 2^32
     would wrap to 0 in int32 without it), element counts that leave a tail; payloads: a result last written by LOADIDX keeps
     the input's NaN payload, concat's SELECT canonicalises. Bits against the interpreter and
-    the spec, 1 and 2 threads, and the path must be the compiled map."""
+    the spec, and the path must be the compiled map; a gather big enough to split gives the same
+    bits on 1, 2 and 3 threads, which really ran."""
     bad = [np.nan, np.inf, -np.inf, 2.5, -0.0, -1.0, 1e9, 2.0**31, -(2.0**31), 3e38, 1023.0, 1024.0, -1024.0, 4096.0]
     rng = np.random.default_rng(11)
 
@@ -257,16 +259,24 @@ def test_jit_loadidx_equals_the_interpreter(isa: str) -> None:
     parts = ((3, 4, 7), (3, 4, 2), (3, 4, 9))  # along the last axis (periodic maps: a rotary embedding's halves)
     cases.append((library.concat(parts, -1), [edge_array(s, i) for i, s in enumerate(parts)], True))
     cases.append((library.slice_grad((6, 50), (1, 3), (6, 47), (2, 4)), [edge_array((3, 11), 9)], True))
-    for threads in (1, 2):
-        be = CpuBackend(isa, threads, jit_min_instrs=1)
-        for desc, ins, small in cases:
-            source = jit_source(desc, min_instrs=1)
-            assert source is not None and ("rp_loadidx_lanes_small(" in source) == small, desc.label
-            assert_same(desc, ins, be)
-            assert be.path(desc) == "jit", desc.label
-            np.testing.assert_array_equal(be(desc, ins).view(np.uint32), program.run_spec(desc, ins).view(np.uint32))
-    got = CpuBackend(isa, 1, jit_min_instrs=1)(cases[0][0], [data, np.full(n, 3.0, np.float32)])
+    be = CpuBackend(isa, 1, jit_min_instrs=1)
+    for desc, ins, small in cases:
+        source = jit_source(desc, min_instrs=1)
+        assert source is not None and ("rp_loadidx_lanes_small(" in source) == small, desc.label
+        assert_same(desc, ins, be)
+        assert be.path(desc) == "jit", desc.label
+        np.testing.assert_array_equal(be(desc, ins).view(np.uint32), program.run_spec(desc, ins).view(np.uint32))
+    got = be(cases[0][0], [data, np.full(n, 3.0, np.float32)])
     assert (got.view(np.uint32) == 0x7FC0_1234).all()  # raw: the last writer is LOADIDX
+    # a gather big enough to split (the maps above are one thread's work): the same bits on 1, 2
+    # and 3 threads, and more than one OS thread ran items at 2 and 3
+    big = library.gather((37, 5), (1 << 17,), 0)
+    ins = [data, indices(1 << 17, 40, -40)]
+    want = program.run_spec(big, ins).reshape(-1).view(np.uint32)
+    for threads in (1, 2, 3):
+        threaded = CpuBackend(isa, threads)
+        assert threaded.path(big) == "jit"
+        np.testing.assert_array_equal(run_engaged(isa, threads, partial(threaded, big, ins)).reshape(-1), want)
 
 
 @pytest.mark.parametrize("isa", cpu_ext.available_isas())
@@ -278,8 +288,9 @@ def test_jit_chains_equal_the_interpreter(isa: str) -> None:
     read before any write (+0), NaN payloads through the chain (canonical at the end) and a body
     whose last write of r0 is a LOAD after the prologue's register write (raw), an epilogue
     reading at k = K - 1, element counts that leave a tail. Bits against the
-    interpreter and the reference, 1 and 2 threads, and the path must be the compiled map; a
-    chain with LOADIDX stays on the interpreter."""
+    interpreter and the reference, and the path must be the compiled map; a wide chain gives the
+    same bits on 1, 2 and 3 threads, which really ran; a chain with LOADIDX stays on the
+    interpreter."""
     L = library.load
     C, K = 37, 50
     xk = edge_array((K, C), 61, 0.3)  # k-major: row k holds every lane's element
@@ -312,13 +323,22 @@ def test_jit_chains_equal_the_interpreter(isa: str) -> None:
                             (L(1, 0), L(2, 1), Instr(Op.FMA, 0, 1, 2, 0)), (), label="per-row scale"),
          [edge_array((216,), 64, 0.3), edge_array((4,), 65, 0.3)]),
     ]
-    for threads in (1, 2):
-        be, interp = CpuBackend(isa, threads, jit_min_instrs=1), CpuBackend(isa, threads, jit=False)
-        for desc, ins in cases:
-            assert_same(desc, ins, be)
-            assert be.path(desc) == "jit", desc.label
-            np.testing.assert_array_equal(be(desc, ins).view(np.uint32), interp(desc, ins).view(np.uint32))
-    raw = CpuBackend(isa, 1, jit_min_instrs=1)(cases[3][0], cases[3][1]).view(np.uint32)
+    be, interp = CpuBackend(isa, 1, jit_min_instrs=1), CpuBackend(isa, 1, jit=False)
+    for desc, ins in cases:
+        assert_same(desc, ins, be)
+        assert be.path(desc) == "jit", desc.label
+        np.testing.assert_array_equal(be(desc, ins).view(np.uint32), interp(desc, ins).view(np.uint32))
+    # 1,024 chains (the cases above are one thread's work): split by elements, never along k, so
+    # the same bits on 1, 2 and 3 threads, and more than one OS thread ran items at 2 and 3
+    wide = program.KernelDesc((1024,), 300, (program.InputMap(1024 * 300, (1,), 1024), program.InputMap(1024, (1,))),
+                              var_pro, var_body, half, label="wide var")
+    ins = [edge_array((300, 1024), 66, 0.3), edge_array((1024,), 67, 0.3)]
+    want = interp(wide, ins).reshape(-1).view(np.uint32)
+    for threads in (1, 2, 3):
+        threaded = CpuBackend(isa, threads)
+        assert threaded.path(wide) == "jit"
+        np.testing.assert_array_equal(run_engaged(isa, threads, partial(threaded, wide, ins)), want)
+    raw = be(cases[3][0], cases[3][1]).view(np.uint32)
     np.testing.assert_array_equal(raw, xk[K - 1].view(np.uint32))  # the LOAD's bits, payloads and all
     gather = program.InputMap(C, (1,), 0, 0, 1)
     indexed = program.KernelDesc((C,), K, (kmajor, gather), (L(1, 0), Instr(Op.LOADIDX, 0, 1, 0, 1)),
