@@ -107,6 +107,27 @@ inline vf rp_fscale(vf x, vi e) {
 
 #define RP_MAP_BODY static inline __attribute__((always_inline)) vu body
 
+// Lane i's index, 0 .. W-1.
+inline vi rp_iota() {
+    vi r;
+    for (int i = 0; i < W; i++) r[i] = i;
+    return r;
+}
+
+// p[at[i]] on every lane: one gather instruction where the ISA has one (GCC does not turn the
+// loop into one). Every at[i] must be a valid index of p.
+inline vu rp_gather_lanes(const uint32_t* p, vi at) {
+#if defined(__AVX512F__) && W == 16
+    return (vu)__builtin_ia32_gathersiv16sf(vf{}, p, at, (unsigned short)0xFFFF, 4);
+#elif defined(__AVX2__) && W == 8
+    return (vu)__builtin_ia32_gathersiv8sf(vf{}, (const float*)p, at, (vf)(vi{} - 1), 4);
+#else
+    vu r;
+    for (int i = 0; i < W; i++) r[i] = p[at[i]];
+    return r;
+#endif
+}
+
 // LOADIDX on W lanes: lane i reads p at base[i] + int(index of lane i) * idx_stride, or yields the
 // canonical NaN and reads nothing, by rp_loadidx_address (the one rule, which the C++ and CUDA
 // interpreters call too). base[i] is the descriptor's address of lane i's element (jit.py computes it
@@ -139,15 +160,7 @@ inline vu rp_loadidx_lanes_small(const uint32_t* p, vi base, vu u, int32_t idx_s
     if (limit > 0) ok = ok && (x <= limit) && (x >= -limit);
     const vi a = base + __builtin_convertvector(ok ? x : vf{}, vi) * idx_stride;
     ok = ok && a >= 0 && a < numel;
-    const vi at = ok ? a : vi{};
-    vu r;
-#if defined(__AVX512F__) && W == 16  // one gather instruction (GCC does not vectorise the loop into one)
-    r = (vu)__builtin_ia32_gathersiv16sf(vf{}, p, at, (unsigned short)0xFFFF, 4);
-#elif defined(__AVX2__) && W == 8
-    r = (vu)__builtin_ia32_gathersiv8sf(vf{}, (const float*)p, at, (vf)(vi{} - 1), 4);
-#else
-    for (int i = 0; i < W; i++) r[i] = p[at[i]];
-#endif
+    const vu r = rp_gather_lanes(p, ok ? a : vi{});
     return ok ? r : vu{} + RP_CANONICAL_NAN;
 }
 

@@ -51,9 +51,14 @@ void map_into(MapFn fn, const void* const* in, uint32_t* out, int64_t n, int64_t
     // About four ranges per thread, each a multiple of GRAIN elements: a map's cost per element
     // is its program length (up to a few hundred instructions), so ranges far shorter than a
     // binary's CHUNK still carry enough work.
-    constexpr int64_t GRAIN = 256;
-    threads = threads_for(threads, ceil_div(n, GRAIN), (double)work, MAP_MIN_INSTRS);
-    const int64_t span = round_up(ceil_div(n, 4 * threads), GRAIN);
+    // A chain's elements carry K instructions each (a batch-norm statistic: 64 channels, each a
+    // chain over 8,192 k): there ranges of 16 elements, one vector of the widest ISA's lanes,
+    // so that a few outputs still split among threads.
+    constexpr int64_t GRAIN = 256, CHAIN_GRAIN = 16;
+    constexpr double CHAIN_ELEM_INSTRS = 256;
+    const int64_t grain = (double)work >= CHAIN_ELEM_INSTRS * (double)n ? CHAIN_GRAIN : GRAIN;
+    threads = threads_for(threads, ceil_div(n, grain), (double)work, MAP_MIN_INSTRS);
+    const int64_t span = round_up(ceil_div(n, 4 * threads), grain);
     parallel_items(ceil_div(n, span), threads,
                    [&](int64_t item, int64_t) { fn(in, out, item * span, std::min(n, (item + 1) * span)); });
 }

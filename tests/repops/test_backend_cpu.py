@@ -29,6 +29,7 @@ from verde_chain.repops.backends.cpu.backend import CpuBackend
 from verde_chain.repops.backends.cpu.jit import jit_source, min_instrs_for
 from verde_chain.repops.backends.plan import live_in
 from verde_chain.repops.isa import THREE_REG_OPS, Instr, Op, f32_bits
+from verde_chain.repops.library import ConvGeometry
 
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler for the RepOps kernels"
@@ -348,6 +349,58 @@ def test_jit_chains_equal_the_interpreter(isa: str) -> None:
     assert jit_source(in_body, min_instrs=1) is None
     windowed = program.InputMap(C * K, (0,), C, windows=(program.Window(axis=0, out_mul=1, size=C, stride=1),))
     assert jit_source(dataclasses.replace(cases[0][0], inputs=(windowed, cases[0][0].inputs[1])), min_instrs=1) is None
+
+
+@pytest.mark.parametrize("isa", cpu_ext.available_isas())
+def test_jit_windowed_chains_equal_the_interpreter(isa: str) -> None:
+    """Chains whose windows only move with k (jit.k_linear: batch-norm statistics over the batch
+    and spatial digits) compile as they are, reading each input where it lies (one gather of W
+    channels a stride apart per k, or contiguous lanes), with no gather into scratch: bits
+    against the reference and the dewindowed interpreter, on the library's statistics (37
+    channels: a tail; 7 x 5 pixels: lanes 35 apart; 1 x 1: lanes contiguous) and on windows with
+    a k multiplier of 2 or -1, an offset, a digit that no window reads (k_mul 0) and a k stride
+    besides; the path must be the compiled chain. Windows that can leave their range (padding,
+    an output coordinate) stay dewindowed; 256 chains split among 1, 2 and 3 threads, which
+    really ran, give the same bits."""
+    L = library.load
+    interp = CpuBackend(isa, 1, jit=False)
+    be = CpuBackend(isa, 1, jit_min_instrs=1)  # small chains compile too
+
+    def check(desc: program.KernelDesc, seed: int) -> None:
+        ins = [edge_array((m.numel,), seed + t, 0.3) for t, m in enumerate(desc.inputs)]
+        assert be.path(desc) == "windowed jit", desc.label
+        got = be(desc, ins).view(np.uint32)
+        np.testing.assert_array_equal(got, reference.run(desc, ins).view(np.uint32), err_msg=desc.label)
+        np.testing.assert_array_equal(got, interp(desc, ins).view(np.uint32), err_msg=desc.label)
+
+    for shape in ((3, 37, 7, 5), (4, 20, 1, 1)):
+        for make in (library.channel_sum, library.channel_mean, library.channel_centered_meansq, library.channel_dot_xhat):
+            check(make(shape), 70)
+    # k = (a, b, c) digits 3 x 4 x 5: input 0 reads digit a forwards (k_mul 2, offset 1: every
+    # other entry of 8), digit c backwards (k_mul -1, offset 4), never digit b, and moves by a k
+    # stride as well; input 1 reads digit b at a fixed offset of 2 and digit a; 19 outputs 50 apart
+    C, kd = 19, (3, 4, 5)
+    x0 = program.InputMap(19 * 50 + 8 * 40 + 5 + 60 * 3, (50,), 3, 0, windows=(
+        program.Window(digit=0, k_mul=2, offset=1, size=8, stride=40), program.Window(digit=2, k_mul=-1, offset=4, size=5, stride=1)))
+    x1 = program.InputMap(C * 7 + 6 * 2 + 3, (7,), 0, 0, windows=(
+        program.Window(digit=1, k_mul=1, offset=2, size=6, stride=2), program.Window(digit=0, k_mul=1, size=3, stride=1)))
+    body = (L(1, 0), L(2, 1), Instr(Op.FMA, 0, 1, 2, 0), Instr(Op.MAX, 3, 3, 1))
+    mixed = program.KernelDesc((C,), 60, (x0, x1), (L(1, 0), L(2, 1), Instr(Op.MUL, 0, 1, 2)), body,
+                               (Instr(Op.SUB, 0, 0, 3), L(4, 1), Instr(Op.ADD, 0, 0, 4)), kdims=kd, label="mixed digits")
+    check(mixed, 80)
+    # may leave its range: offset -1 reads the fill at digit 0; an output coordinate (max pool)
+    leaves = dataclasses.replace(x1, windows=(program.Window(digit=1, k_mul=1, offset=-1, size=6, stride=2),))
+    assert jit_source(dataclasses.replace(mixed, inputs=(x0, leaves)), min_instrs=1) is None
+    pool = library.max_pool(ConvGeometry.make((2, 3, 6, 6), (2, 2)))
+    assert jit_source(pool, min_instrs=1) is None and be.path(pool) == "window"
+    wide = library.channel_centered_meansq((3, 256, 20, 20))  # 256 chains over k = 1,200
+    ins = [edge_array((m.numel,), 90 + t, 0.3) for t, m in enumerate(wide.inputs)]
+    want = interp(wide, ins).reshape(-1).view(np.uint32)
+    for threads in (1, 2, 3):
+        threaded = CpuBackend(isa, threads)
+        assert threaded.path(wide) == "windowed jit"
+        np.testing.assert_array_equal(run_engaged(isa, threads, partial(threaded, wide, ins)).reshape(-1).view(np.uint32),
+                                      want)
 
 
 # ======================================================================= GEMM path

@@ -276,7 +276,8 @@ CNN_JOBS = {"digits_cnn": {"batch_size": 16}, "resnet18": {"batch_size": 4}}
 @pytest.mark.parametrize("name", ["digits_cnn", pytest.param("resnet18", marks=pytest.mark.slow)])
 def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(name: str) -> None:
     """Convolutions, their gradients, pooling and batch norm in the plan (windowed GEMM, gathers
-    into the scratch, permutes with conv's bias, max-pool backward's scatter form): the bits of the nodes one by one, on every ISA
+    into the scratch, permutes with conv's bias, max-pool backward's scatter form, batch-norm
+    statistics compiled in place): the bits of the nodes one by one, on every ISA
     and thread count, with more than one thread engaged."""
     job = EXAMPLES[name](steps=2, **CNN_JOBS[name])
     graph = job.program.graph
@@ -289,6 +290,7 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
             assert isinstance(kernel, StepKernel)  # the whole-step path really ran
             assert kernel.window_forms["dewindowed"] and kernel.window_forms["gemm+permute"]
             assert kernel.window_forms["max-pool backward"]  # its scatter form, not the gathers
+            assert kernel.window_forms["windowed jit"]  # batch-norm statistics read in place
             # resnet18's convolutions have no bias: those with whole micro-tiles of pixels write
             # the output's order directly
             assert name != "resnet18" or kernel.window_forms["gemm, output order"]

@@ -70,6 +70,16 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class WindowedChain:
+    """A window descriptor as one compiled chain (``CpuBackend.windowed_chain``): the function,
+    its input rows (``jit.map_lin``) and its lane-instructions."""
+
+    fn: Callable[..., None]
+    lin: torch.Tensor
+    work: int
+
+
+@dataclass(frozen=True)
 class EpilogueMap:
     """An epilogue as a compiled map (``jit.epilogue_map``): the function, its input rows
     (``jit.map_lin``: the node's output first, then its inputs) and its lane-instructions."""
@@ -104,6 +114,8 @@ class CpuBackend:
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
         self.windowed_prepare: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)
         """A window descriptor's GEMM operand tables or dewindowed form, made once per descriptor."""
+        self.windowed_chain: PerDesc[WindowedChain | None] = PerDesc(self._windowed_chain)
+        """A window descriptor compiled as it is (``jit.k_linear``), made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
                      producers: Sequence[int], batch_numel: int, keep: Collection[int] | None = None) -> StepKernel | None:
@@ -121,7 +133,10 @@ class CpuBackend:
 
     def path(self, desc: KernelDesc) -> str:
         """Which code runs ``desc``: dot | fold | binary | scatter | rowdot | jit | program (the
-        interpreter)."""
+        interpreter); a window descriptor: "windowed jit" (``windowed_chain``) or "window" (its
+        GEMM, scatter form or dewindowed form)."""
+        if desc.extended:
+            return "window" if self.windowed_chain(desc) is None else "windowed jit"
         prep = self.prepare(desc)
         return "jit" if prep.jit is not None else prep.plan.kind
 
@@ -138,6 +153,17 @@ class CpuBackend:
             None if jit is None else map_lin(desc),
             self.epilogue(desc) if plan.kind in ("dot", "fold", "rowdot") else None,
         )
+
+    def _windowed_chain(self, desc: KernelDesc) -> WindowedChain | None:
+        """A window descriptor that is no windowed GEMM nor max-pool backward and whose every
+        window only moves with k (``jit.k_linear``: a batch-norm statistic, a mean over the
+        batch) as one compiled chain reading its inputs in place: no gather into scratch, so
+        each input is read once, from where it lies."""
+        prep = self.windowed_prepare(desc)
+        if prep.gemm is not None or prep.pool_backward is not None:
+            return None
+        fn = self._compile(desc)
+        return None if fn is None else WindowedChain(fn, map_lin(desc), map_work(desc))
 
     def epilogue(self, desc: KernelDesc) -> EpilogueMap | None:
         """``desc``'s epilogue as a compiled map run over the kernel's result, or None (no
@@ -167,6 +193,12 @@ class CpuBackend:
 
     def __call__(self, desc: KernelDesc, inputs: Sequence[np.ndarray]) -> np.ndarray:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
+            chain = self.windowed_chain(desc)
+            if chain is not None:
+                bits = [torch.from_numpy(x.view(np.int32)) for x in _flat_bits(desc, inputs)]
+                out = self.extension.run_map(map_address(chain.fn), bits, chain.lin, desc.numel, chain.work,
+                                             self.threads_now())
+                return out.numpy().view(np.float32).reshape(desc.out_shape)
             wp = self.windowed_prepare(desc)
             split = None if wp.gemm is None else self.column_split(desc, wp.gemm)
             gemm = functools.partial(self._windowed_gemm, split=split) if split else self._windowed_gemm

@@ -94,8 +94,10 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     0), still loads that before it stores."""
     chain = desc.K > 1
     code = desc.prologue + desc.body + desc.epilogue  # K = 1: no body; the rest runs at k = 0
-    if (desc.body and not chain) or len(code) < min_instrs or any(m.windows for m in desc.inputs):
-        return None  # a windowed read (out of its window: the fill) is no periodic map
+    if (desc.body and not chain) or len(code) < min_instrs:
+        return None
+    if any(m.windows for m in desc.inputs) and not (chain and all(map(functools.partial(k_linear, desc), desc.inputs))):
+        return None  # a windowed read that can leave its window (and read the fill) is no periodic map
     periods = [periodic_map(m, desc.out_shape) for m in desc.inputs]
     if any(per is None or per[0] < 0 for per in periods):
         return None
@@ -142,13 +144,15 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     regs = ", ".join(f"r{i} = rp_splat<vu>(0u)" for i in range(16))
     body = "\n    ".join(lines)
 
+    width = lanes
+
     def load(t: int, tail: bool) -> str:
         m, (s, q, p) = desc.inputs[t], cast(tuple[int, int, int], periods[t])
         src = f"((const uint32_t*)in[{t}])"
         if t in indexed:
             return base(t, m, s, q, p, tail)
         # a chain's k (a variable of the generated loop) moves the address
-        off = f"({m.offset} + k * {m.kstride})" if chain and m.kstride else str(m.offset)
+        off = f"({m.offset}{k_address(desc, m)})" if chain else str(m.offset)
         if s == 0:
             return f"const vu x{t} = rp_splat<vu>({src}[{off}]);"
         wrap = q * p < desc.numel  # an outer block the map is constant along
@@ -167,6 +171,8 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
         if s == 1:  # W lanes inside one period: contiguous
             return (f"vu x{t}; if (e % {p} + W <= {p}) __builtin_memcpy(&x{t}, {src} + {off} + e % {p}, "
                     f"sizeof x{t}); else {{ {lanes} }}")
+        if not wrap and 0 < s * width < 1 << 31:  # W lanes s apart: one gather (a channel per lane)
+            return f"const vu x{t} = rp_gather_lanes({src} + {off} + e * {s}, rp_iota() * {s});"
         return "vu " + lanes
 
     def base(t: int, m: InputMap, s: int, q: int, p: int, tail: bool) -> str:
@@ -250,6 +256,34 @@ def _chain_source(desc: KernelDesc, lanes: int, ret: str, regs: str, spell: Call
     )
 
 
+def k_linear(desc: KernelDesc, m: InputMap) -> bool:
+    """Whether every window of ``m`` only adds a multiple of one digit of k to the address and
+    never leaves its range: no output coordinate, no divisor, in range at every digit value (a
+    batch-norm statistic's input: the batch and spatial digits of k, no padding). Such a map
+    never reads its fill, and its address is the periodic map's plus a function of k alone
+    (``k_address``): a chain compiles with it."""
+    for w in m.windows:
+        if w.out_mul or w.div != 1:
+            return False
+        last = w.offset + w.k_mul * (desc.digit_dims[w.digit] - 1)
+        if min(w.offset, last) < 0 or max(w.offset, last) >= w.size:
+            return False
+    return True
+
+
+def k_address(desc: KernelDesc, m: InputMap) -> str:
+    """The part of ``m``'s address that k moves, as a C++ expression over ``k`` (empty: none):
+    ``k * kstride``, plus per window (``k_linear``) ``(k_mul * digit + offset) * stride``, a
+    digit being ``(k / inner) % size`` over ``desc.digit_dims`` (row-major)."""
+    dims = desc.digit_dims
+    terms = [f" + k * {m.kstride}"] if m.kstride else []
+    for w in m.windows:
+        inner = math.prod(dims[w.digit + 1:])
+        digit = f"((k / {inner}) % {dims[w.digit]})" if w.k_mul else "0"
+        terms.append(f" + ({w.k_mul} * {digit} + {w.offset}) * {w.stride}")
+    return "".join(terms)
+
+
 def epilogue_map(desc: KernelDesc) -> KernelDesc | None:
     """The epilogue of ``desc`` (a GEMM, fold or row dot node, whose epilogue reads no register
     but r0 before writing it: ``plan.classify``) as a K = 1 map over
@@ -294,7 +328,7 @@ def map_lin(desc: KernelDesc) -> torch.Tensor:
     index rule bounds every read by (``jit_source``)."""
     indexed = indexed_inputs(desc)
     if desc.K > 1:  # a chain (jit_source): each input's box over every element and k, as one row
-        boxes = [m.base_range(desc.out_shape, desc.K) for m in desc.inputs]
+        boxes = [m.load_range(desc.out_shape, desc.K, desc.digit_dims) or (0, 0) for m in desc.inputs]
         return torch.tensor([(lo, hi - lo, 1, 2) for lo, hi in boxes], dtype=torch.int64).reshape(len(boxes), 4)
     rows = [(m.numel - 1, 0, 1, 1) if t in indexed else (m.offset, *cast(tuple[int, int, int], periodic_map(m, desc.out_shape)))
             for t, m in enumerate(desc.inputs)]

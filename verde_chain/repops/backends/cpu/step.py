@@ -8,8 +8,10 @@ Window nodes (``repops/windowed.py``) are in the plan too: a windowed dot chain 
 its gradients) is the windowed GEMM (implicit im2col), its ``(batch, m, n)`` result permuted
 into the output's order (with the epilogue, conv's bias, run on it: a compiled map in place,
 ``jit.epilogue_map``, or the interpreter with r0 preset) unless it
-already is; any other window node is its dewindowed form: each windowed operand gathered into
-the plan's scratch buffer (dense ``(R, K)``), then the plain node over it as above. Scratch is a
+already is; a chain whose windows only move with k (batch-norm statistics) is one compiled map
+reading its inputs in place (``CpuBackend.windowed_chain``); any other window node is its
+dewindowed form: each windowed operand gathered into the plan's scratch buffer (dense ``(R, K)``),
+then the plain node over it as above. Scratch is a
 ring (``_Ring``): a region is reused only by a node that the plan orders after every reader of
 its previous contents (the plan's rule: a node that writes where an earlier one reads follows it)."""
 
@@ -53,7 +55,7 @@ def in_plan(backend: CpuBackend, desc: KernelDesc) -> bool:
         return True
     prep = backend.windowed_prepare(desc)
     if prep.gemm is None:
-        return prep.dewindowed is not None or prep.pool_backward is not None
+        return prep.dewindowed is not None or prep.pool_backward is not None or backend.windowed_chain(desc) is not None
     return not any(i.op in (Op.LOAD, Op.LOADIDX) and desc.inputs[i.imm].windows for i in desc.epilogue)
 
 
@@ -62,7 +64,7 @@ def _scratch_need(backend: CpuBackend, desc: KernelDesc) -> int:
     if not desc.extended:
         return 0
     prep = backend.windowed_prepare(desc)
-    if prep.pool_backward is not None:
+    if prep.pool_backward is not None or backend.windowed_chain(desc) is not None:
         return 0
     if prep.dewindowed is not None:
         return sum(op.rows.shape[1] * desc.K for op in prep.dewindowed.operands.values())
@@ -177,6 +179,12 @@ class StepKernel(ArenaLayout):
         if pb is not None:  # max-pool backward: its scatter form reads (arg, dy) in place
             self._plan.add_pool_backward(refs, torch.from_numpy(pb.axes), torch.from_numpy(pb.plane_off), pb.K, out)
             self.window_forms["max-pool backward"] += 1
+            return
+        chain = self.backend.windowed_chain(desc)
+        if chain is not None:  # one compiled chain reading the windowed inputs in place
+            self._keep.append(chain.fn)
+            self._plan.add_jit(refs, chain.lin, out, desc.numel, map_address(chain.fn), chain.work)
+            self.window_forms["windowed jit"] += 1
             return
         if g is None:  # dewindowed: each windowed operand gathered into the scratch, then the plain node
             dw = prep.dewindowed
