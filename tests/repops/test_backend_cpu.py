@@ -347,21 +347,25 @@ def test_jit_chains_equal_the_interpreter(isa: str) -> None:
     assert jit_source(indexed, min_instrs=1) is None
     in_body = dataclasses.replace(indexed, prologue=(L(0, 0),))  # LOADIDX in the body only
     assert jit_source(in_body, min_instrs=1) is None
-    windowed = program.InputMap(C * K, (0,), C, windows=(program.Window(axis=0, out_mul=1, size=C, stride=1),))
-    assert jit_source(dataclasses.replace(cases[0][0], inputs=(windowed, cases[0][0].inputs[1])), min_instrs=1) is None
+    # a windowed read outside a chain (K = 1: pad) is not compiled
+    win = program.InputMap(C, (0,), windows=(program.Window(axis=0, out_mul=1, offset=-1, size=C, stride=1),))
+    assert jit_source(program.KernelDesc((C,), 1, (win,), (L(0, 0), Instr(Op.ADD, 0, 0, 0))), min_instrs=1) is None
 
 
 @pytest.mark.parametrize("isa", cpu_ext.available_isas())
 def test_jit_windowed_chains_equal_the_interpreter(isa: str) -> None:
-    """Chains whose windows only move with k (jit.k_linear: batch-norm statistics over the batch
-    and spatial digits) compile as they are, reading each input where it lies (one gather of W
-    channels a stride apart per k, or contiguous lanes), with no gather into scratch: bits
-    against the reference and the dewindowed interpreter, on the library's statistics (37
-    channels: a tail; 7 x 5 pixels: lanes 35 apart; 1 x 1: lanes contiguous) and on windows with
-    a k multiplier of 2 or -1, an offset, a digit that no window reads (k_mul 0) and a k stride
-    besides; the path must be the compiled chain. Windows that can leave their range (padding,
-    an output coordinate) stay dewindowed; 256 chains split among 1, 2 and 3 threads, which
-    really ran, give the same bits."""
+    """Windowed chains compile as they are, reading each input where it lies, with no gather
+    into scratch. Windows that only move with k (jit.k_linear: batch-norm statistics over the
+    batch and spatial digits): one gather of W channels a stride apart per k, or contiguous
+    lanes; the library's statistics (37 channels: a tail; 7 x 5 pixels: lanes 35 apart; 1 x 1:
+    lanes contiguous) and windows with a k multiplier of 2 or -1, an offset, a digit that no
+    window reads and a k stride besides. Windows that follow output coordinates or can leave
+    their range (jit.masked_window: pooling; the fill where out of range): every pooling
+    descriptor of the library on a strided, dilated, asymmetrically padded, ceil-mode geometry,
+    a window with a divisor (lanes whose v is not a multiple read the fill) and a fill with a
+    NaN payload. Bits against the reference and the dewindowed interpreter, and the path must
+    be the compiled chain; windows too far apart for 32-bit lanes stay dewindowed; 256 chains
+    split among 1, 2 and 3 threads, which really ran, give the same bits."""
     L = library.load
     interp = CpuBackend(isa, 1, jit=False)
     be = CpuBackend(isa, 1, jit_min_instrs=1)  # small chains compile too
@@ -388,11 +392,19 @@ def test_jit_windowed_chains_equal_the_interpreter(isa: str) -> None:
     mixed = program.KernelDesc((C,), 60, (x0, x1), (L(1, 0), L(2, 1), Instr(Op.MUL, 0, 1, 2)), body,
                                (Instr(Op.SUB, 0, 0, 3), L(4, 1), Instr(Op.ADD, 0, 0, 4)), kdims=kd, label="mixed digits")
     check(mixed, 80)
-    # may leave its range: offset -1 reads the fill at digit 0; an output coordinate (max pool)
-    leaves = dataclasses.replace(x1, windows=(program.Window(digit=1, k_mul=1, offset=-1, size=6, stride=2),))
-    assert jit_source(dataclasses.replace(mixed, inputs=(x0, leaves)), min_instrs=1) is None
-    pool = library.max_pool(ConvGeometry.make((2, 3, 6, 6), (2, 2)))
-    assert jit_source(pool, min_instrs=1) is None and be.path(pool) == "window"
+    # masked: offset -1 reads the fill (a NaN payload) at digit 0; a divisor of 2 along an output
+    # coordinate (lanes whose v is odd read the fill)
+    leaves = dataclasses.replace(x1, fill=0x7FC0_1234, windows=(
+        program.Window(digit=1, k_mul=1, offset=-1, size=6, stride=2),
+        program.Window(axis=0, out_mul=3, digit=0, k_mul=1, offset=-2, div=2, size=7, stride=1)))
+    check(dataclasses.replace(mixed, inputs=(x0, leaves), label="masked"), 85)
+    g = ConvGeometry.make((3, 5, 9, 8), (3, 2), (2, 1), (1, 2), (1, 0, 2, 1), True)
+    for desc in (library.max_pool(g), library.max_pool_argmax(g), library.avg_pool(g, True), library.avg_pool(g, False),
+                 library.window_sum_backward(g)):
+        check(desc, 87)
+    far = dataclasses.replace(leaves, numel=1 << 29, windows=(program.Window(digit=1, k_mul=1, offset=-1, size=6, stride=1 << 26),))
+    assert jit_source(dataclasses.replace(mixed, inputs=(x0, far)), min_instrs=1) is None
+    assert be.path(library.pad((2, 3, 4), (1, 0, -1, 0, 2, 1), 0.5)) == "window"  # K = 1
     wide = library.channel_centered_meansq((3, 256, 20, 20))  # 256 chains over k = 1,200
     ins = [edge_array((m.numel,), 90 + t, 0.3) for t, m in enumerate(wide.inputs)]
     want = interp(wide, ins).reshape(-1).view(np.uint32)

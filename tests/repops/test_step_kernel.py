@@ -275,10 +275,11 @@ CNN_JOBS = {"digits_cnn": {"batch_size": 16}, "resnet18": {"batch_size": 4}}
 
 @pytest.mark.parametrize("name", ["digits_cnn", pytest.param("resnet18", marks=pytest.mark.slow)])
 def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(name: str) -> None:
-    """Convolutions, their gradients, pooling and batch norm in the plan (windowed GEMM, gathers
-    into the scratch, permutes with conv's bias, max-pool backward's scatter form, batch-norm
-    statistics compiled in place): the bits of the nodes one by one, on every ISA
-    and thread count, with more than one thread engaged."""
+    """Convolutions, their gradients, pooling and batch norm in the plan (windowed GEMM, permutes
+    with conv's bias, max-pool backward's scatter form, pooling and batch-norm statistics
+    compiled as chains over their inputs in place): the bits of the nodes one by one, on every
+    ISA and thread count, with more than one thread engaged; with compiled maps off, the same
+    bits through the plan's gathers into scratch (the dewindowed forms) at 2 threads."""
     job = EXAMPLES[name](steps=2, **CNN_JOBS[name])
     graph = job.program.graph
     base = run_steps(graph, job.init_state, job.batch, node_by_node(CpuBackend(threads=1)), steps=2)
@@ -288,15 +289,20 @@ def test_cnn_steps_in_one_call_equal_node_by_node_every_isa_and_thread_count(nam
                                                             CpuBackend(isa=isa, threads=threads), steps=2))
             kernel = fused[2].step_kernel()
             assert isinstance(kernel, StepKernel)  # the whole-step path really ran
-            assert kernel.window_forms["dewindowed"] and kernel.window_forms["gemm+permute"]
+            assert kernel.window_forms["windowed jit"] and kernel.window_forms["gemm+permute"]
             assert kernel.window_forms["max-pool backward"]  # its scatter form, not the gathers
-            assert kernel.window_forms["windowed jit"]  # batch-norm statistics read in place
             # resnet18's convolutions have no bias: those with whole micro-tiles of pixels write
             # the output's order directly
             assert name != "resnet18" or kernel.window_forms["gemm, output order"]
             # weight gradients carry the momentum update: written in place, no permuting copy
             assert kernel.window_forms["gemm, epilogue in place"]
             assert_same_steps(fused, base)
+        gathered = engaged(isa, 2, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                                     CpuBackend(isa=isa, threads=2, jit=False), steps=2))
+        kernel = gathered[2].step_kernel()
+        assert isinstance(kernel, StepKernel) and kernel.window_forms["dewindowed"]
+        assert not kernel.window_forms["windowed jit"]
+        assert_same_steps(gathered, base)
 
 
 def _strided_cnn() -> tuple[TrainingProgram, np.ndarray, np.ndarray]:
@@ -445,7 +451,7 @@ def test_the_plan_profile_files_every_node_and_level() -> None:
     levels, io = kernel._plan.schedule()  # type: ignore[attr-defined]
     assert len(prof.kinds) == len(io) == len(prof.owner) and len(prof.level_s) == len(levels)
     assert all(prof.level[i] == lv for lv, nodes in enumerate(levels) for i in nodes)
-    assert {"window gemm", "window gather", "permute", "jit"} <= set(prof.kinds)
+    assert {"window gemm", "pool backward", "permute", "jit"} <= set(prof.kinds)
     assert all(kind in PLAN_KINDS.values() for kind in prof.kinds)
     assert (prof.worth > 0).all()
     ex.run_plain(st, job.batch(1))

@@ -96,8 +96,10 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     code = desc.prologue + desc.body + desc.epilogue  # K = 1: no body; the rest runs at k = 0
     if (desc.body and not chain) or len(code) < min_instrs:
         return None
-    if any(m.windows for m in desc.inputs) and not (chain and all(map(functools.partial(k_linear, desc), desc.inputs))):
-        return None  # a windowed read that can leave its window (and read the fill) is no periodic map
+    # windowed inputs (chains only): moving with k alone (k_linear), or masked per lane (masked_window)
+    masked = {t for t, m in enumerate(desc.inputs) if m.windows and not k_linear(desc, m)}
+    if any(m.windows for m in desc.inputs) and not (chain and all(masked_window(desc, desc.inputs[t]) for t in masked)):
+        return None
     periods = [periodic_map(m, desc.out_shape) for m in desc.inputs]
     if any(per is None or per[0] < 0 for per in periods):
         return None
@@ -131,8 +133,8 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     last = next((i for i in reversed(order) if i.dst == 0), None)
     ret = "r0" if last is None or last.op in (Op.LOAD, Op.LOADIDX, Op.CONST) else "rp_canon(r0)"
     n_in = len(desc.inputs)
-    # COORD d: the output coordinate along axis d, (e / inner_d) % shape_d as binary32 (exact:
-    # every dim is below program.MAX_DIM = 2^24), one more vector per iteration like an input
+    # COORD d: the output coordinate along axis d, (e / inner_d) % shape_d, one more vector per
+    # iteration like an input (per_block)
     axes = sorted({ins.imm for ins in code if ins.op == Op.COORD})
     if any(d >= len(desc.out_shape) for d in axes):
         return None
@@ -146,25 +148,29 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
 
     width = lanes
 
+    def periodic(off: str, s: int, q: int, p: int, lane: str) -> str:
+        """Where the periodic map (s, q, p) from ``off`` reads for element e + ``lane``."""
+        row = f"(e + {lane}) / {q}" if q > 1 else f"(e + {lane})"
+        return f"{off} + (({row}) % {p}) * {s}" if q * p < desc.numel else f"{off} + ({row}) * {s}"
+
     def load(t: int, tail: bool) -> str:
         m, (s, q, p) = desc.inputs[t], cast(tuple[int, int, int], periods[t])
         src = f"((const uint32_t*)in[{t}])"
         if t in indexed:
-            return base(t, m, s, q, p, tail)
+            return base(t, "vi" if t in small else "vl", tail)
+        if t in masked:
+            return window_load(t)
         # a chain's k (a variable of the generated loop) moves the address
         off = f"({m.offset}{k_address(desc, m)})" if chain else str(m.offset)
         if s == 0:
             return f"const vu x{t} = rp_splat<vu>({src}[{off}]);"
         wrap = q * p < desc.numel  # an outer block the map is constant along
-        row = f"(e + i) / {q}" if q > 1 else "(e + i)"
-        addr = f"{off} + (({row}) % {p}) * {s}" if wrap else f"{off} + {row} * {s}"
         lim = "rem" if tail else "W"
-        lanes = f"x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{addr}];"
+        lanes = f"x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{periodic(off, s, q, p, 'i')}];"
         if tail:
             return "vu " + lanes
         if q > 1:  # W lanes in one row: one address for all
-            first = f"{off} + ((e / {q}) % {p}) * {s}" if wrap else f"{off} + (e / {q}) * {s}"
-            return (f"vu x{t}; if (e / {q} == (e + W - 1) / {q}) x{t} = rp_splat<vu>({src}[{first}]); "
+            return (f"vu x{t}; if (e / {q} == (e + W - 1) / {q}) x{t} = rp_splat<vu>({src}[{periodic(off, s, q, p, '0')}]); "
                     f"else {{ {lanes} }}")
         if s == 1 and not wrap:
             return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {off} + e, sizeof x{t});"
@@ -175,40 +181,66 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
             return f"const vu x{t} = rp_gather_lanes({src} + {off} + e * {s}, rp_iota() * {s});"
         return "vu " + lanes
 
-    def base(t: int, m: InputMap, s: int, q: int, p: int, tail: bool) -> str:
-        """b_t: the descriptor address of each of the W lanes; in a tail, lanes past the end get
-        element 0's (inside the bounds rp_loadidx_lanes_small was chosen by)."""
-        ty, lane = ("vi", "int32_t") if t in small else ("vl", "int64_t")
+    def base(t: int, ty: str, tail: bool) -> str:
+        """b_t: the descriptor address (its periodic map, k = 0) of each of the W lanes, as ty
+        (vi: 32-bit, vl: 64-bit); in a tail, lanes past the end get element 0's (inside the
+        bounds rp_loadidx_lanes_small and masked_window were chosen by)."""
+        m, (s, q, p) = desc.inputs[t], cast(tuple[int, int, int], periods[t])
+        lane = "int32_t" if ty == "vi" else "int64_t"
         if s == 0:
             return f"const {ty} b{t} = {ty}{{}} + ({lane}){m.offset};"
-        wrap = q * p < desc.numel
-        row = f"(e + i) / {q}" if q > 1 else "(e + i)"
-        addr = f"{m.offset} + (({row}) % {p}) * {s}" if wrap else f"{m.offset} + ({row}) * {s}"
+        addr = periodic(str(m.offset), s, q, p, "i")
         if tail:
             return f"{ty} b{t}; for (int i = 0; i < W; i++) b{t}[i] = i < rem ? {addr} : {m.offset};"
         lanes = f"for (int i = 0; i < W; i++) b{t}[i] = {addr};"
         if q > 1:  # W lanes in one row: one address for all
-            first = f"{m.offset} + ((e / {q}) % {p}) * {s}" if wrap else f"{m.offset} + (e / {q}) * {s}"
-            return f"{ty} b{t}; if (e / {q} == (e + W - 1) / {q}) b{t} = {ty}{{}} + ({lane})({first}); else {{ {lanes} }}"
+            return (f"{ty} b{t}; if (e / {q} == (e + W - 1) / {q}) b{t} = {ty}{{}} + ({lane})({periodic(str(m.offset), s, q, p, '0')}); "
+                    f"else {{ {lanes} }}")
         return f"{ty} b{t}; {lanes}"
+
+    def window_load(t: int) -> str:
+        """x_t of an input whose windows follow output coordinates or can leave their range
+        (``masked_window``): lane by lane, the base address b_t plus each window's
+        ``(v / div) * stride`` at ``v = out_mul * coordinate + k_mul * digit + offset``, in 32-bit
+        lanes; a lane with any window out of range (v < 0, v % div != 0 or v / div >= size) is the
+        fill and reads nothing (its gather index is 0)."""
+        m, dims = desc.inputs[t], desc.digit_dims
+        parts = [f"vi a = b{t}" + (f" + (int32_t)(k * {m.kstride})" if m.kstride else "") + ";", "vi ok = vi{} == vi{};"]
+        for w in m.windows:
+            kpart = f"(int32_t)({w.k_mul} * ((k / {math.prod(dims[w.digit + 1:])}) % {dims[w.digit]}) + {w.offset})"
+            v = f"{w.out_mul} * ci{w.axis} + {kpart}" if w.out_mul else f"vi{{}} + {kpart}"
+            check = f"(v >= 0) & (v < {w.size * w.div})" + (f" & (v % {w.div} == 0)" if w.div > 1 else "")
+            step = f"(v / {w.div}) * {w.stride}" if w.div > 1 else f"v * {w.stride}"
+            parts.append(f"{{ const vi v = {v}; ok = ok & {check}; a += {step}; }}")
+        src = f"((const uint32_t*)in[{t}])"
+        parts.append(f"x{t} = ok ? rp_gather_lanes({src}, ok ? a : vi{{}}) : vu{{}} + {m.fill}u;")
+        return f"vu x{t}; {{ {' '.join(parts)} }}"
+
+    # output coordinates as 32-bit integers, per block: COORD's axes and the masked windows' axes
+    int_axes = sorted(set(axes) | {w.axis for t in masked for w in desc.inputs[t].windows if w.out_mul})
 
     def coord(d: int, tail: bool) -> str:
         inner, n = math.prod(desc.out_shape[d + 1:]), desc.out_shape[d]
         lim = "rem" if tail else "W"
-        lanes = f"c{d} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) c{d}[i] = rp_u((float)(((e + i) / {inner}) % {n}));"
+        lanes = f"ci{d} = vi{{}}; for (int i = 0; i < {lim}; i++) ci{d}[i] = (int32_t)(((e + i) / {inner}) % {n});"
         if tail:
-            return "vu " + lanes
+            return "vi " + lanes
         if inner > 1:  # W lanes at one coordinate: one value
-            return (f"vu c{d}; if (e / {inner} == (e + W - 1) / {inner}) c{d} = rp_splat<vu>(rp_u((float)((e / {inner}) "
-                    f"% {n}))); else {{ {lanes} }}")
-        # W consecutive coordinates inside one run: c0 + i, no division per lane
-        return (f"vu c{d}; {{ const int64_t first = e % {n}; if (first + W <= {n}) {{ for (int i = 0; i < W; i++) "
-                f"c{d}[i] = rp_u((float)(first + i)); }} else {{ {lanes} }} }}")
+            return f"vi ci{d}; if (e / {inner} == (e + W - 1) / {inner}) ci{d} = vi{{}} + (int32_t)((e / {inner}) % {n}); else {{ {lanes} }}"
+        # W consecutive coordinates inside one run: first + i, no division per lane
+        return (f"vi ci{d}; {{ const int64_t first = e % {n}; if (first + W <= {n}) ci{d} = rp_iota() + (int32_t)first; "
+                f"else {{ {lanes} }} }}")
+
+    def per_block(tail: bool) -> str:
+        """What a block of W elements computes once: coordinates (COORD's as exact binary32:
+        every dim is below program.MAX_DIM = 2^24) and the masked inputs' lane bases."""
+        return " ".join([coord(d, tail) for d in int_axes] + [f"const vu c{d} = rp_int_bits(ci{d});" for d in axes]
+                        + [base(t, "vi", tail) for t in sorted(masked)])
 
     if chain:
-        return _chain_source(desc, lanes, ret, regs, spell, load, coord, axes)
-    main_loads = "\n        ".join([load(t, False) for t in range(n_in)] + [coord(d, False) for d in axes])
-    tail_loads = "\n        ".join([load(t, True) for t in range(n_in)] + [coord(d, True) for d in axes])
+        return _chain_source(desc, lanes, ret, regs, spell, load, per_block)
+    main_loads = "\n        ".join([load(t, False) for t in range(n_in)] + [per_block(False)])
+    tail_loads = "\n        ".join([load(t, True) for t in range(n_in)] + [per_block(True)])
     return (
         f'#define W {lanes}\n#include "repops_map.h"\n'
         + f"RP_MAP_BODY({params}) {{\n    vu {regs};\n    {body}\n    return {ret};\n}}\n"
@@ -224,7 +256,7 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
 
 
 def _chain_source(desc: KernelDesc, lanes: int, ret: str, regs: str, spell: Callable[[Instr], str],
-                  load: Callable[[int, bool], str], coord: Callable[[int, bool], str], axes: list[int]) -> str:
+                  load: Callable[[int, bool], str], per_block: Callable[[bool], str]) -> str:
     """A K > 1 program as one loop over blocks of W output elements, the chain inside it:
     registers start at +0, the prologue runs with its inputs loaded at k = 0, the body for k = 1
     .. K - 1 (each iteration loading what the body reads at that k), the epilogue at k = K - 1:
@@ -237,7 +269,7 @@ def _chain_source(desc: KernelDesc, lanes: int, ret: str, regs: str, spell: Call
         return " ".join([load(t, tail) for t in read] + [spell(i) for i in code])
 
     def block(tail: bool) -> str:
-        return (" ".join(coord(d, tail) for d in axes) + f" vu {regs};"
+        return (per_block(tail) + f" vu {regs};"
                 + f" {{ const int64_t k = 0; {phase(desc.prologue, tail)} }}"
                 + f" for (int64_t k = 1; k < {desc.K}; k++) {{ {phase(desc.body, tail)} }}"
                 + f" {{ const int64_t k = {desc.K - 1}; {phase(desc.epilogue, tail)} }}"
@@ -267,6 +299,23 @@ def k_linear(desc: KernelDesc, m: InputMap) -> bool:
             return False
         last = w.offset + w.k_mul * (desc.digit_dims[w.digit] - 1)
         if min(w.offset, last) < 0 or max(w.offset, last) >= w.size:
+            return False
+    return True
+
+
+def masked_window(desc: KernelDesc, m: InputMap) -> bool:
+    """Whether a chain reads ``m`` (windowed, not ``k_linear``: pooling, padding) lane by lane in
+    32-bit arithmetic (``jit_source``'s window_load): at most four windows, numel below 2^30,
+    and every base address, window value and window offset below 2^28 in magnitude, so no sum
+    of them leaves int32 whatever the lane and k."""
+    if len(m.windows) > 4 or m.numel >= 1 << 30:
+        return False
+    if max(map(abs, m.base_range(desc.out_shape, desc.K))) >= 1 << 28:
+        return False
+    dims = desc.digit_dims
+    for w in m.windows:
+        v = abs(w.out_mul) * (desc.out_shape[w.axis] - 1) + abs(w.k_mul) * (dims[w.digit] - 1) + abs(w.offset)
+        if v >= 1 << 28 or v * abs(w.stride) >= 1 << 28 or w.size * w.div >= 1 << 31:
             return False
     return True
 
