@@ -125,7 +125,6 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
 
     if any(_JIT_OPS[ins.op] is None for ins in code):
         return None
-    lines = [spell(ins) for ins in desc.prologue + desc.epilogue]
     # The result is canonicalised unless r0's last writer copies raw bits (LOAD, LOADIDX, CONST
     # keep payloads in the spec; every register instruction canonicalises). A chain runs its
     # body last before the epilogue, at k = K - 1.
@@ -138,15 +137,7 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     axes = sorted({ins.imm for ins in code if ins.op == Op.COORD})
     if any(d >= len(desc.out_shape) for d in axes):
         return None
-    params = ", ".join([f"const uint32_t* p{t}, {'vi' if t in small else 'vl'} b{t}" if t in indexed else f"vu x{t}"
-                        for t in range(n_in)]
-                       + [f"vu c{d}" for d in axes])
-    args = ", ".join([f"((const uint32_t*)in[{t}]), b{t}" if t in indexed else f"x{t}" for t in range(n_in)]
-                     + [f"c{d}" for d in axes])
     regs = ", ".join(f"r{i} = rp_splat<vu>(0u)" for i in range(16))
-    body = "\n    ".join(lines)
-
-    width = lanes
 
     def periodic(off: str, s: int, q: int, p: int, lane: str) -> str:
         """Where the periodic map (s, q, p) from ``off`` reads for element e + ``lane``."""
@@ -166,20 +157,20 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
             return f"const vu x{t} = rp_splat<vu>({src}[{off}]);"
         wrap = q * p < desc.numel  # an outer block the map is constant along
         lim = "rem" if tail else "W"
-        lanes = f"x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{periodic(off, s, q, p, 'i')}];"
+        per_lane = f"x{t} = rp_splat<vu>(0u); for (int i = 0; i < {lim}; i++) x{t}[i] = {src}[{periodic(off, s, q, p, 'i')}];"
         if tail:
-            return "vu " + lanes
+            return "vu " + per_lane
         if q > 1:  # W lanes in one row: one address for all
             return (f"vu x{t}; if (e / {q} == (e + W - 1) / {q}) x{t} = rp_splat<vu>({src}[{periodic(off, s, q, p, '0')}]); "
-                    f"else {{ {lanes} }}")
+                    f"else {{ {per_lane} }}")
         if s == 1 and not wrap:
             return f"vu x{t}; __builtin_memcpy(&x{t}, {src} + {off} + e, sizeof x{t});"
         if s == 1:  # W lanes inside one period: contiguous
             return (f"vu x{t}; if (e % {p} + W <= {p}) __builtin_memcpy(&x{t}, {src} + {off} + e % {p}, "
-                    f"sizeof x{t}); else {{ {lanes} }}")
-        if not wrap and 0 < s * width < 1 << 31:  # W lanes s apart: one gather (a channel per lane)
+                    f"sizeof x{t}); else {{ {per_lane} }}")
+        if not wrap and 0 < s * lanes < 1 << 31:  # W lanes s apart: one gather (a channel per lane)
             return f"const vu x{t} = rp_gather_lanes({src} + {off} + e * {s}, rp_iota() * {s});"
-        return "vu " + lanes
+        return "vu " + per_lane
 
     def base(t: int, ty: str, tail: bool) -> str:
         """b_t: the descriptor address (its periodic map, k = 0) of each of the W lanes, as ty
@@ -192,11 +183,11 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
         addr = periodic(str(m.offset), s, q, p, "i")
         if tail:
             return f"{ty} b{t}; for (int i = 0; i < W; i++) b{t}[i] = i < rem ? {addr} : {m.offset};"
-        lanes = f"for (int i = 0; i < W; i++) b{t}[i] = {addr};"
+        per_lane = f"for (int i = 0; i < W; i++) b{t}[i] = {addr};"
         if q > 1:  # W lanes in one row: one address for all
             return (f"{ty} b{t}; if (e / {q} == (e + W - 1) / {q}) b{t} = {ty}{{}} + ({lane})({periodic(str(m.offset), s, q, p, '0')}); "
-                    f"else {{ {lanes} }}")
-        return f"{ty} b{t}; {lanes}"
+                    f"else {{ {per_lane} }}")
+        return f"{ty} b{t}; {per_lane}"
 
     def window_load(t: int) -> str:
         """x_t of an input whose windows follow output coordinates or can leave their range
@@ -222,14 +213,14 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
     def coord(d: int, tail: bool) -> str:
         inner, n = math.prod(desc.out_shape[d + 1:]), desc.out_shape[d]
         lim = "rem" if tail else "W"
-        lanes = f"ci{d} = vi{{}}; for (int i = 0; i < {lim}; i++) ci{d}[i] = (int32_t)(((e + i) / {inner}) % {n});"
+        per_lane = f"ci{d} = vi{{}}; for (int i = 0; i < {lim}; i++) ci{d}[i] = (int32_t)(((e + i) / {inner}) % {n});"
         if tail:
-            return "vi " + lanes
+            return "vi " + per_lane
         if inner > 1:  # W lanes at one coordinate: one value
-            return f"vi ci{d}; if (e / {inner} == (e + W - 1) / {inner}) ci{d} = vi{{}} + (int32_t)((e / {inner}) % {n}); else {{ {lanes} }}"
+            return f"vi ci{d}; if (e / {inner} == (e + W - 1) / {inner}) ci{d} = vi{{}} + (int32_t)((e / {inner}) % {n}); else {{ {per_lane} }}"
         # W consecutive coordinates inside one run: first + i, no division per lane
         return (f"vi ci{d}; {{ const int64_t first = e % {n}; if (first + W <= {n}) ci{d} = rp_iota() + (int32_t)first; "
-                f"else {{ {lanes} }} }}")
+                f"else {{ {per_lane} }} }}")
 
     def per_block(tail: bool) -> str:
         """What a block of W elements computes once: coordinates (COORD's as exact binary32:
@@ -239,6 +230,12 @@ def jit_source(desc: KernelDesc, lanes: int = 16, min_instrs: int = JIT_MIN_INST
 
     if chain:
         return _chain_source(desc, lanes, ret, regs, spell, load, per_block)
+    params = ", ".join([f"const uint32_t* p{t}, {'vi' if t in small else 'vl'} b{t}" if t in indexed else f"vu x{t}"
+                        for t in range(n_in)]
+                       + [f"vu c{d}" for d in axes])
+    args = ", ".join([f"((const uint32_t*)in[{t}]), b{t}" if t in indexed else f"x{t}" for t in range(n_in)]
+                     + [f"c{d}" for d in axes])
+    body = "\n    ".join(spell(ins) for ins in desc.prologue + desc.epilogue)
     main_loads = "\n        ".join([load(t, False) for t in range(n_in)] + [per_block(False)])
     tail_loads = "\n        ".join([load(t, True) for t in range(n_in)] + [per_block(True)])
     return (
