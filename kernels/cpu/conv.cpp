@@ -1576,6 +1576,9 @@ bool windowed_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t b
     return windowed_gemm_one(a, b, C, batch, M, N, K, threads, mc, kc, nc, split);
 }
 
+// windowed_gemm_one keeps A's packed panels per thread up to this many floats (1 MiB).
+constexpr int64_t WGEMM_KEEP_A_FLOATS = int64_t(1) << 18;
+
 bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64_t batch, int64_t M, int64_t N,
                        int64_t K, int64_t threads, int64_t mc, int64_t kc, int64_t nc, ColumnSplit split) {
     // SAFETY: a split that could write outside C (or split a micro-tile) is not used; the
@@ -1635,18 +1638,28 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
         return all_ok;
     }
     const int64_t nblocks = cb.n, n_items = batch * nblocks * mblocks;
+    // A's panels over all of K, kept by each thread for the items that follow with the same
+    // rows (a convolution's weights: every column block of pixels reads the same A), where they
+    // are small (WGEMM_KEEP_A_FLOATS) and a thread has several column blocks to run.
+    const bool keep_a = round_up(std::min(mc, M), GEMM_MR) * K <= WGEMM_KEEP_A_FLOATS && nblocks >= 2 * threads;
+    const uint64_t call = keep_a ? new_call() : 0;
     parallel_items(n_items, threads, [&](int64_t item, int64_t) {
         thread_local std::vector<float> abuf, bbuf;
+        thread_local OwnPacked kept_a;
         const int64_t bi = item / (nblocks * mblocks), rest = item % (nblocks * mblocks);
         const int64_t j0 = cb.begin(rest / mblocks), i0 = (rest % mblocks) * mc;
         const int64_t cols = cb.begin(rest / mblocks + 1) - j0, rows = std::min(mc, M - i0);
+        const int64_t a_floats = round_up(rows, GEMM_MR);  // per k
+        const auto [a_all, a_stale] = keep_a ? kept_a.get(a_floats * K, call, bi * mblocks + rest % mblocks)
+                                             : std::pair<float*, bool>{nullptr, true};
         bool ok = true;
         for (int64_t p0 = 0; p0 < K; p0 += kc) {
             const int64_t kcur = std::min(kc, K - p0);
             float* const bp = at_least(bbuf, round_up(cols, GEMM_NR) * kcur);
-            float* const ap = at_least(abuf, round_up(rows, GEMM_MR) * kcur);
+            // K block p0's panels at a_floats * p0: every block before it is kc deep
+            float* const ap = keep_a ? a_all + a_floats * p0 : at_least(abuf, a_floats * kcur);
             pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bp, ok);
-            pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, ap, ok);
+            if (a_stale) pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, ap, ok);
             sweep_tiles(  // C not fetched ahead: not measured on the windowed GEMM's shapes
                 rows, cols, ldc, false, [&](int64_t i, int64_t j) { return c_at(bi, i0 + i, j0 + j); },
                 [&](int64_t ir, int64_t jr, float* c) {

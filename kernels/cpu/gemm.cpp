@@ -145,30 +145,6 @@ void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, 
     }
 }
 
-// A thread's own packed copy of an operand, kept from call to call (no page faults per call)
-// and valid for one (call, key): at several threads each thread packs what its items read
-// itself, since data one core packed and another read cost more than packing it twice (see
-// GEMM_OWN_B_MIN_FMAS). `call` tells one call from another (a later call may pass the same key
-// with other data at the same address), `key` the part packed (an entry, a column block).
-struct OwnPacked {
-    std::vector<float> buf;
-    uint64_t call = 0;
-    int64_t key = -1;
-    // The buffer (at least n floats) and whether it must be packed for (call, key) now.
-    std::pair<float*, bool> get(int64_t n, uint64_t c, int64_t k) {
-        float* const p = at_least(buf, n);
-        const bool stale = call != c || key != k;
-        call = c, key = k;
-        return {p, stale};
-    }
-};
-
-// A number of its own for every call that packs into OwnPacked buffers.
-uint64_t new_call() {
-    static std::atomic<uint64_t> calls{0};
-    return calls.fetch_add(1, std::memory_order_relaxed) + 1;
-}
-
 // Rows [i_begin, i_end) of one output column block [j0, j0+cols) for one K block, given the
 // packed B block (its NR panels `bstride` floats apart): pack each mc x kcur block of A and run
 // the micro-kernels over it.

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "simd.h"
@@ -33,6 +35,30 @@ inline float* at_least(std::vector<float>& v, int64_t n) {
     if ((int64_t)v.size() < n + ALIGN_FLOATS - 1) v.resize(n + ALIGN_FLOATS - 1);
     const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
     return v.data() + ((64 - p % 64) % 64) / sizeof(float);
+}
+
+// A thread's own packed copy of an operand, kept from call to call (no page faults per call)
+// and valid for one (call, key): at several threads each thread packs what its items read
+// itself, since data one core packed and another read cost more than packing it twice (see
+// GEMM_OWN_B_MIN_FMAS). `call` tells one call from another (a later call may pass the same key
+// with other data at the same address), `key` the part packed (an entry, a column block).
+struct OwnPacked {
+    std::vector<float> buf;
+    uint64_t call = 0;
+    int64_t key = -1;
+    // The buffer (at least n floats) and whether it must be packed for (call, key) now.
+    std::pair<float*, bool> get(int64_t n, uint64_t c, int64_t k) {
+        float* const p = at_least(buf, n);
+        const bool stale = call != c || key != k;
+        call = c, key = k;
+        return {p, stale};
+    }
+};
+
+// A number of its own for every call that packs into OwnPacked buffers.
+inline uint64_t new_call() {
+    static std::atomic<uint64_t> calls{0};
+    return calls.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 // One R x NR tile (R <= MR rows of an MR-row panel, of which the first mr are real; the first V
