@@ -66,23 +66,14 @@ class Prepared:
     out_shape: list[int]
     jit: Callable[..., None] | None = None  # compiled map (backends/cpu/jit.py), else the interpreter
     lin: torch.Tensor | None = None  # the compiled map's input rows (jit.map_lin)
-    epi: EpilogueMap | None = None  # a dot/fold/rowdot's epilogue as a compiled map, else the interpreter
+    epi: CompiledMap | None = None  # a dot/fold/rowdot's epilogue as a compiled map, else the interpreter
 
 
 @dataclass(frozen=True)
-class WindowedChain:
-    """A window descriptor as one compiled chain (``CpuBackend.windowed_chain``): the function,
-    its input rows (``jit.map_lin``) and its lane-instructions."""
-
-    fn: Callable[..., None]
-    lin: torch.Tensor
-    work: int
-
-
-@dataclass(frozen=True)
-class EpilogueMap:
-    """An epilogue as a compiled map (``jit.epilogue_map``): the function, its input rows
-    (``jit.map_lin``: the node's output first, then its inputs) and its lane-instructions."""
+class CompiledMap:
+    """A compiled map the backend keeps beside a descriptor: an epilogue run over a kernel's
+    result (``jit.epilogue_map``) or a window descriptor as one chain (``windowed_chain``). The
+    function, its input rows (``jit.map_lin``) and its lane-instructions."""
 
     fn: Callable[..., None]
     lin: torch.Tensor
@@ -114,8 +105,9 @@ class CpuBackend:
         """The plan, encodings and compiled map of a descriptor, made once per descriptor."""
         self.windowed_prepare: PerDesc[windowed.Prepared] = PerDesc(windowed.prepare)
         """A window descriptor's GEMM operand tables or dewindowed form, made once per descriptor."""
-        self.windowed_chain: PerDesc[WindowedChain | None] = PerDesc(self._windowed_chain)
-        """A window descriptor compiled as it is (``jit.k_linear``), made once per descriptor."""
+        self.windowed_chain: PerDesc[CompiledMap | None] = PerDesc(self._windowed_chain)
+        """A window descriptor compiled as one chain over its inputs in place (``jit.k_linear``,
+        ``jit.masked_window``), made once per descriptor."""
 
     def compile_step(self, descs: Sequence[KernelDesc], wiring: Sequence[Sequence[tuple[int, int]]],
                      producers: Sequence[int], batch_numel: int, keep: Collection[int] | None = None) -> StepKernel | None:
@@ -154,23 +146,23 @@ class CpuBackend:
             self.epilogue(desc) if plan.kind in ("dot", "fold", "rowdot") else None,
         )
 
-    def _windowed_chain(self, desc: KernelDesc) -> WindowedChain | None:
-        """A window descriptor that is no windowed GEMM nor max-pool backward and whose every
-        window only moves with k (``jit.k_linear``: a batch-norm statistic, a mean over the
-        batch) as one compiled chain reading its inputs in place: no gather into scratch, so
-        each input is read once, from where it lies."""
+    def _windowed_chain(self, desc: KernelDesc) -> CompiledMap | None:
+        """A window descriptor that is no windowed GEMM nor max-pool backward, with K > 1 and
+        windows that move with k alone (``jit.k_linear``: batch-norm statistics) or are masked
+        per lane (``jit.masked_window``: pooling), as one compiled chain reading its inputs in
+        place: no gather into scratch, so each input is read once, from where it lies."""
         prep = self.windowed_prepare(desc)
         if prep.gemm is not None or prep.pool_backward is not None:
             return None
         fn = self._compile(desc)
-        return None if fn is None else WindowedChain(fn, map_lin(desc), map_work(desc))
+        return None if fn is None else CompiledMap(fn, map_lin(desc), map_work(desc))
 
-    def epilogue(self, desc: KernelDesc) -> EpilogueMap | None:
+    def epilogue(self, desc: KernelDesc) -> CompiledMap | None:
         """``desc``'s epilogue as a compiled map run over the kernel's result, or None (no
         epilogue, not an eligible map, compiled maps off): the interpreter runs it, r0 preset."""
         epi = epilogue_map(desc) if self.jit_epilogues else None
         fn = None if epi is None else self._compile(epi)
-        return None if fn is None or epi is None else EpilogueMap(fn, map_lin(epi), map_work(epi))
+        return None if fn is None or epi is None else CompiledMap(fn, map_lin(epi), map_work(epi))
 
     def _compile(self, desc: KernelDesc) -> Callable[..., None] | None:
         # Big maps are worth a one-time compile whatever their length.

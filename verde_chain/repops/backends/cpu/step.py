@@ -8,7 +8,7 @@ Window nodes (``repops/windowed.py``) are in the plan too: a windowed dot chain 
 its gradients) is the windowed GEMM (implicit im2col), its ``(batch, m, n)`` result permuted
 into the output's order (with the epilogue, conv's bias, run on it: a compiled map in place,
 ``jit.epilogue_map``, or the interpreter with r0 preset) unless it
-already is; a chain whose windows only move with k (batch-norm statistics) is one compiled map
+already is; a window chain (K > 1: batch-norm statistics, pooling) is one compiled map
 reading its inputs in place (``CpuBackend.windowed_chain``); any other window node is its
 dewindowed form: each windowed operand gathered into the plan's scratch buffer (dense ``(R, K)``),
 then the plain node over it as above. Scratch is a
@@ -32,7 +32,7 @@ from verde_chain.errors import RepOpsError
 from verde_chain.graph.structure import SourceKind
 from verde_chain.repops import windowed
 from verde_chain.repops.backends.cpu import extension as ext
-from verde_chain.repops.backends.cpu.backend import CpuBackend, EpilogueMap
+from verde_chain.repops.backends.cpu.backend import CompiledMap, CpuBackend
 from verde_chain.repops.backends.cpu.jit import map_address, map_work
 from verde_chain.repops.backends.native import ArenaLayout, encode_maps, encode_program, writable
 from verde_chain.repops.backends.plan import linear_stride
@@ -289,7 +289,7 @@ class StepKernel(ArenaLayout):
             return
         self._plan.add_program(refs, *code)
 
-    def _epilogue_args(self, epi: EpilogueMap | None) -> tuple[torch.Tensor, int, int]:
+    def _epilogue_args(self, epi: CompiledMap | None) -> tuple[torch.Tensor, int, int]:
         """The plan's (lin, function address, work) of an epilogue map; (no rows, 0, 0): none."""
         if epi is None:
             return _NO_MAP, 0, 0
