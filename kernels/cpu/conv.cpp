@@ -297,25 +297,54 @@ inline bool ks_fit_lanes(const WinOperand& o, int64_t p0, int64_t kc) {
     return true;
 }
 
+// One K block's k side for pack_contiguous_panel, built once for all the block's panels: each
+// window's k parts as int32 (ks_fit_lanes), so a k's part is broadcast from memory into the
+// lane compare, and the least and greatest address part, so a panel whose whole box of
+// addresses lies inside the input needs no per-k bounds check.
+struct ContiguousKs {
+    std::vector<int32_t> part;  // [w * kc + k]
+    int64_t kmin = 0, kmax = 0;
+    // For k rows [p0, p0 + kc), kc > 0, whose window k parts fit (ks_fit_lanes).
+    void build(const WinOperand& o, int64_t p0, int64_t kc) {
+        const int64_t cols = 1 + o.nchk;
+        part.resize(o.nchk * kc);
+        kmin = kmax = o.ks[p0 * cols];
+        for (int64_t k = 0; k < kc; k++) {
+            const int64_t* kk = o.ks + (p0 + k) * cols;
+            kmin = std::min(kmin, kk[0]), kmax = std::max(kmax, kk[0]);
+            for (int64_t w = 0; w < o.nchk; w++) part[w * kc + k] = (int32_t)kk[1 + w];
+        }
+    }
+};
+
 // A panel of 2W rows whose addresses follow each other (rows(0, r + c) = rows(0, r) + c: the
 // 32 positions of four rows of an 8 x 8 map, one image's input plane) through NCHK div == 1
 // windows: at each k its elements are 2W consecutive floats of the input, those whose windows
 // are all in range, the fill elsewhere. So per k: a lane mask from the window coordinates (held
 // in vectors for the whole K block) and two masked loads over the fill, where the runs (four of
-// 8 here) took a span each. False (nothing written) where the panel is not of this form. The
-// caller has checked the block's k parts (ks_fit_lanes).
+// 8 here) took a span each. For rows that are consecutive (consecutive_rows); false (nothing
+// written) where their windows do not fit int32 lanes.
 // Kernel alone, 1 thread, this build and the one before taking turns (Intel machine of
 // 2026-12-04, best of 2 s, two rounds): 64 -> 64, 3x3, batch 32, on 8 x 8 maps forward 1.79-1.83
 // -> 1.11-1.12 ms, grad input 1.80-1.81 -> 1.07-1.11 (torch 0.93-0.99); on 32 x 32 maps (one
 // image row a panel) forward 23.2-23.5 -> 19.6-20.7, grad input 22.5-22.6 -> 19.8-22.9.
+// Where the panel's box of addresses (its 2W lanes at every k of the block) lies inside the
+// input, as it does for all but the first and last few panels of an input, the lane masks are
+// the whole bounds check (a masked-off lane is not read), and each k's window parts come from
+// ContiguousKs (int32, built once per block).
+// Whether rows [r, r + 2W) of o have consecutive addresses (a panel for pack_contiguous_panel).
+inline bool consecutive_rows(const WinOperand& o, int64_t r) {
+    for (int64_t c = 1; c < 2 * W; c++)
+        if (o.rows[r + c] != o.rows[r] + c) return false;
+    return true;
+}
+
 template <int NCHK>
-bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t kc, const uint64_t* size, float* panel,
-                           bool& ok) {
+bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t kc, const uint64_t* size,
+                           const ContiguousKs& cks, float* panel, bool& ok) {
     constexpr int64_t LIM = CONTIGUOUS_LIM;
     const int64_t cols = 1 + o.nchk, base = o.rows[r];
-    for (int64_t c = 1; c < 2 * W; c++)
-        if (o.rows[r + c] != base + c) return false;
-    __m512i coord[NCHK > 0 ? NCHK : 1][2];
+    __m512i coord[NCHK > 0 ? NCHK : 1][2], lim[NCHK > 0 ? NCHK : 1];
     for (int w = 0; w < NCHK; w++) {
         if (size[w] >= (uint64_t)LIM) return false;
         alignas(64) int32_t lane[2 * W];
@@ -326,25 +355,43 @@ bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t k
         }
         coord[w][0] = _mm512_load_si512(lane);
         coord[w][1] = _mm512_load_si512(lane + W);
+        lim[w] = _mm512_set1_epi32((int32_t)size[w]);
     }
-    contiguous_panels.fetch_add(1, std::memory_order_relaxed);
     const __m512 fill = _mm512_set1_ps(from_bits(o.fill));
-    for (int64_t k = 0; k < kc; k++) {
-        const int64_t* kk = o.ks + (p0 + k) * cols;
-        __mmask16 in[2] = {0xFFFF, 0xFFFF};
-        for (int w = 0; w < NCHK; w++) {  // 0 <= coordinate + kk < size, as one unsigned compare
-            const __m512i add = _mm512_set1_epi32((int32_t)kk[1 + w]), lim = _mm512_set1_epi32((int32_t)size[w]);
-            for (int h = 0; h < 2; h++) in[h] &= _mm512_cmplt_epu32_mask(_mm512_add_epi32(coord[w][h], add), lim);
+    // locals: the stores below may alias anything, so fields read through o or cks (a
+    // thread_local of the caller, reached through __tls_get_addr) were read again at every k
+    const int32_t* const part = cks.part.data();
+    const int64_t* const ks = o.ks + p0 * cols;
+    // Lane masks of k: 0 <= coordinate + k part < size, as one unsigned compare per window.
+    auto masks = [&](int64_t k, __mmask16& in0, __mmask16& in1) {
+        in0 = in1 = 0xFFFF;
+        for (int w = 0; w < NCHK; w++) {
+            const __m512i add = _mm512_set1_epi32(part[w * kc + k]);
+            in0 = _mm512_mask_cmplt_epu32_mask(in0, _mm512_add_epi32(coord[w][0], add), lim[w]);
+            in1 = _mm512_mask_cmplt_epu32_mask(in1, _mm512_add_epi32(coord[w][1], add), lim[w]);
         }
-        const int64_t first = base + kk[0];  // element c's address: first + c
+    };
+    const uintptr_t data = reinterpret_cast<uintptr_t>(o.data);
+    auto at = [data](int64_t first) { return reinterpret_cast<const float*>(data + (uintptr_t)(first * (int64_t)sizeof(float))); };
+    if (base + cks.kmin >= 0 && base + cks.kmax + 2 * W <= o.numel) {
+        for (int64_t k = 0; k < kc; k++) {
+            __mmask16 in0, in1;
+            masks(k, in0, in1);
+            const float* src = at(base + ks[k * cols]);
+            _mm512_storeu_ps(panel + k * 2 * W, _mm512_mask_loadu_ps(fill, in0, src));
+            _mm512_storeu_ps(panel + k * 2 * W + W, _mm512_mask_loadu_ps(fill, in1, src + W));
+        }
+        return true;
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        __mmask16 in[2];
+        masks(k, in[0], in[1]);
+        const int64_t first = base + ks[k * cols];  // element c's address: first + c
         const uint32_t all = (uint32_t)in[0] | ((uint32_t)in[1] << W);
         if (all != 0 && (first + __builtin_ctz(all) < 0 || first + 31 - __builtin_clz(all) >= o.numel)) ok = false;
-        const uintptr_t src = reinterpret_cast<uintptr_t>(o.data) + (uintptr_t)(first * (int64_t)sizeof(float));
         float* d = panel + k * 2 * W;
-        for (int h = 0; h < 2; h++) {
-            const float* half = reinterpret_cast<const float*>(src + h * W * sizeof(float));
-            _mm512_storeu_ps(d + h * W, in[h] && ok ? _mm512_mask_loadu_ps(fill, in[h], half) : fill);
-        }
+        for (int h = 0; h < 2; h++)
+            _mm512_storeu_ps(d + h * W, in[h] && ok ? _mm512_mask_loadu_ps(fill, in[h], at(first + h * W)) : fill);
     }
     return true;
 }
@@ -571,6 +618,10 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
 #if REPOPS_ISA == 2
     // the block's k parts checked once for all its panels (pack_contiguous_panel, pack_k_panel)
     const bool ks_fit = NCHK > 0 && !DIV && P == 2 * W && ks_fit_lanes(o, p0, kc);
+    // the block's k side for consecutive panels, built when the first one comes
+    thread_local ContiguousKs cks;
+    bool cks_built = false;
+    int64_t n_contiguous = 0;
     // k's segments (pack_k_panel), built for the block when a panel first asks
     thread_local KSegments kseg;
     int k_segs = -1;  // not built yet; then whether they pay
@@ -597,7 +648,13 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
         }
 #if REPOPS_ISA == 2
         if constexpr (NCHK > 0 && !DIV && P == 2 * W)
-            if (valid == P && ks_fit && pack_contiguous_panel<NCHK>(o, r, p0, kc, size, panel, ok)) continue;
+            if (valid == P && ks_fit && kc > 0 && consecutive_rows(o, r)) {
+                if (!cks_built) cks.build(o, p0, kc), cks_built = true;
+                if (pack_contiguous_panel<NCHK>(o, r, p0, kc, size, cks, panel, ok)) {
+                    n_contiguous++;
+                    continue;
+                }
+            }
 #endif
         // the panel as runs; runs of one or two rows do not pay
         Run runs[P];
@@ -662,6 +719,10 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
             for (; c < P; c++) d[c] = 0.0f;
         }
     }
+#if REPOPS_ISA == 2
+    // counted once per call: an atomic add per panel bounced its cache line between threads
+    if (n_contiguous) contiguous_panels.fetch_add(n_contiguous, std::memory_order_relaxed);
+#endif
 }
 
 template <int NCHK, bool DIV>

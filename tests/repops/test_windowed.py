@@ -70,6 +70,20 @@ def test_panels_of_consecutive_addresses_equal_the_reference(isa: str) -> None:
     _bits_and_avx512_path(isa, _big_cases((EIGHT_BY_EIGHT,))[:2], "contiguous_panels")
 
 
+@pytest.mark.parametrize("isa", ck.available_isas())
+def test_a_consecutive_panel_outside_the_input_is_refused(isa: str) -> None:
+    """A panel of 32 consecutive addresses inside the operand (its neighbours' whole boxes of
+    addresses inside the input, its lanes' windows in range) that starts before the input or
+    ends past it: refused, as every address outside the input is, not read."""
+    _, a, a_bits, b, b_bits, shape, _ = _big_cases((EIGHT_BY_EIGHT,))[0]
+    assert b.rows.shape[1] >= 128
+    for base in (-16, b_bits.size - 16):
+        rows = b.rows.copy()
+        rows[0, 64:96] = base + np.arange(32)
+        with pytest.raises(RuntimeError, match="fell outside"):
+            ck.windowed_matmul(a, a_bits, dataclasses.replace(b, rows=rows), b_bits, *shape, isa, 1)
+
+
 def _bits_and_avx512_path(isa: str, cases: list[tuple], counter: str) -> None:  # type: ignore[type-arg]
     """Each case at 1 and 2 threads and two blockings (K cut into blocks of 37): the reference's
     bits, and the extension's path counter ``counter`` moved exactly on AVX-512."""

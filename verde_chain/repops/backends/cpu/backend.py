@@ -187,9 +187,7 @@ class CpuBackend:
         if desc.extended:  # the window extension: windowed GEMM or dewindowed (repops/windowed.py)
             chain = self.windowed_chain(desc)
             if chain is not None:
-                bits = [torch.from_numpy(x.view(np.int32)) for x in _flat_bits(desc, inputs)]
-                out = self.extension.run_map(map_address(chain.fn), bits, chain.lin, desc.numel, chain.work,
-                                             self.threads_now())
+                out = self._run_map(chain.fn, chain.lin, chain.work, _int32_tensors(_flat_bits(desc, inputs)), desc.numel)
                 return out.numpy().view(np.float32).reshape(desc.out_shape)
             wp = self.windowed_prepare(desc)
             split = None if wp.gemm is None else self.column_split(desc, wp.gemm)
@@ -200,8 +198,7 @@ class CpuBackend:
         flat = _flat_bits(desc, inputs)
         plan = prep.plan
         if prep.jit is not None:
-            bits = [torch.from_numpy(x.view(np.int32)) for x in flat]
-            out = self.extension.run_map(map_address(prep.jit), bits, prep.lin, desc.numel, map_work(desc), self.threads_now())
+            out = self._run_map(prep.jit, prep.lin, map_work(desc), _int32_tensors(flat), desc.numel)
         elif plan.kind == "dot":
             out = self._dot(desc, plan, flat, prep)
         elif plan.kind == "fold":
@@ -220,6 +217,12 @@ class CpuBackend:
         return out.numpy().view(np.float32).reshape(desc.out_shape)
 
     # ------------------------------------------------------------------ fast paths
+    def _run_map(self, fn: Callable[..., None], lin: torch.Tensor | None, work: float, bits: list[torch.Tensor],
+                 numel: int) -> torch.Tensor:
+        """A compiled map (a plain map, an epilogue or a window chain) over its inputs' bits:
+        the output's bits (int32), at this call's thread count."""
+        return self.extension.run_map(map_address(fn), bits, lin, numel, work, self.threads_now())
+
     def column_split(self, desc: KernelDesc, g: windowed.WindowedGemm) -> tuple[int, int, int] | None:
         """``windowed.column_split`` at this ISA's micro-tile width (None: the GEMM's own order)."""
         return windowed.column_split(desc, g, int(self.extension.GEMM_NR))
@@ -258,9 +261,8 @@ class CpuBackend:
             return r0
         r0_bits = r0.contiguous().view(torch.int32)
         if prep.epi is not None:  # input 0: the kernel's result (jit.epilogue_map)
-            bits = [r0_bits, *(torch.from_numpy(x.view(np.int32)) for x in flat)]
-            return self.extension.run_map(map_address(prep.epi.fn), bits, prep.epi.lin, desc.numel, prep.epi.work,
-                                          self.threads_now()).view(torch.float32)
+            bits = [r0_bits, *_int32_tensors(flat)]
+            return self._run_map(prep.epi.fn, prep.epi.lin, prep.epi.work, bits, desc.numel).view(torch.float32)
         return self._program(desc, flat, prep, r0_bits)
 
     # ------------------------------------------------------------------ interpreter
@@ -276,6 +278,11 @@ class CpuBackend:
         )  # fmt: skip
         return out.view(torch.float32)
 
+
+
+def _int32_tensors(flat: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    """The flat uint32 inputs as int32 tensors over the same memory (run_map's inputs)."""
+    return [torch.from_numpy(x.view(np.int32)) for x in flat]
 
 
 def _flat_bits(desc: KernelDesc, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
