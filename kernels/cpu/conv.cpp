@@ -1719,6 +1719,12 @@ bool windowed_gemm_one(const WinOperand& a, const WinOperand& b, float* C, int64
             float* const bp = at_least(bbuf, round_up(cols, GEMM_NR) * kcur);
             // K block p0's panels at a_floats * p0: every block before it is kc deep
             float* const ap = keep_a ? a_all + a_floats * p0 : at_least(abuf, a_floats * kcur);
+            // B's panels packed (written to bp, read back by every row panel) cost 15% of a
+            // 64 -> 64 3x3 forward on 32 x 32 maps at 1 thread. Tried on 2026-12-05, paired
+            // against this (forward, 1 | 2 threads): each panel packed into one L1-sized buffer
+            // and its micro-tiles run at once, 1.00 | 1.00; B not packed but read by the
+            // micro-kernel where it lies (masked loads, each k's masks and address precomputed
+            // per panel), 1.045 | 1.05: every row panel read the input's scattered lines again.
             pack<GEMM_NR>(b, bi * N + j0, cols, p0, kcur, bp, ok);
             if (a_stale) pack<GEMM_MR>(a, bi * M + i0, rows, p0, kcur, ap, ok);
             sweep_tiles(  // C not fetched ahead: not measured on the windowed GEMM's shapes

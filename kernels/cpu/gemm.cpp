@@ -357,7 +357,10 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     const int64_t block_floats = ceil_div(nc_eff, GEMM_NR) * pstride;  // one packed column block
     const double fmas_per_thread = (double)g.batch * (double)g.M * (double)g.N * (double)g.K / (double)threads;
     // One tile (entry bi, rows from i0, columns [j0, j0 + cols)) over all K blocks, given its
-    // column block of packed B (NR panels pstride floats apart).
+    // column block of packed B (NR panels pstride floats apart). A is packed per tile and K
+    // block, so once per column block. Tried on 2026-12-05: each thread keeping its tiles' A
+    // rows packed over all of K for the other column blocks (bench_gemm.py --baseline, 1 | 2
+    // threads): 1024^3 0.992 | 1.065, 2048^3 0.993 | 1.010.
     auto tile_over_k = [&](int64_t bi, int64_t i0, int64_t j0, int64_t cols, const float* bcols) {
         thread_local std::vector<float> abuf;
         for (int64_t p0 = 0; p0 < g.K; p0 += kc)
