@@ -317,6 +317,13 @@ struct ContiguousKs {
     }
 };
 
+// Whether rows [r, r + 2W) of o have consecutive addresses (a panel for pack_contiguous_panel).
+inline bool consecutive_rows(const WinOperand& o, int64_t r) {
+    for (int64_t c = 1; c < 2 * W; c++)
+        if (o.rows[r + c] != o.rows[r] + c) return false;
+    return true;
+}
+
 // A panel of 2W rows whose addresses follow each other (rows(0, r + c) = rows(0, r) + c: the
 // 32 positions of four rows of an 8 x 8 map, one image's input plane) through NCHK div == 1
 // windows: at each k its elements are 2W consecutive floats of the input, those whose windows
@@ -332,13 +339,6 @@ struct ContiguousKs {
 // input, as it does for all but the first and last few panels of an input, the lane masks are
 // the whole bounds check (a masked-off lane is not read), and each k's window parts come from
 // ContiguousKs (int32, built once per block).
-// Whether rows [r, r + 2W) of o have consecutive addresses (a panel for pack_contiguous_panel).
-inline bool consecutive_rows(const WinOperand& o, int64_t r) {
-    for (int64_t c = 1; c < 2 * W; c++)
-        if (o.rows[r + c] != o.rows[r] + c) return false;
-    return true;
-}
-
 template <int NCHK>
 bool pack_contiguous_panel(const WinOperand& o, int64_t r, int64_t p0, int64_t kc, const uint64_t* size,
                            const ContiguousKs& cks, float* panel, bool& ok) {
