@@ -281,6 +281,17 @@ template <int NCHK>
 void pack_run_lanes(const WinOperand& o, int64_t r, int64_t len, const int64_t* ks, int64_t cols, int64_t kc, int64_t step,
                     const int64_t* delta, const uint64_t* size, float* d, int64_t ld, bool& ok);
 
+// The least and greatest address part (ks column 0) of k rows [p0, p0 + kc), kc > 0: with a
+// panel's least and greatest row address, the box every address of the panel lies in.
+inline void ks_address_range(const WinOperand& o, int64_t p0, int64_t kc, int64_t& kmin, int64_t& kmax) {
+    const int64_t cols = 1 + o.nchk;
+    kmin = kmax = o.ks[p0 * cols];
+    for (int64_t k = p0 + 1; k < p0 + kc; k++) {
+        kmin = std::min(kmin, o.ks[k * cols]);
+        kmax = std::max(kmax, o.ks[k * cols]);
+    }
+}
+
 #if REPOPS_ISA == 2
 // Window coordinates, their k parts and sizes are held as int32 lanes below this bound (the
 // caller checks the block's k parts once: ks_fit_lanes).
@@ -308,10 +319,9 @@ struct ContiguousKs {
     void build(const WinOperand& o, int64_t p0, int64_t kc) {
         const int64_t cols = 1 + o.nchk;
         part.resize(o.nchk * kc);
-        kmin = kmax = o.ks[p0 * cols];
+        ks_address_range(o, p0, kc, kmin, kmax);
         for (int64_t k = 0; k < kc; k++) {
             const int64_t* kk = o.ks + (p0 + k) * cols;
-            kmin = std::min(kmin, kk[0]), kmax = std::max(kmax, kk[0]);
             for (int64_t w = 0; w < o.nchk; w++) part[w * kc + k] = (int32_t)kk[1 + w];
         }
     }
@@ -608,13 +618,7 @@ void pack_panels(const WinOperand& o, int64_t r0, int64_t count, int64_t p0, int
     // input is P loads and stores per k, no per-k bookkeeping. On a 512 x 32 x 4608 forward (a
     // 1x1 map: each weight used 32 times) packing the weights took 1.7x the micro-kernel's time.
     int64_t kmin = 0, kmax = 0;
-    if (NCHK == 0 && kc > 0) {
-        kmin = kmax = o.ks[p0 * cols];
-        for (int64_t k = 1; k < kc; k++) {
-            kmin = std::min(kmin, o.ks[(p0 + k) * cols]);
-            kmax = std::max(kmax, o.ks[(p0 + k) * cols]);
-        }
-    }
+    if (NCHK == 0 && kc > 0) ks_address_range(o, p0, kc, kmin, kmax);
 #if REPOPS_ISA == 2
     // the block's k parts checked once for all its panels (pack_contiguous_panel, pack_k_panel)
     const bool ks_fit = NCHK > 0 && !DIV && P == 2 * W && ks_fit_lanes(o, p0, kc);
