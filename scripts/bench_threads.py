@@ -1,7 +1,7 @@
 """Training-step scaling of the RepOps C++ backend from 1 to more threads, against torch eager.
 
     .venv/bin/python scripts/bench_threads.py [--configs digits-wide transformer digits_cnn resnet18 llama-h256]
-                                              [--threads 1 2] [--steps 20] [--nodes 0]
+                                              [--threads 1 2] [--steps 20] [--nodes 0] [--floating-ab]
 
 Per example and thread count, in one process: the median plain step (the whole-step kernel, no
 hashing: what a run does between checkpoints) with ``torch.set_num_threads`` and the backend's
@@ -18,6 +18,9 @@ Prints the load average first and, per example, the CPU time the hypervisor took
 during the timed rounds (``steal_s``, /proc/stat): figures from a busy machine do not compare.
 ``--nodes N`` also prints, per thread count, the N plan nodes that took longest (the whole-step
 kernel's own per-node times, summed over the timed steps, ms per step) and the page faults per step.
+``--floating-ab`` instead compares, per example at the largest thread count, plain steps with the
+floating nodes (step_plan.cpp: small nodes that could wait many levels, run by pool workers in
+their idle time) against every node in its level (``floating_ab``).
 ``--families N`` prints, per example, the N families (plan node kind and node label) with the
 most wall time at the first thread count, beside the others: each level's wall time (the plan's
 ``level_times``) shared among its nodes by their own times, so a family's figures add up to the
@@ -235,16 +238,60 @@ def measure(config: str, threads: list[int], steps: int, nodes: int, families: i
     return per
 
 
+def floating_ab(config: str, threads: int, steps: int) -> dict[str, Any]:
+    """Plain steps at ``threads`` threads with the floating nodes run in the pool's idle time
+    (the default) and with every node in its level (``StepKernel.set_floating``), in one
+    process, taking turns a block at a time (the order swapped every round): the median step of
+    each and the median of the per-round quotients of their block medians (floating / levels)."""
+    side = Side(config, threads, steps, 0, 0)
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    ratios = []
+    for r in range(rounds(steps)):
+        med = {}
+        for on in ((True, False) if r % 2 == 0 else (False, True)):
+            for kernel in side.kernels:
+                kernel.set_floating(on)
+            for _ in range(BLOCK_WARM):
+                side._plain_step()
+            block = []
+            for _ in range(BLOCK):
+                t0 = time.perf_counter()
+                side._plain_step()
+                block.append(time.perf_counter() - t0)
+            walls[on] += block
+            med[on] = statistics.median(block)
+        ratios.append(med[True] / med[False])
+    for kernel in side.kernels:
+        kernel.set_floating(True)
+    return {"example": config, "threads": threads,
+            "floating_nodes": sum(len(k.floating_nodes()) for k in side.kernels),
+            "plan_nodes": sum(len(k._plan) for k in side.kernels),
+            "floating_ms/step": round(1e3 * statistics.median(walls[True]), 3),
+            "levels_ms/step": round(1e3 * statistics.median(walls[False]), 3),
+            "floating/levels": round(statistics.median(ratios), 3),
+            "quartiles": [round(q, 3) for q in statistics.quantiles(ratios, n=4)] if len(ratios) > 1 else None}
+
+
 def family_times(job: Job, profiles: list[PlanProfile], threads: int) -> dict[str, Any]:
     """ms per step per family (plan node kind and node label): wall (each level's wall shared
-    among its nodes by their own times), own (the nodes' own times), worth (threads' worth per
-    node, the largest), side (levels run side by side / all), plus per level mode the wall."""
+    among its nodes by their own times; the floating nodes share the calling thread's wall at
+    their deadlines), own (the nodes' own times), worth (threads' worth per node, the largest),
+    side (levels run side by side / all), plus per level mode the wall (and the floating nodes'
+    count and deadline wall)."""
     labels = [n.desc.label or "?" for n in job.program.graph.nodes]
     fam: dict[str, dict[str, float]] = {}
     modes = {"side by side": [0, 0.0], "node by node": [0, 0.0]}
     for p in profiles:
+        # a floating node's wall: its share (by own time) of the calling thread's wall at the
+        # floating nodes' deadlines; the others share their level's wall
+        bound = ~p.floating
         per_level = np.zeros(len(p.level_s))
-        np.add.at(per_level, p.level, p.node_s)
+        np.add.at(per_level, p.level[bound], p.node_s[bound])
+        float_own = float(p.node_s[p.floating].sum())
+        if p.floating.any():
+            m = modes.setdefault("floating", [0, 0.0])
+            m[0] += int(p.floating.sum())
+            m[1] += 1e3 * p.float_s / p.runs
         side = [p.side_by_side(lv, threads) for lv in range(len(p.level_s))]
         for lv, wall in enumerate(p.level_s):
             m = modes["side by side" if side[lv] else "node by node"]
@@ -252,7 +299,10 @@ def family_times(job: Job, profiles: list[PlanProfile], threads: int) -> dict[st
             m[1] += 1e3 * wall / p.runs
         for i, kind in enumerate(p.kinds):
             lv = int(p.level[i])
-            share = p.level_s[lv] * p.node_s[i] / per_level[lv] if per_level[lv] > 0 else 0.0
+            if p.floating[i]:
+                share = p.float_s * p.node_s[i] / float_own if float_own > 0 else 0.0
+            else:
+                share = p.level_s[lv] * p.node_s[i] / per_level[lv] if per_level[lv] > 0 else 0.0
             f = fam.setdefault(f"{kind} {labels[p.owner[i]]}", {"wall": 0.0, "own": 0.0, "worth": 0.0, "nodes": 0,
                                                                "side": 0})
             f["wall"] += 1e3 * share / p.runs
@@ -266,7 +316,8 @@ def family_times(job: Job, profiles: list[PlanProfile], threads: int) -> dict[st
 def print_families(config: str, per: list[dict[str, Any]], top: int) -> None:
     fams = [r["_families"] for r in per]
     first = fams[0]["families"]
-    print(f"{config}: per family, ms per step (wall: levels' wall shared by own time; own: the nodes' own time)")
+    print(f"{config}: per family, ms per step (wall: levels' wall shared by own time, floating nodes' the "
+          "deadlines' wall; own: the nodes' own time)")
     head = " | ".join(f"wall {r['threads']}t | own {r['threads']}t" for r in per)
     print(f"  family | plan nodes | worth (threads) | side by side | {head} | wall speed-up")
     for name in sorted(first, key=lambda n: -first[n]["wall"])[:top]:
@@ -289,10 +340,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--nodes", type=int, default=0, help="print the N longest plan nodes per thread count")
     p.add_argument("--families", type=int, default=0, help="print the N families with most wall time")
+    p.add_argument("--floating-ab", action="store_true",
+                   help="instead: at the largest thread count, floating nodes against every node in its level")
     args = p.parse_args()
     if min(args.threads) < 1 or args.steps < 1 or args.nodes < 0 or args.families < 0:
         p.error("--threads and --steps take counts of at least 1, --nodes and --families of at least 0")
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    if args.floating_ab:
+        ab = [floating_ab(config, max(args.threads), args.steps) for config in args.configs]
+        for r in ab:
+            print(" | ".join(f"{k} {v}" for k, v in r.items()), flush=True)
+        print(json.dumps({"floating_ab": ab, "load": os.getloadavg(), "torch_version": torch.__version__}))
+        return
     rows = []
     for config in args.configs:
         per = measure(config, args.threads, args.steps, args.nodes, args.families)

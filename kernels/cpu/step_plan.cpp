@@ -31,12 +31,23 @@
 // its output), then its small nodes side by side (run_level). "Big" is the kernels' own rule: a
 // node whose work is worth two threads by its family's minimum (kernels.h). Nodes never share an
 // output element, so the bits are those of running the nodes in order on one thread.
+//
+// Floating nodes: in a plain run at two or more threads, a small node that could run many levels
+// later than its own (an optimizer update: ready once the backward has made its gradient,
+// needed by nothing in the step) leaves its level and is run by a pool worker with nothing else
+// to do, on that thread alone, as soon as what it depends on is done; the calling thread runs
+// whatever a worker has not taken at the node's deadline, the first level with a node that
+// must follow it (FloatingRun). On the tiny Llama at 2 threads, where the Adam updates are half
+// the step and the backward's small nodes leave a thread idle, this took the step from 1.25x to
+// 1.53x its 1-thread speed (docs/benchmarks.md). A committed run keeps every node in its level
+// (its hashing runs in the idle time instead).
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -109,6 +120,15 @@ void pool_roots(const RootsApi* api, const uint32_t* const* elems, const size_t*
 // (smaller items: more folding, less overlap; larger: later joins).
 constexpr int IDLE_ITEM_LOG = 8;
 constexpr size_t IDLE_BATCH_LEAVES = 256;
+
+// Floating nodes (StepPlan::FloatingRun): a node floats in a plain run at two or more threads
+// when it could run at least FLOAT_MIN_SLACK levels later than its own level (its slack: an
+// optimizer update, whose results nothing in the step reads, floats from the backward node
+// that made its gradient to the end) and is worth at most FLOAT_MAX_WORTH threads (a few
+// hundred microseconds of one core: a pool worker inside one joins the next parallel call up
+// to that much late, and the calling thread waits for it at its deadline).
+constexpr int64_t FLOAT_MIN_SLACK = 8;
+constexpr double FLOAT_MAX_WORTH = 32.0;
 
 // Hashing in the pool's idle time, for one committed run at two or more threads (StepPlan::run).
 // The outputs of finished levels are handed out in batches (add, publish: one roots_begin call
@@ -709,7 +729,8 @@ class StepPlan {
     // times (optional, float64, one per node): each node's seconds are ADDED to its entry
     // (profiling: scripts/bench_ops.py files them under op families); level_times (optional,
     // float64, one per level): each level's wall seconds, added likewise (at several threads a
-    // level's nodes' times add up to more than its wall when they ran side by side). roots
+    // level's nodes' times add up to more than its wall when they ran side by side; floating
+    // nodes are in no level's wall: float_seconds). roots
     // (optional, uint8 (n, 32), contiguous): every hashed output's tensor root (hash_outputs).
     torch::Tensor run(const torch::Tensor& prev, const torch::Tensor& batch, int64_t threads,
                       const c10::optional<torch::Tensor>& times, const c10::optional<torch::Tensor>& roots,
@@ -743,10 +764,21 @@ class StepPlan {
                                                  hash_workers_);
             if (!idle->installed()) idle.reset();
         }
+        // A plain run at two or more threads lets its floating nodes run in the pool's idle
+        // time (FloatingRun), unless another run's idle work holds the pool.
+        std::shared_ptr<const FloatSchedule> fs;
+        std::unique_ptr<FloatingRun> floating;
+        if (!root_rows && threads > 1 && floating_on_) {
+            fs = float_schedule();
+            if (!fs->nodes.empty()) floating = std::make_unique<FloatingRun>(*this, *fs, base, node_s, threads);
+            if (floating && !floating->installed()) floating.reset();
+        }
+        const std::vector<Level>& levels = floating ? fs->levels : levels_;
+        double float_s = 0;  // the calling thread's wall at the floating nodes' deadlines
         size_t last_threaded = 0;  // one past the last level that runs on several threads
-        for (size_t l = 0; l < levels_.size(); l++)
-            if (uses_threads(levels_[l], threads)) last_threaded = l + 1;
-        for (size_t l = 0; l < levels_.size(); l++) {
+        for (size_t l = 0; l < levels.size(); l++)
+            if (uses_threads(levels[l], threads)) last_threaded = l + 1;
+        for (size_t l = 0; l < levels.size(); l++) {
             if (idle && !overwritten_[l].empty())
                 hash_s += idle->drain(&overwritten_[l]);
             else if (root_rows && !idle && !hash_before_[l].empty())
@@ -757,9 +789,11 @@ class StepPlan {
             // before every such level, they still spin when it comes. (Woken four levels
             // ahead only, a worker came late to most of the tiny Llama's single GEMM
             // levels, which then ran no faster at 2 threads than at 1.)
-            if (threads > 1 && !uses_threads(levels_[l], threads) && l < last_threaded) prewake_workers(threads);
+            if (threads > 1 && !uses_threads(levels[l], threads) && l < last_threaded) prewake_workers(threads);
+            if (floating) float_s += floating->finish_due((int64_t)l);
             const auto t0 = std::chrono::steady_clock::now();
-            run_level(levels_[l], base, threads, node_s);
+            run_level(levels[l], base, threads, node_s);
+            if (floating) floating->level_done((int64_t)l);
             if (level_s) level_s[l] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (idle)
                 for (const auto* part : {&levels_[l].big, &levels_[l].small})
@@ -769,6 +803,12 @@ class StepPlan {
                             idle->add(reinterpret_cast<const uint32_t*>(base[nd.out_buf] + nd.out_offset),
                                       (size_t)nd.out_numel, root_row_[i]);
                         }
+        }
+        if (floating) float_s += floating->finish_due((int64_t)levels.size());
+        if (!root_rows) {
+            floated_by_workers_.store(floating ? floating->by_workers() : 0, std::memory_order_relaxed);
+            floated_total_.store(floating ? (int64_t)fs->nodes.size() : 0, std::memory_order_relaxed);
+            float_s_.store(float_s, std::memory_order_relaxed);
         }
         if (root_rows) hash_s += idle ? idle->drain() : hash_nodes(hash_last_, base, root_rows, threads);
         hash_s_.store(hash_s, std::memory_order_relaxed);
@@ -781,6 +821,34 @@ class StepPlan {
     // off: every output at the hash points, as at one thread), for in-process comparisons
     // (scripts/bench_conv.py --idle-hashing) and tests.
     void set_idle_hashing(bool on) { idle_hashing_ = on; }
+
+    // Whether plain runs at two or more threads let floating nodes run in the pool's idle time
+    // (default on; off: every node in its level), for in-process comparisons
+    // (scripts/bench_threads.py --floating) and tests.
+    void set_floating(bool on) { floating_on_ = on; }
+
+    // The nodes that float in plain runs at two or more threads, each with its deadline (the
+    // level before which it must be done; the level count: the end), for tests that check the
+    // schedule against the nodes' buffers.
+    std::vector<std::array<int64_t, 2>> floating_nodes() const {
+        const auto fs = float_schedule();
+        std::vector<std::array<int64_t, 2>> out;
+        for (size_t l = 0; l < fs->due.size(); l++)
+            for (int64_t f : fs->due[l]) out.push_back({fs->nodes[f], (int64_t)l});
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+
+    // The last plain run's floating nodes: (how many pool workers ran, how many there were);
+    // (0, 0) when none floated.
+    std::pair<int64_t, int64_t> floated() const {
+        return {floated_by_workers_.load(std::memory_order_relaxed), floated_total_.load(std::memory_order_relaxed)};
+    }
+
+    // The wall seconds the last plain run's calling thread spent at the floating nodes'
+    // deadlines, running those no worker had taken and waiting for those being run (the
+    // profile's: level_times holds the levels' walls without it).
+    double float_seconds() const { return float_s_.load(std::memory_order_relaxed); }
 
     // The last committed run's idle hashing: (items hashed while levels ran, all
     // its items); (0, 0) when it hashed at the hash points only.
@@ -823,6 +891,240 @@ class StepPlan {
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
     std::vector<Level> levels_;
+
+    // Floating nodes (see the top): which nodes float, and the levels without them. Built on the
+    // first plain run at two or more threads after the last node was added (float_schedule).
+    struct FloatSchedule {
+        size_t n_nodes = 0;                             // the node count it was built for
+        std::vector<Level> levels;                      // levels_ without the floating nodes
+        std::vector<int64_t> nodes;                     // the floating nodes, in index order
+        std::vector<int64_t> after_level;               // per floating node: its last level-bound predecessor's level (-1)
+        std::vector<std::vector<int64_t>> float_preds;  // per floating node: its floating predecessors (positions)
+        std::vector<int64_t> order;                     // the floating nodes in the order they are taken
+        std::vector<std::vector<int64_t>> due;          // per level l <= L: what must be done before l runs (L: the end), in order
+        std::vector<char> wakes;                        // per level: its end makes some floating node ready
+    };
+    bool floating_on_ = true;
+    mutable std::mutex float_mutex_;
+    mutable std::shared_ptr<const FloatSchedule> float_;
+    mutable std::atomic<int64_t> floated_by_workers_{0}, floated_total_{0};  // the last plain run's (floated)
+    mutable std::atomic<double> float_s_{0};                                 // and its float_seconds
+
+    std::shared_ptr<const FloatSchedule> float_schedule() const {
+        std::lock_guard<std::mutex> lock(float_mutex_);
+        if (!float_ || float_->n_nodes != nodes_.size()) float_ = build_float_schedule();
+        return float_;
+    }
+
+    // Whether node i may float: small enough, and touching no window-ring intermediate (the ring
+    // is the window nodes' scratch, written and read within a few levels).
+    bool may_float(const PlanNode& nd) const {
+        if (nd.threads_worth > FLOAT_MAX_WORTH) return false;
+        if (nd.out_buf == RP_SCRATCH && nd.out_offset < ring_) return false;
+        for (const Ref& r : nd.ins)
+            if (r.buf == RP_SCRATCH && r.offset < ring_) return false;
+        return true;
+    }
+
+    std::shared_ptr<const FloatSchedule> build_float_schedule() const {
+        auto fs = std::make_shared<FloatSchedule>();
+        const int64_t n = (int64_t)nodes_.size(), L = (int64_t)levels_.size();
+        fs->n_nodes = nodes_.size();
+        std::vector<std::vector<int64_t>> preds(n), succs(n);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < i; j++)
+                if (must_follow(nodes_[i], nodes_[j])) {
+                    preds[i].push_back(j);
+                    succs[j].push_back(i);
+                }
+        // The latest level each node could run at with every node after it where it is.
+        std::vector<int64_t> latest(n, L - 1), pos(n, -1);
+        for (int64_t i = n - 1; i >= 0; i--)
+            for (int64_t t : succs[i]) latest[i] = std::min(latest[i], latest[t] - 1);
+        for (int64_t i = 0; i < n; i++)
+            if (latest[i] - level_of_[i] >= FLOAT_MIN_SLACK && may_float(nodes_[i])) {
+                pos[i] = (int64_t)fs->nodes.size();
+                fs->nodes.push_back(i);
+            }
+        // A floating node's deadline: the first level with a level-bound node that must follow
+        // it, directly or through floating nodes (theirs come no later).
+        std::vector<int64_t> deadline(n, L);
+        for (int64_t i = n - 1; i >= 0; i--)
+            if (pos[i] >= 0)
+                for (int64_t t : succs[i]) deadline[i] = std::min(deadline[i], pos[t] >= 0 ? deadline[t] : level_of_[t]);
+        const size_t nf = fs->nodes.size();
+        fs->after_level.assign(nf, -1);
+        fs->float_preds.assign(nf, {});
+        fs->due.assign(L + 1, {});
+        fs->wakes.assign(L, 0);
+        // Earliest deadline first, the largest first among equal deadlines (the nodes left at
+        // the end then finish together).
+        fs->order.resize(nf);
+        for (size_t f = 0; f < nf; f++) fs->order[f] = (int64_t)f;
+        std::stable_sort(fs->order.begin(), fs->order.end(), [&](int64_t a, int64_t b) {
+            const int64_t ia = fs->nodes[a], ib = fs->nodes[b];
+            if (deadline[ia] != deadline[ib]) return deadline[ia] < deadline[ib];
+            return nodes_[ia].threads_worth > nodes_[ib].threads_worth;
+        });
+        for (size_t f = 0; f < nf; f++) {
+            const int64_t i = fs->nodes[f];
+            for (int64_t j : preds[i]) {
+                if (pos[j] >= 0)
+                    fs->float_preds[f].push_back(pos[j]);
+                else
+                    fs->after_level[f] = std::max(fs->after_level[f], level_of_[j]);
+            }
+            if (fs->after_level[f] >= 0) fs->wakes[fs->after_level[f]] = 1;
+        }
+        for (int64_t f : fs->order) fs->due[deadline[fs->nodes[f]]].push_back(f);
+        fs->levels.resize(L);
+        for (int64_t l = 0; l < L; l++) {
+            const Level& from = levels_[l];
+            Level& to = fs->levels[l];
+            for (int64_t i : from.big)
+                if (pos[i] < 0) to.big.push_back(i);
+            for (int64_t i : from.small)
+                if (pos[i] < 0) to.small.push_back(i), to.small_worth += nodes_[i].threads_worth;
+            for (int64_t i : from.all)
+                if (pos[i] < 0) {
+                    to.all.push_back(i);
+                    to.worth += nodes_[i].threads_worth;
+                    to.max_worth = std::max(to.max_worth, nodes_[i].threads_worth);
+                }
+        }
+        return fs;
+    }
+
+    // One plain run's floating nodes. Pool workers with nothing else to do take the ready ones
+    // (pool.h idle work) and run each on their own thread: ready when the levels of its
+    // level-bound predecessors have ended and its floating predecessors are done. Before a
+    // level with a node that must follow a floating node (its deadline), the calling thread
+    // runs it there, on all threads, if no worker has taken it, or waits for the worker that
+    // has. Every node still runs its own kernel on memory no node running beside it touches
+    // (must_follow), so the bits are those of the levels. Under the pool's spread check the
+    // first floating node is left to a worker (the calling thread waits for it at its
+    // deadline), so a test knows that a worker ran one.
+    class FloatingRun {
+      public:
+        FloatingRun(const StepPlan& plan, const FloatSchedule& fs, float* const* base, double* node_s, int64_t threads)
+            : plan_(plan), fs_(fs), base_(base), node_s_(node_s), threads_(threads),
+              state_(new std::atomic<int>[fs.nodes.size()]), spread_(spread_check_on()) {
+            for (size_t f = 0; f < fs.nodes.size(); f++) state_[f].store(0);
+            installed_ = install_idle_work(&FloatingRun::idle_fn, this, threads);
+            if (installed_) wake_idle_workers();
+        }
+        ~FloatingRun() {
+            if (installed_) remove_idle_work();
+        }
+        FloatingRun(const FloatingRun&) = delete;
+        FloatingRun& operator=(const FloatingRun&) = delete;
+
+        bool installed() const { return installed_; }
+        int64_t by_workers() const { return by_workers_.load(); }
+
+        // Level l has ended: the floating nodes waiting for it may start.
+        void level_done(int64_t l) {
+            levels_done_.store(l + 1);
+            if (fs_.wakes[l]) wake_idle_workers();
+        }
+
+        // Makes sure every floating node due before level l (l = L: the end) is done; returns the
+        // wall seconds it took. Re-throws a worker's exception.
+        double finish_due(int64_t l) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const int64_t done = levels_done_.load();
+            // Runs the due nodes nobody has taken as they become ready (a worker may be running
+            // one of their floating predecessors), then waits for those the workers took.
+            for (;;) {
+                int64_t running = -1, left = -1;
+                bool ran = false;
+                for (int64_t f : fs_.due[l]) {
+                    const int v = state_[f].load();
+                    if (v == 2) continue;
+                    int idle = 0;
+                    if (v == 0 && !(spread_ && f == fs_.order[0]) && ready((size_t)f, done) &&
+                        state_[f].compare_exchange_strong(idle, 1)) {
+                        plan_.run_node(fs_.nodes[f], base_, threads_, node_s_);
+                        state_[f].store(2);
+                        state_[f].notify_all();
+                        ran = true;
+                    } else if (state_[f].load() == 1) {
+                        if (running < 0) running = f;
+                    } else if (left < 0) {
+                        left = f;
+                    }
+                }
+                if (ran) continue;
+                if (running < 0 && left < 0) break;
+                const int64_t f = running >= 0 ? running : left;  // left: the spread check's node
+                if (running < 0) wake_idle_workers();
+                for (int v = state_[f].load(); v != 2 && v == state_[f].load();) state_[f].wait(v);
+            }
+            if (failed_.load()) {
+                std::lock_guard<std::mutex> lock(error_mutex_);
+                std::rethrow_exception(error_);
+            }
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+
+      private:
+        const StepPlan& plan_;
+        const FloatSchedule& fs_;
+        float* const* base_;
+        double* node_s_;
+        int64_t threads_;
+        std::unique_ptr<std::atomic<int>[]> state_;  // per floating node: 0 waiting, 1 running, 2 done
+        const bool spread_;
+        bool installed_ = false;
+        std::atomic<int64_t> levels_done_{0}, by_workers_{0};
+        std::atomic<size_t> first_open_{0};  // the nodes before it in fs_.order are all taken
+        std::atomic<bool> failed_{false};
+        std::mutex error_mutex_;
+        std::exception_ptr error_;
+
+        static bool idle_fn(void* ctx, int64_t worker) { return static_cast<FloatingRun*>(ctx)->take(worker); }
+
+        bool ready(size_t f, int64_t levels_done) const {
+            if (fs_.after_level[f] >= levels_done) return false;
+            for (int64_t q : fs_.float_preds[f])
+                if (state_[q].load() != 2) return false;
+            return true;
+        }
+
+        // A pool worker's idle unit: runs the first ready floating node nobody has taken, on
+        // this thread alone; false if there is none. The calling thread (worker 0) takes none
+        // here: it keeps to the levels.
+        bool take(int64_t worker) {
+            if (worker == 0) return false;
+            const int64_t done = levels_done_.load();
+            const size_t n = fs_.nodes.size();
+            size_t open = first_open_.load();
+            bool prefix_taken = true;
+            for (size_t k = open; k < n; k++) {
+                const size_t f = (size_t)fs_.order[k];
+                if (state_[f].load() != 0) {
+                    if (prefix_taken) first_open_.compare_exchange_strong(open, k + 1), open = k + 1;
+                    continue;
+                }
+                prefix_taken = false;
+                int idle = 0;
+                if (!ready(f, done) || !state_[f].compare_exchange_strong(idle, 1)) continue;
+                try {
+                    FpEnvGuard env;
+                    plan_.run_node(fs_.nodes[f], base_, 1, node_s_);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(error_mutex_);
+                    if (!error_) error_ = std::current_exception();
+                    failed_.store(true);
+                }
+                by_workers_.fetch_add(1);
+                state_[f].store(2);
+                state_[f].notify_all();
+                return true;
+            }
+            return false;
+        }
+    };
 
     // The tensor roots of plan nodes `which` into their rows of `roots`, on up to min(threads,
     // hash_threads_) threads; returns the wall seconds it took. One pool_roots call per hash
@@ -1201,6 +1503,10 @@ void bind_step_plan(pybind11::module& m) {
         .def("hash_outputs", &StepPlan::hash_outputs, pybind11::arg("rows"), pybind11::arg("hash_threads"),
              pybind11::arg("api_addr"))
         .def("set_idle_hashing", &StepPlan::set_idle_hashing)
+        .def("set_floating", &StepPlan::set_floating)
+        .def("floating_nodes", &StepPlan::floating_nodes)
+        .def("floated", &StepPlan::floated)
+        .def("float_seconds", &StepPlan::float_seconds)
         .def("idle_hashed", &StepPlan::idle_hashed)
         .def("hash_workers", &StepPlan::hash_workers)
         .def("hash_seconds", &StepPlan::hash_seconds)

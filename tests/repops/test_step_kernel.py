@@ -248,6 +248,92 @@ def test_the_schedule_check_catches_a_node_run_before_its_input(transformer) -> 
     assert schedule_errors([*levels, [reader]], io)
 
 
+def _depends(io: list[list[tuple[int, int, int]]], j: int, i: int) -> bool:
+    """Whether node j (after node i) must run after it: it reads what i writes, or writes what i
+    reads or writes (schedule_errors' rule)."""
+    def hit(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+        return a[0] == b[0] and a[0] in WRITABLE and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
+
+    (out_j, *ins_j), (out_i, *ins_i) = io[j], io[i]
+    return hit(out_j, out_i) or any(hit(r, out_i) for r in ins_j) or any(hit(r, out_j) for r in ins_i)
+
+
+def float_errors(levels: list[list[int]], io: list[list[tuple[int, int, int]]],
+                 floating: list[tuple[int, int]]) -> list[str]:
+    """What is wrong with a plan's floating nodes (StepPlan.floating_nodes(): (node, deadline)),
+    which plain runs at two or more threads take out of their levels and run in the pool's idle
+    time: a floating node must be done before any level-bound node that depends on it runs (its
+    deadline is at most that node's level) and no later than a floating node that depends on it
+    (its deadline is at most theirs), and it must be able to start before its deadline (every
+    level-bound node it depends on is in an earlier level)."""
+    level_of = {i: lv for lv, nodes in enumerate(levels) for i in nodes}
+    deadline = dict(floating)
+    errors = []
+    for j in range(len(io)):
+        for i in range(j):
+            if not _depends(io, j, i):
+                continue
+            if i in deadline and j in deadline and deadline[i] > deadline[j]:
+                errors.append(f"floating node {i} is due at {deadline[i]}, after floating node {j} that depends on it")
+            elif i in deadline and j not in deadline and deadline[i] > level_of[j]:
+                errors.append(f"floating node {i} is due at {deadline[i]}, after node {j} (level {level_of[j]})")
+            elif j in deadline and i not in deadline and level_of[i] >= deadline[j]:
+                errors.append(f"floating node {j} is due at {deadline[j]}, before node {i} (level {level_of[i]}) it needs")
+    return errors
+
+
+@pytest.mark.parametrize("name,kw", [("transformer", {}), ("digits_cnn", {"batch_size": 16})])
+def test_floating_nodes_are_done_before_what_depends_on_them_and_can_start(name: str, kw: dict[str, int]) -> None:
+    plan = _plan_of(EXAMPLES[name](steps=1, **kw))
+    levels, io = plan.schedule()  # type: ignore[attr-defined]
+    floating = [tuple(f) for f in plan.floating_nodes()]  # type: ignore[attr-defined]
+    assert floating  # the optimizer's updates float
+    assert float_errors(levels, io, floating) == []  # type: ignore[arg-type]
+
+
+def test_the_float_check_catches_a_deadline_too_late_or_too_early(transformer) -> None:  # type: ignore[no-untyped-def]
+    """A floating node due after a level-bound node that reads its output, or due before the
+    level of a node whose output it reads, is caught."""
+    plan = _plan_of(transformer)
+    levels, io = plan.schedule()  # type: ignore[attr-defined]
+    floating = [(int(i), int(d)) for i, d in plan.floating_nodes()]  # type: ignore[attr-defined]
+    assert float_errors(levels, io, floating) == []
+    level_of = {i: lv for lv, nodes in enumerate(levels) for i in nodes}
+    deadline = dict(floating)
+    late = next((i, j) for i, _ in floating for j in range(i + 1, len(io))
+                if j not in deadline and _depends(io, j, i))
+    early = next((j, i) for j, _ in floating for i in range(j) if i not in deadline and _depends(io, j, i))
+    assert float_errors(levels, io, [(f, level_of[late[1]] + 1 if f == late[0] else d) for f, d in floating])
+    assert float_errors(levels, io, [(f, level_of[early[1]] if f == early[0] else d) for f, d in floating])
+
+
+def test_floating_nodes_run_on_a_worker_with_the_bits_of_their_levels(transformer) -> None:  # type: ignore[no-untyped-def]
+    """Plain runs at 2, 3, 4 threads hand the floating nodes to pool workers (under the spread
+    check at least one: the run waits for a worker to take the first), with the bits of every
+    node run in its level and of one thread."""
+    job = transformer
+    graph = job.program.graph
+    isa = cpu_ext.best_isa()
+    one = run_steps(graph, job.init_state, job.batch, CpuBackend(isa=isa, threads=1))
+    assert one[2].step_kernel().floated() == (0, 0)  # one thread: nothing floats
+    for threads in (2, 3, 4):
+        floated = engaged(isa, threads, functools.partial(run_steps, graph, job.init_state, job.batch,
+                                                          CpuBackend(isa=isa, threads=threads)))
+        kernel = floated[2].step_kernel()
+        by_workers, total = kernel.floated()
+        assert total == len(kernel.floating_nodes()) > 0 and by_workers >= 1, (threads, by_workers, total)
+        assert_same_steps(floated, one)
+        # the same plain step with every node in its level
+        in_levels = StepExecutor(graph, CpuBackend(isa=isa, threads=threads))
+        start = in_levels.initial_state(job.init_state)
+        in_levels.run_plain(start, job.batch(1))
+        in_levels.step_kernel().set_floating(False)
+        res = in_levels.run_plain(start, job.batch(1))
+        assert in_levels.step_kernel().floated() == (0, 0)
+        for u, v in zip(res.outputs, one[0][0], strict=True):
+            assert np.array_equal(bits(u), bits(v))
+
+
 def test_the_state_carries_its_arena_and_a_replaced_state_does_not(transformer) -> None:  # type: ignore[no-untyped-def]
     job = transformer
     ex = StepExecutor(job.program.graph, CpuBackend(threads=1))
@@ -456,9 +542,13 @@ def test_the_plan_profile_files_every_node_and_level() -> None:
     assert (prof.worth > 0).all()
     ex.run_plain(st, job.batch(1))
     assert prof.runs == 1 and (prof.node_s > 0).all() and (prof.level_s > 0).all()
-    # a node's time is inside its level's (one level's nodes at most 2 threads' worth of it)
+    # the floating nodes ran out of their levels; every other node's time is inside its level's
+    # (one level's nodes at most 2 threads' worth of it)
+    assert np.flatnonzero(prof.floating).tolist() == [i for i, _ in kernel.floating_nodes()] != []
+    assert prof.float_s > 0
+    bound = ~prof.floating
     per_level = np.zeros(len(levels))
-    np.add.at(per_level, prof.level, prof.node_s)
+    np.add.at(per_level, prof.level[bound], prof.node_s[bound])
     assert (per_level <= 2 * prof.level_s + 1e-6).all()
     assert any(prof.side_by_side(lv, 2) for lv in range(len(levels)))
 

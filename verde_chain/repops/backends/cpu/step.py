@@ -99,7 +99,10 @@ class PlanProfile:
     threads' worth (the plan's own estimate) and graph node (``owner``), and the seconds added
     per plan node (``node_s``: a node's own time on the thread that ran it) and per level
     (``level_s``: wall) over ``runs`` runs; ``side_by_side(level, threads)``: whether the plan
-    runs that level's nodes side by side, one thread each."""
+    runs that level's nodes side by side, one thread each. ``floating``: the plan nodes that
+    floated in the runs (out of their levels, mostly on pool workers beside the levels: their
+    own time is in no level's wall), and ``float_s`` the wall the calling thread spent at their
+    deadlines (running those no worker had taken, waiting for the others)."""
 
     kinds: list[str]
     level: np.ndarray
@@ -108,6 +111,8 @@ class PlanProfile:
     node_s: np.ndarray
     level_s: np.ndarray
     side_by_side: Callable[[int, int], bool]
+    floating: np.ndarray
+    float_s: float = 0.0
     runs: int = 0
 
 
@@ -314,6 +319,9 @@ class StepKernel(ArenaLayout):
         if prof is not None:
             prof.node_s += times
             prof.runs += 1
+            if rows is None and self._plan.floated()[1]:
+                prof.floating[[i for i, _ in self.floating_nodes()]] = True
+                prof.float_s += float(self._plan.float_seconds())
         return arena
 
     def compiled_epilogues(self) -> list[int]:
@@ -328,7 +336,8 @@ class StepKernel(ArenaLayout):
         self.plan_profile = PlanProfile(
             kinds=[PLAN_KINDS.get(int(k), str(int(k))) for k in info[:, 0]], level=levels, worth=info[:, 2],
             owner=self._owner, node_s=np.zeros(len(info)), level_s=np.zeros(int(levels.max(initial=-1)) + 1),
-            side_by_side=lambda lv, threads: bool(self._plan.side_by_side(lv, threads)))
+            side_by_side=lambda lv, threads: bool(self._plan.side_by_side(lv, threads)),
+            floating=np.zeros(len(info), dtype=bool))
         return self.plan_profile
 
     def hash_workers(self) -> int:
@@ -347,6 +356,23 @@ class StepKernel(ArenaLayout):
         """Hash in the pool's idle time at two or more threads (the default), or only at the hash
         points: for benchmarks comparing the two in one process (same roots either way)."""
         self._plan.set_idle_hashing(on)
+
+    def set_floating(self, on: bool) -> None:
+        """Let plain runs at two or more threads run the floating nodes (an optimizer update, and
+        any node that could wait many levels) in the pool's idle time (the default), or run every
+        node in its level: for benchmarks comparing the two in one process (same bits either way)."""
+        self._plan.set_floating(on)
+
+    def floating_nodes(self) -> list[tuple[int, int]]:
+        """The plan nodes that float in plain runs at two or more threads, each with its deadline:
+        the level before which it must be done (the level count: the end of the step)."""
+        return [(int(i), int(d)) for i, d in self._plan.floating_nodes()]
+
+    def floated(self) -> tuple[int, int]:
+        """The last plain run's floating nodes: (how many pool workers ran, how many floated);
+        (0, 0) when none floated (one thread, floating off, or none in the plan)."""
+        by_workers, total = self._plan.floated()
+        return int(by_workers), int(total)
 
 
 @functools.cache
