@@ -188,6 +188,54 @@ def test_exact_constants() -> None:
     assert library.f32_of_sqrt_fraction(Fraction(9, 4)) == 1.5
 
 
+def _adam_constants_exactly(lr: float, b1: float, b2: float, t: int) -> tuple[float, float]:
+    """Adam's two step constants from the exact powers (the definition)."""
+    from verde_chain.repops.library.exact import f32q
+
+    L, B1, B2 = f32q(lr), f32q(b1), f32q(b2)
+    return library.f32_of_fraction(L / (1 - B1**t)), library.f32_of_sqrt_fraction(1 - B2**t)
+
+
+BETAS = [0.9, 0.999, 0.95, 0.5, 0.0, 1 - 2**-24, 2**-20]
+
+
+@pytest.mark.parametrize("b1,b2", list(zip(BETAS, BETAS[1:] + BETAS[:1], strict=True)))
+def test_adam_constants_from_power_enclosures_equal_the_exact_powers(b1: float, b2: float) -> None:
+    """The step size and the square root of Adam's bias correction, decided at the corners of an
+    enclosure of b**t, are the bits of the exact rational: every step to 300, around powers of
+    two, and far steps."""
+    for t in [*range(1, 301), 511, 512, 513, 1000, 4095, 4096, 9999, 12345]:
+        k = library.adam_constants(3e-4, b1, b2, 0.0, t)
+        assert (k.step_size, k.bc2_sqrt) == _adam_constants_exactly(3e-4, b1, b2, t), t
+
+
+def test_far_steps_never_compute_the_exact_power(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At step 10**6 the exact b**t has ~24 million bits (Adam's constants took 0.2 s at step
+    10**5 that way): the enclosure decides, the exact path is never taken; it still is where
+    the corners disagree."""
+    from fractions import Fraction
+
+    from verde_chain.repops.library import exact
+
+    def refuse(powers):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"exact powers computed: {powers}")
+
+    with monkeypatch.context() as m:
+        m.setattr(exact, "exact_powers", refuse)
+        k = library.adam_constants(3e-4, 0.9, 0.999, 0.0, 10**6)
+        assert (k.step_size, k.bc2_sqrt) == (library.f32_of_fraction(exact.f32q(3e-4)), 1.0)
+        library.onnx_adam((2,), 0.1, 10**6, 0.9, 0.999, 1e-8, 0.0, 0.0)
+        with pytest.raises(AssertionError, match="exact powers computed"):  # an fn that does not round
+            exact.rounded_at_powers(lambda p: p, [(Fraction(999, 1024), 1000)])
+    b = Fraction(999, 1024)
+    assert exact.rounded_at_powers(lambda p: p, [(b, 1000)]) == b**1000  # the corners disagree: exact
+    for t in (1, 2, 1000, 10**6):
+        lo, hi = exact.power_enclosure(b, t)
+        assert lo <= b**t <= hi and hi - lo < Fraction(1, 2**240)
+    with pytest.raises(RepOpsError, match="binary32 value in"):
+        exact.power_enclosure(Fraction(1, 3), 5)
+
+
 # ---------------------------------------------------------------------------------- rng
 
 

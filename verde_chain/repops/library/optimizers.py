@@ -21,7 +21,7 @@ from verde_chain.errors import RepOpsError
 from verde_chain.repops.isa import Instr, Op
 from verde_chain.repops.library.asm import I, const
 from verde_chain.repops.library.composite import Builder, Composite
-from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q
+from verde_chain.repops.library.exact import f32_of_fraction, f32_of_sqrt_fraction, f32q, rounded_at_powers
 from verde_chain.repops.library.shapes import as_shape
 
 
@@ -109,8 +109,8 @@ def adam_constants(lr: float, b1: float, b2: float, wd: float, t: int) -> AdamCo
     return AdamConstants(
         one_minus_b1=f32_of_fraction(1 - B1),
         one_minus_b2=f32_of_fraction(1 - B2),
-        step_size=f32_of_fraction(L / (1 - B1**t)),
-        bc2_sqrt=f32_of_sqrt_fraction(1 - B2**t),
+        step_size=rounded_at_powers(lambda p: f32_of_fraction(L / (1 - p)), [(B1, t)]),
+        bc2_sqrt=rounded_at_powers(lambda p: f32_of_sqrt_fraction(1 - p), [(B2, t)]),
         decay=f32_of_fraction(1 - L * W) if wd else 1.0,
     )
 
@@ -202,8 +202,8 @@ def onnx_adam(
     R, A, Bt = f32q(r), f32q(alpha), f32q(beta)
     if t > 0:
         # exact: r * sqrt(1-b^t) / (1-a^t) = sqrt(r^2 (1-b^t) / (1-a^t)^2) for r >= 0
-        val = R * R * (1 - Bt**t) / (1 - A**t) ** 2
-        r_adj = math.copysign(f32_of_sqrt_fraction(val), float(R)) if R != 0 else 0.0
+        r_adj = (math.copysign(rounded_at_powers(lambda a, b: f32_of_sqrt_fraction(R * R * (1 - b) / (1 - a) ** 2),
+                                                 [(A, t), (Bt, t)]), float(R)) if R != 0 else 0.0)
     else:
         r_adj = float(R)
     shp = as_shape(shape)
