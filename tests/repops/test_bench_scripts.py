@@ -106,3 +106,15 @@ def test_bench_conv_refuses_a_count_out_of_range_in_one_line(args: list[str], sa
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert says in out.stderr.strip().splitlines()[-1]
+
+
+def test_bench_adam_constants_times_both_ways_with_the_same_bits() -> None:
+    """Both ways of computing the constants (powers enclosed past EXACT_POWER_MAX_T, and every
+    power exact) are timed and give the same bits; a step out of range is one line."""
+    out = bench("--steps", "1", "5000", "--repeat", "1", script=SCRIPTS / "bench_adam_constants.py")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout.strip().splitlines()[-1])["adam_constants"]
+    assert [r["step"] for r in rows] == [1, 5000] and all(r["same_bits"] for r in rows)
+    out = bench("--steps", "0", script=SCRIPTS / "bench_adam_constants.py")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--steps are 1-based" in out.stderr.strip().splitlines()[-1]
