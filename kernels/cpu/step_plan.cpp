@@ -1033,6 +1033,7 @@ class StepPlan {
         double finish_due(int64_t l) {
             const auto t0 = std::chrono::steady_clock::now();
             const int64_t done = levels_done_.load();
+            bool ran_any = false;
             // Runs the due nodes nobody has taken as they become ready (a worker may be running
             // one of their floating predecessors), then waits for those the workers took.
             for (;;) {
@@ -1047,7 +1048,7 @@ class StepPlan {
                         plan_.run_node(fs_.nodes[f], base_, threads_, node_s_);
                         state_[f].store(2);
                         state_[f].notify_all();
-                        ran = true;
+                        ran = ran_any = true;
                     } else if (state_[f].load() == 1) {
                         if (running < 0) running = f;
                     } else if (left < 0) {
@@ -1064,6 +1065,7 @@ class StepPlan {
                 std::lock_guard<std::mutex> lock(error_mutex_);
                 std::rethrow_exception(error_);
             }
+            if (ran_any) wake_idle_workers();  // floating nodes that waited for these may start
             return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
 
