@@ -345,6 +345,9 @@ def main() -> None:
     args = p.parse_args()
     if min(args.threads) < 1 or args.steps < 1 or args.nodes < 0 or args.families < 0:
         p.error("--threads and --steps take counts of at least 1, --nodes and --families of at least 0")
+    if args.floating_ab and max(args.threads) < 2:
+        p.error("--floating-ab compares at the largest --threads count, which must be at least 2 "
+                "(at 1 thread no node floats)")
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     if args.floating_ab:
         ab = [floating_ab(config, max(args.threads), args.steps) for config in args.configs]

@@ -118,3 +118,10 @@ def test_bench_adam_constants_times_both_ways_with_the_same_bits() -> None:
     out = bench("--steps", "0", script=SCRIPTS / "bench_adam_constants.py")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--steps are 1-based" in out.stderr.strip().splitlines()[-1]
+
+
+def test_bench_threads_refuses_floating_ab_at_one_thread_in_one_line() -> None:
+    """At one thread no node floats: comparing floating against levels there would print noise."""
+    out = bench("--floating-ab", "--threads", "1", "--configs", "digits_cnn", script=SCRIPTS / "bench_threads.py")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "must be at least 2" in out.stderr.strip().splitlines()[-1]
