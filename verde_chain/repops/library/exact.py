@@ -88,11 +88,18 @@ EXACT_POWER_MAX_T = 192
 T = TypeVar("T")
 
 
+def _encloses(b: Fraction) -> bool:
+    """Whether power_enclosure takes base b: in [0, 1), with a power-of-two denominator of at
+    most 2**POW_BITS (a binary32 value), so that b is exact at POW_BITS bits."""
+    d = b.denominator
+    return 0 <= b < 1 and d & (d - 1) == 0 and d.bit_length() - 1 <= POW_BITS
+
+
 def power_enclosure(b: Fraction, t: int) -> tuple[Fraction, Fraction]:
     """(lo, hi) with lo <= b**t <= hi, for 0 <= b < 1 with a power-of-two denominator (a binary32
     value: then b itself is exact at POW_BITS bits) and t >= 0; by squaring, rounding the lower
     bound down and the upper bound up at every step."""
-    if not (0 <= b < 1) or b.denominator.bit_length() - 1 > POW_BITS or b.denominator & (b.denominator - 1):
+    if not _encloses(b):
         raise RepOpsError(f"power enclosure of {b}: needs a binary32 value in [0, 1)")
     one = 1 << POW_BITS
     base = b.numerator << (POW_BITS - (b.denominator.bit_length() - 1))  # exact
@@ -119,8 +126,7 @@ def rounded_at_powers(fn: Callable[..., T], powers: Sequence[tuple[Fraction, int
     result (a binary32 constant): fn at every corner of the powers' enclosures when all corners
     agree, else fn at the exact powers. Powers of a base outside [0, 1), and powers whose
     exponents are all at most EXACT_POWER_MAX_T, are exact."""
-    if any(t > EXACT_POWER_MAX_T for _, t in powers) and all(
-            0 <= b < 1 and b.denominator & (b.denominator - 1) == 0 for b, _ in powers):
+    if any(t > EXACT_POWER_MAX_T for _, t in powers) and all(_encloses(b) for b, _ in powers):
         bounds = [power_enclosure(b, t) for b, t in powers]
         if all(hi < 1 for _, hi in bounds):
             corners = {fn(*corner) for corner in itertools.product(*bounds)}
