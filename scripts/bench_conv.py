@@ -10,7 +10,8 @@ Default: 64 -> 64 channels, 3x3, pad 1, stride 1 on 32x32, batch 32 (goal: forwa
 the backend's whole call (``CpuBackend(desc, inputs)``: operand tables, kernel, reshape) and the
 kernel alone (tables built once, the output's order written as the call does); torch: ``conv2d``
 and ``aten.convolution_backward`` for each gradient alone. Best-of-N, round-robin in every
-rotation of the order (``best_rotated``). Prints a table and one JSON line. ``--step MODEL``:
+rotation of the order (``best_rotated``), with each one's minor page faults per call
+(``FaultCounted``: torch's time swings with them). Prints a table and one JSON line. ``--step MODEL``:
 instead, one committed training step of a vision job (``examples/vision.py``, SGD with
 momentum) against torch eager's forward, backward and SGD step on the same module and batch. ``--step MODEL --profile``: where the plain step's time goes,
 per node label (the whole-step plan's ``node_times``), beside torch's per-op self CPU time
@@ -47,6 +48,7 @@ import argparse
 import collections
 import functools
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -423,6 +425,40 @@ def families(threads: int, isa: str, repeat: int) -> dict[str, object]:
     return {"threads": threads, "isa": isa, "ms_cpu_new_vs_before": rows}
 
 
+def keep_heap() -> None:
+    """This process's glibc malloc keeps freed memory (mmap threshold 32 MiB, the most it takes;
+    trim threshold 1 GiB): results of up to 32 MiB come from the heap and go back to it, never to
+    the OS, so a call's result is no fresh pages. For comparing with torch at its best: its
+    ``conv2d`` otherwise pays page faults in some processes (``FaultCounted``)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+    if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+        raise SystemExit("--keep-heap: mallopt refused the thresholds (not glibc?)")
+
+
+class FaultCounted:
+    """A function that counts the process's minor page faults over its calls (getrusage around
+    each call, about a microsecond). A result of megabytes dropped before the next call can come
+    back as fresh pages when malloc has given the memory back to the OS: torch's ``conv2d`` paid
+    6,000 faults a call in one process and none in another (2026-12-05), and its time with them."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn, self.calls, self.faults = fn, 0, 0
+
+    def __call__(self) -> object:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        out = self.fn()
+        self.faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        self.calls += 1
+        return out
+
+    @property
+    def per_call(self) -> float:
+        return self.faults / max(1, self.calls)
+
+
 def best_rotated(fns: list[Callable[[], object]], repeat: int) -> list[float]:
     """Best wall time of each function over ``best_of`` runs in every rotation of their order:
     in a fixed round-robin the function after torch's convolution always ran on the cache and
@@ -463,7 +499,11 @@ def main() -> None:
                     help="with --step: a training run of STEPS steps as `verde-chain train` runs it, against torch")
     ap.add_argument("--interval", type=int, default=DEFAULT_CHECKPOINT_INTERVAL,
                     help="with --run: the checkpoint interval (committed steps)")
+    ap.add_argument("--keep-heap", action="store_true",
+                    help="glibc keeps freed memory in its heap (mallopt): no side pays page faults for fresh results")
     args = ap.parse_args()
+    if args.keep_heap:
+        keep_heap()
     if args.run and (not args.step or args.nodes or args.profile or args.hashing or args.tap_classes
                      or args.idle_hashing):
         ap.error("--run STEPS takes --step MODEL alone")
@@ -530,21 +570,25 @@ def main() -> None:
             assert plan is not None, kind
             a, b, nb, M, N = windowed.gemm_operands(desc, plan)
             flat = [np.ascontiguousarray(v).reshape(-1).view(np.uint32) for v in ins]
-            t_torch, t_call, t_kernel = best_rotated([
+            fns = [FaultCounted(f) for f in (
                 torch_fn,
                 functools.partial(be, desc, ins),
                 functools.partial(cpu_ext.windowed_matmul, a, flat[plan.slot_a], b, flat[plan.slot_b], nb, M, N, isa, t,
                                   split=be.column_split(desc, plan)),
-            ], args.repeat)
+            )]  # fmt: skip
+            t_torch, t_call, t_kernel = best_rotated(list(fns), args.repeat)
+            faults = [round(f.per_call) for f in fns]
             flops = 2.0 * desc.numel * desc.K
             rows.append({"kind": kind, "threads": t, "isa": isa, "torch_ms": round(t_torch * 1e3, 2),
                          "repops_ms": round(t_call * 1e3, 2), "kernel_ms": round(t_kernel * 1e3, 2),
                          "repops_gflops": round(flops / t_call / 1e9, 1), "ratio": round(t_call / t_torch, 3),
-                         "kernel_ratio": round(t_kernel / t_torch, 3)})
+                         "kernel_ratio": round(t_kernel / t_torch, 3), "torch_faults": faults[0],
+                         "repops_faults": faults[1], "kernel_faults": faults[2]})
             row = rows[-1]
             print(f"{kind:12s} threads={t} torch {row['torch_ms']:8.2f} ms  repops {row['repops_ms']:8.2f} ms "
                   f"(kernel {row['kernel_ms']:8.2f} ms, {row['repops_gflops']} GF/s)  ratio {row['ratio']:.2f} "
-                  f"(kernel {row['kernel_ratio']:.2f})")
+                  f"(kernel {row['kernel_ratio']:.2f})  page faults a call: torch {faults[0]}, repops {faults[1]}, "
+                  f"kernel {faults[2]}")
     print(json.dumps({"shape": args.shape, "rows": rows}))
 
 

@@ -9,11 +9,35 @@
 #include <stdexcept>
 
 #include "kernels.h"
+#include "recycled.h"
 #include "tensors.h"
 #include "window_plan.h"
 
 namespace repops_cpu {
 namespace {
+
+// Results of RESULT_RECYCLE_BYTES or more come from one process-wide RecycledBuffers (recycled.h:
+// a caller that drops each result before the next call of its size, as a layer run op by op
+// does, would otherwise pay that result's page faults on every call), two idle buffers of a
+// size and 256 MiB idle in all; smaller ones from torch::empty (malloc keeps those in its
+// heap). Switched off (set_result_recycling), every result comes from torch::empty: for a
+// paired benchmark. Either way changes no bit.
+constexpr int64_t RESULT_RECYCLE_BYTES = int64_t(1) << 20;
+std::atomic<bool> recycle_results{true};
+
+RecycledBuffers& results_pool() {
+    // never destroyed: a result dropped while the process exits still finds it
+    static auto* pool = new std::shared_ptr<RecycledBuffers>(RecycledBuffers::make(2, size_t(256) << 20));
+    return **pool;
+}
+
+torch::Tensor result_tensor(at::IntArrayRef shape, torch::ScalarType dtype) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (!recycle_results.load(std::memory_order_relaxed) || numel * (int64_t)c10::elementSize(dtype) < RESULT_RECYCLE_BYTES)
+        return torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    return results_pool().take(shape, dtype);
+}
 
 // a: (batch, M, K), b: (batch, K, N), any strides (stride 0 for broadcast batches).
 // tile = (mc, kc, nc): cache blocking; any values give the same bits.
@@ -33,7 +57,7 @@ torch::Tensor matmul3(const torch::Tensor& a, const torch::Tensor& b, int64_t th
     // at 2 threads ran on one, and 1024^3 lost a third of its second thread).
     const auto options = a.options().memory_format(torch::MemoryFormat::Contiguous);
     if (g.batch == 0 || g.M == 0 || g.N == 0 || g.K == 0) return torch::zeros({g.batch, g.M, g.N}, options);
-    torch::Tensor c = torch::empty({g.batch, g.M, g.N}, options);
+    torch::Tensor c = result_tensor({g.batch, g.M, g.N}, torch::kFloat32);
     g.C = c.data_ptr<float>();
     // Tiles are rounded to whole micro-panels so panels never straddle blocks.
     mc = round_up(mc, GEMM_MR);
@@ -66,7 +90,7 @@ torch::Tensor windowed_matmul(const torch::Tensor& a_data, const torch::Tensor& 
     const WinOperand b = win_operand(b_data, b_rows, b_ks, b_wins, b_fill, K, "operand b");
     TORCH_CHECK(a.R == batch * M && b.R == batch * N, "windowed_matmul: tables have ", a.R, " / ", b.R,
                 " rows, expected ", batch * M, " / ", batch * N);
-    torch::Tensor c = torch::empty({batch, M, N}, torch::TensorOptions().dtype(torch::kFloat32));
+    torch::Tensor c = result_tensor({batch, M, N}, torch::kFloat32);
     const ColumnSplit cs = column_split(split, batch, M, N);
     TORCH_CHECK(windowed_gemm(a, b, c.data_ptr<float>(), batch, M, N, K, threads, round_up(mc, GEMM_MR), kc,
                               round_up(nc, GEMM_NR), cs),
@@ -79,8 +103,7 @@ torch::Tensor gather_operand(const torch::Tensor& data, const torch::Tensor& row
                              const torch::Tensor& wins, int64_t fill, int64_t threads, bool kmajor) {
     const int64_t K = ks.size(0);
     const WinOperand o = win_operand(data, rows, ks, wins, fill, K, "operand");
-    torch::Tensor out = kmajor ? torch::empty({K, o.R}, torch::TensorOptions().dtype(torch::kInt32))
-                               : torch::empty({o.R, K}, torch::TensorOptions().dtype(torch::kInt32));
+    torch::Tensor out = kmajor ? result_tensor({K, o.R}, torch::kInt32) : result_tensor({o.R, K}, torch::kInt32);
     TORCH_CHECK(windowed_gather(o, K, reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), threads, kmajor),
                 "windowed_gather: an operand address fell outside its input");
     return out;
@@ -93,7 +116,7 @@ torch::Tensor pool_backward(const torch::Tensor& arg, const torch::Tensor& dy, c
         TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kInt32 && t->is_contiguous(),
                     "pool_backward: arg and dy must be contiguous CPU int32 bits");
     const PoolBackward g = read_pool_backward(axes, plane_off, K, arg.numel(), dy.numel());
-    torch::Tensor dx = torch::empty({g.numel()}, torch::TensorOptions().dtype(torch::kFloat32));
+    torch::Tensor dx = result_tensor({g.numel()}, torch::kFloat32);
     pool_backward_into(g, reinterpret_cast<const uint32_t*>(arg.data_ptr<int32_t>()),
                        reinterpret_cast<const uint32_t*>(dy.data_ptr<int32_t>()), dx.data_ptr<float>(), threads);
     return dx;
@@ -105,7 +128,7 @@ torch::Tensor reduce_last(const torch::Tensor& x, int64_t op, int64_t threads) {
     TORCH_CHECK(op >= 0 && op < RP_REDUCE_COUNT, "unknown reduce op ", op);
     const int64_t R = x.size(0), K = x.size(1);
     TORCH_CHECK(K > 0, "reduction over an empty axis");
-    torch::Tensor out = torch::empty({R}, x.options());
+    torch::Tensor out = result_tensor({R}, torch::kFloat32);
     if (R == 0) return out;
     reduce_into(x.data_ptr<float>(), R, K, x.stride(0), x.stride(1), op, out.data_ptr<float>(), threads);
     return out;
@@ -117,7 +140,7 @@ torch::Tensor binary(const torch::Tensor& a, const torch::Tensor& b, int64_t op,
     TORCH_CHECK(a.sizes() == b.sizes(), "binary takes equal shapes (broadcast first)");
     TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "binary takes contiguous tensors");
     TORCH_CHECK(op >= 0 && op < RP_BIN_COUNT, "unknown binary op ", op);
-    torch::Tensor out = torch::empty_like(a, a.options().memory_format(torch::MemoryFormat::Contiguous));
+    torch::Tensor out = result_tensor(a.sizes(), torch::kFloat32);
     binary_into(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), a.numel(), op, threads);
     return out;
 }
@@ -130,7 +153,7 @@ torch::Tensor scatter_rows(const torch::Tensor& g, const torch::Tensor& idx, int
                 "scatter_rows takes g (P, R) and idx (P,)");
     TORCH_CHECK(g.is_contiguous() && idx.is_contiguous(), "scatter_rows takes contiguous tensors");
     TORCH_CHECK(V >= 1 && V <= (1 << 24), "scatter_rows needs 1 <= V <= 2^24 rows");
-    torch::Tensor out = torch::empty({V, g.size(1)}, g.options());
+    torch::Tensor out = result_tensor({V, g.size(1)}, torch::kFloat32);
     scatter_rows_into(g.data_ptr<float>(), idx.data_ptr<float>(), g.size(0), g.size(1), V, out.data_ptr<float>(),
                       threads);
     return out;
@@ -162,7 +185,7 @@ torch::Tensor run_program(const std::vector<torch::Tensor>& inputs, const torch:
                     "r0_init must be a contiguous int32 tensor with one value per output element");
         init = reinterpret_cast<const uint32_t*>(r0_init->data_ptr<int32_t>());
     }
-    torch::Tensor out = torch::empty({P.numel}, torch::TensorOptions().dtype(torch::kInt32));
+    torch::Tensor out = result_tensor({P.numel}, torch::kInt32);
     exec_prog(P, data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), init, threads);
     return out;
 }
@@ -184,7 +207,7 @@ torch::Tensor run_map(int64_t fn_addr, const std::vector<torch::Tensor>& inputs,
         check_map_inputs(rows, t, numel, x.numel());
         data[t] = x.data_ptr<int32_t>();
     }
-    torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(torch::kInt32));
+    torch::Tensor out = result_tensor({numel}, torch::kInt32);
     map_into(reinterpret_cast<MapFn>(fn_addr), data.data(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()),
              numel, work, threads);
     return out;
@@ -269,6 +292,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
               return repops_cpu::tap_class_choice.exchange(choice);
           }, pybind11::arg("choice"),
           "when windowed GEMMs run by tap classes: 0 by cost, 1 whenever exact, 2 never; returns the previous choice");
+    m.def("tap_class_quick_rejects", [] { return repops_cpu::tap_class_quick_rejects.load(); },
+          "windowed GEMMs whose tap classes a cheap bound showed cannot pay (not built) so far");
+    m.def("tap_class_bound_misses", [] { return repops_cpu::tap_class_bound_misses.load(); },
+          "under the audit: calls the bound rejected whose classes would have paid, so far");
+    m.def("set_tap_class_bound_audit", [](bool on) { return repops_cpu::tap_class_bound_audit.exchange(on); },
+          pybind11::arg("on"), "tests: build and cost the classes the bound rejected (the choice is the same)");
     m.def("fill_only_columns", [] { return repops_cpu::fill_only_columns.load(); },
           "columns of tap-class windowed GEMMs none of whose taps reads the input (signed zeros) so far");
     m.def("row_plan_items", [] { return repops_cpu::row_plan_items.load(); },
@@ -278,4 +307,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_spread_check", &set_spread_check, "tests: every thread of a call runs at least one item",
           pybind11::arg("on"));
     m.def("info", &info);
+    m.def("set_result_recycling", [](bool on) { return recycle_results.exchange(on); }, pybind11::arg("on"),
+          "results of 1 MiB or more on recycled buffers (on) or from torch::empty (off); returns the previous setting");
+    m.def("result_recycling_counts", [] { return results_pool().counts(); },
+          "(bytes of result buffers held idle, results served from an idle buffer so far)");
+    m.def("release_idle_results", [] { results_pool().release_idle(); }, "free the idle result buffers");
 }

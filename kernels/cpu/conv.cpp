@@ -1256,6 +1256,8 @@ ColumnBlocks column_blocks(int64_t row_items, int64_t rows, int64_t N, int64_t n
 // 69% of (position, tap) pairs.
 std::atomic<int64_t> tap_class_gemms{0}, tap_class_zero_columns{0}, fill_only_columns{0};
 std::atomic<int> tap_class_choice{TAP_CLASSES_BY_COST};
+std::atomic<int64_t> tap_class_quick_rejects{0}, tap_class_bound_misses{0};
+std::atomic<bool> tap_class_bound_audit{false};
 
 namespace {
 
@@ -1352,8 +1354,13 @@ struct WindowKey {
 // Cheap before the choice of path: one pass over the columns, and per window one over k per
 // distinct key (a byte mask), per class one AND of the masks.
 struct TapClasses {
+    // per class: its columns (list_columns) and taps (list_taps), the windows' phases, how many
+    // columns and taps it has
     std::vector<std::vector<int64_t>> cols, phases, taps;
-    std::vector<int64_t> count;
+    std::vector<int64_t> size, count;
+    // Per window, the class of every column and the taps inside (build); false where the
+    // classes do not apply. Only the counts: the lists are made once the classes are chosen
+    // (every call of a convolution builds its classes, and mostly does not run them).
     bool build(const WinOperand& b, int64_t batch, int64_t N, int64_t K) {
         nw = b.nchk;
         K_ = K;
@@ -1376,7 +1383,9 @@ struct TapClasses {
         std::vector<std::vector<int64_t>> id_of(nw);
         for (int64_t w = 0; w < nw; w++) {
             const int64_t* v = b.rows + (1 + w) * b.R;
-            for (int64_t r = 0; r < b.R; r++) vmin[w] = std::min(vmin[w], v[r]), vmax[w] = std::max(vmax[w], v[r]);
+            int64_t lo = INT64_MAX, hi = INT64_MIN;  // locals: through vmin[w] every row was a store
+            for (int64_t r = 0; r < b.R; r++) lo = std::min(lo, v[r]), hi = std::max(hi, v[r]);
+            vmin[w] = lo, vmax[w] = hi;
             if (vmax[w] - vmin[w] >= MAX_ROW_VALUES) return false;
             for (int64_t x = vmin[w]; x <= vmax[w]; x++) {
                 const WindowKey key = key_of(w, x);
@@ -1393,22 +1402,30 @@ struct TapClasses {
             for (int64_t w = 0; w < nw; w++) c = c * MAX_WINDOW_KEYS + id_of[w][b.rows[(1 + w) * b.R + r] - vmin[w]];
             return c;
         };
-        std::vector<int64_t> code(N);
-        for (int64_t j = 0; j < N; j++) code[j] = class_of(j);
         for (int64_t bi = 1; bi < batch; bi++)
             for (int64_t j = 0; j < N; j++)
-                if (class_of(bi * N + j) != code[j]) return false;
-        // dense class numbers, in order of first column
+                if (class_of(bi * N + j) != class_of(j)) return false;
+        // dense class numbers, in order of first column; a column of its left neighbour's class
+        // (most of a map's row) without the hash lookup. One byte a column (MAX_TAP_CLASSES):
+        // per-call tables of int64 a column (256 KiB for 32 x 32 maps, batch 32) were fresh
+        // pages to fault in at every call.
+        static_assert(MAX_TAP_CLASSES <= 256);
         std::vector<int64_t> seen;
         std::unordered_map<int64_t, int64_t> class_no;
-        for (int64_t j = 0; j < N; j++) {
-            auto [it, fresh] = class_no.emplace(code[j], (int64_t)seen.size());
-            if (fresh) {
-                if ((int64_t)seen.size() == MAX_TAP_CLASSES) return false;
-                seen.push_back(code[j]);
-                cols.emplace_back();
+        col_class.resize(N);
+        for (int64_t j = 0, c = -1, prev = -1; j < N; j++) {
+            const int64_t code = class_of(j);
+            if (j == 0 || code != prev) {
+                auto [it, fresh] = class_no.emplace(code, (int64_t)seen.size());
+                if (fresh) {
+                    if ((int64_t)seen.size() == MAX_TAP_CLASSES) return false;
+                    seen.push_back(code);
+                    size.push_back(0);
+                }
+                c = it->second, prev = code;
             }
-            cols[it->second].push_back(j);
+            col_class[j] = (uint8_t)c;
+            size[c]++;
         }
         // per window and key, which taps it lets read the input
         masks.resize(nw);
@@ -1438,6 +1455,12 @@ struct TapClasses {
         }
         return true;
     }
+    // cols[c] for every class
+    void list_columns() {
+        cols.assign(size.size(), {});
+        for (size_t c = 0; c < size.size(); c++) cols[c].reserve(size[c]);
+        for (size_t j = 0; j < col_class.size(); j++) cols[col_class[j]].push_back((int64_t)j);
+    }
     // taps[c] for every class
     void list_taps() {
         std::vector<uint8_t> in(K_);
@@ -1455,6 +1478,7 @@ struct TapClasses {
     int64_t nw = 0, K_ = 0;
     std::vector<std::vector<std::vector<uint8_t>>> masks;  // [window][key][k]
     std::vector<std::vector<int64_t>> key_ids;             // [class][window]
+    std::vector<uint8_t> col_class;                        // [column]
     void taps_inside(const std::vector<int64_t>& ids, uint8_t* in) const {
         std::fill(in, in + K_, (uint8_t)1);
         for (int64_t w = 0; w < nw; w++) {
@@ -1482,6 +1506,75 @@ constexpr double PACK_PLAIN_FMAS = 16, SCAN_FMAS = 8, STORE_FMAS = 128, MAX_COST
 // Writing one element of C in a row written whole (the fill-only columns' zeros, vector stores).
 constexpr double PREFILL_FMAS = 8;
 
+// The (row, tap) pairs of b that window w takes outside the input (or between its elements, div >
+// 1), from a histogram of its row values: one pass over the rows, then per distinct value a
+// difference of two prefix counts of the taps' offsets (div == 1) or one pass over k. -1 where
+// that is more work than a pass over the rows.
+double window_fill_pairs(const WinOperand& b, int64_t K, int64_t w) {
+    const int64_t w1 = 1 + b.nchk;
+    // one pass: the histogram's range [lo, lo + size) grows to each value outside it
+    const int64_t* v = b.rows + (1 + w) * b.R;
+    int64_t lo = v[0];
+    std::vector<int64_t> hist(1, 0);
+    for (int64_t r = 0; r < b.R; r++) {
+        const int64_t x = v[r];
+        if (x < lo || x >= lo + (int64_t)hist.size()) {
+            const int64_t new_lo = std::min(lo, x), new_hi = std::max(lo + (int64_t)hist.size() - 1, x);
+            if (new_hi - new_lo >= MAX_ROW_VALUES) return -1;
+            hist.insert(hist.begin(), lo - new_lo, 0);
+            hist.resize(new_hi - new_lo + 1, 0);
+            lo = new_lo;
+        }
+        hist[x - lo]++;
+    }
+    const int64_t div = b.wins[3 * w], extent = b.wins[3 * w + 1] * div;
+    auto offset = [&](int64_t k) { return b.ks[k * w1 + 1 + w]; };
+    double total = 0;
+    if (div == 1) {
+        // taps by offset, cumulated: below(t) = how many taps have an offset < t
+        int64_t tmin = INT64_MAX, tmax = INT64_MIN;
+        for (int64_t k = 0; k < K; k++) tmin = std::min(tmin, offset(k)), tmax = std::max(tmax, offset(k));
+        if (tmax - tmin >= MAX_ROW_VALUES) return -1;
+        std::vector<int64_t> below(tmax - tmin + 2, 0);
+        for (int64_t k = 0; k < K; k++) below[offset(k) - tmin + 1]++;
+        for (size_t t = 1; t < below.size(); t++) below[t] += below[t - 1];
+        auto taps_below = [&](int64_t t) { return below[std::clamp<int64_t>(t - tmin, 0, tmax - tmin + 1)]; };
+        for (size_t x = 0; x < hist.size(); x++) {
+            const int64_t val = lo + (int64_t)x;  // inside: -val <= offset < extent - val
+            if (hist[x]) total += (double)hist[x] * (double)(taps_below(-val) + K - taps_below(extent - val));
+        }
+        return total;
+    }
+    int64_t distinct = 0;
+    for (int64_t h : hist) distinct += h > 0;
+    if (distinct * K > b.R) return -1;
+    for (size_t x = 0; x < hist.size(); x++) {
+        if (!hist[x]) continue;
+        int64_t outside = 0;
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t p = lo + (int64_t)x + offset(k);
+            outside += p < 0 || p >= extent || mod_pos(p, div) != 0;
+        }
+        total += (double)hist[x] * (double)outside;
+    }
+    return total;
+}
+
+// At least as many (row, tap) pairs of b as read the fill: window_fill_pairs summed over the
+// windows (a pair outside two counts twice), the windows on up to `threads` threads; -1 if one
+// of them is -1.
+double fill_pairs_at_most(const WinOperand& b, int64_t K, int64_t threads) {
+    std::vector<double> per(b.nchk, 0.0);
+    parallel_items(b.nchk, threads_for(threads, b.nchk, (double)b.R * (double)b.nchk, BINARY_MIN_ELEMS),
+                   [&](int64_t w, int64_t) { per[w] = window_fill_pairs(b, K, w); });
+    double total = 0;
+    for (double p : per) {
+        if (p < 0) return -1;
+        total += p;
+    }
+    return total;
+}
+
 // One GEMM item of the tap classes: class c's columns [j0, j1) (of its list) by A's rows [i0, i1)
 // of batch entry bi, over the class's taps.
 struct TapItem {
@@ -1499,6 +1592,39 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
         return false;
     for (int64_t w = 0; w < a.nchk; w++)
         if (a.wins[3 * w] != 1) return false;
+    const int choice = tap_class_choice.load(std::memory_order_relaxed);
+    if (choice == TAP_CLASSES_NEVER) return false;
+    // an item's FMAs (the micro-tile's rounding included) and its panels packed (A without
+    // windows is a strided transpose; B costs as much with or without its windows: a class's
+    // columns read the input in shorter runs)
+    const double pack_a = a.nchk ? PACK_FMAS : PACK_PLAIN_FMAS;
+    auto cost = [&](int64_t rows, int64_t cols, int64_t k) {
+        return (double)round_up(rows, GEMM_MR) * (double)round_up(cols, GEMM_NR) * (double)k +
+               (double)k * (pack_a * (double)rows + PACK_FMAS * (double)cols);
+    };
+    double one = 0, rows_share = 0;  // the one GEMM's cost per batch entry; sum of (rows + PACK) per row block
+    for (int64_t i0 = 0; i0 < M; i0 += mc) {
+        rows_share += (double)round_up(std::min(mc, M - i0), GEMM_MR) + PACK_FMAS;
+        for (int64_t j0 = 0; j0 < N; j0 += nc) one += cost(std::min(mc, M - i0), std::min(nc, N - j0), K);
+    }
+    // Before the classes are built (every call, and they rarely pay on maps much larger than the
+    // kernel): each column's items cost at least (rows + PACK) FMAs per row block and tap read
+    // inside, and at least R K - fill_pairs_at_most of the (row, tap) pairs read inside, so
+    // where even that costs more than the share the classes may take, they cannot pay. The
+    // same choice as building them, without the per-column pass: on a 64 -> 64 3x3 forward on
+    // 32 x 32 maps, batch 32, that pass was 2-4% of the call at 2 threads (2026-12-05).
+    // Under the audit (tests) the classes are built and costed anyway, and a rejected call whose
+    // classes would have paid is counted (tap_class_bound_misses); the choice stays the same.
+    bool rejected = false;
+    if (choice == TAP_CLASSES_BY_COST) {
+        const double fill = fill_pairs_at_most(b, K, threads);
+        if (fill >= 0 && rows_share * ((double)b.R * (double)K - fill) + SCAN_FMAS * (double)a.numel >
+                             MAX_COST_SHARE * (double)batch * one) {
+            tap_class_quick_rejects.fetch_add(1, std::memory_order_relaxed);
+            if (!tap_class_bound_audit.load(std::memory_order_relaxed)) return false;
+            rejected = true;
+        }
+    }
     TapClasses tc;
     if (!tc.build(b, batch, N, K)) return false;
     // items: per batch entry, row block of mc and column block of nc (of each class's columns),
@@ -1506,27 +1632,17 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
     // cache: a weight gradient's classes are its taps, each a column of every nine)
     std::vector<TapItem> items;
     const bool pays = [&] {
-        // an item's FMAs (the micro-tile's rounding included) and its panels packed (A without
-        // windows is a strided transpose; B costs as much with or without its windows: a class's
-        // columns read the input in shorter runs)
-        const double pack_a = a.nchk ? PACK_FMAS : PACK_PLAIN_FMAS;
-        auto cost = [&](int64_t rows, int64_t cols, int64_t k) {
-            return (double)round_up(rows, GEMM_MR) * (double)round_up(cols, GEMM_NR) * (double)k +
-                   (double)k * (pack_a * (double)rows + PACK_FMAS * (double)cols);
-        };
-        double one = 0, classes = 0;
-        for (int64_t i0 = 0; i0 < M; i0 += mc)
-            for (int64_t j0 = 0; j0 < N; j0 += nc) one += cost(std::min(mc, M - i0), std::min(nc, N - j0), K);
+        double classes = 0;
         int64_t widest = 0, n_fill = 0;
-        for (size_t c = 0; c < tc.cols.size(); c++) {
-            widest = std::max(widest, (int64_t)tc.cols[c].size());
-            if (tc.count[c] == 0) n_fill += (int64_t)tc.cols[c].size();
+        for (size_t c = 0; c < tc.size.size(); c++) {
+            widest = std::max(widest, tc.size[c]);
+            if (tc.count[c] == 0) n_fill += tc.size[c];
         }
         for (int64_t bi = 0; bi < batch; bi++)
             for (int64_t i0 = 0; i0 < M; i0 += mc)
                 for (int64_t j0 = 0; j0 < widest; j0 += nc)
-                    for (size_t c = 0; c < tc.cols.size(); c++) {
-                        const int64_t n = (int64_t)tc.cols[c].size(), k = tc.count[c];
+                    for (size_t c = 0; c < tc.size.size(); c++) {
+                        const int64_t n = tc.size[c], k = tc.count[c];
                         if (k == 0 || j0 >= n) continue;
                         items.push_back({(int64_t)c, bi, i0, std::min(M, i0 + mc), j0, std::min(n, j0 + nc)});
                         if (bi == 0) classes += cost(std::min(mc, M - i0), std::min(nc, n - j0), k);
@@ -1537,10 +1653,11 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
                    (n_fill ? PREFILL_FMAS * (double)M * (double)N + (double)M * (double)K : 0.0);
         return (double)batch * classes + SCAN_FMAS * (double)a.numel <= MAX_COST_SHARE * (double)batch * one;
     }();
-    const int choice = tap_class_choice.load(std::memory_order_relaxed);
-    if (choice == TAP_CLASSES_NEVER || (!pays && choice == TAP_CLASSES_BY_COST)) return false;
+    if (rejected && pays) tap_class_bound_misses.fetch_add(1, std::memory_order_relaxed);
+    if (rejected || (!pays && choice == TAP_CLASSES_BY_COST)) return false;
     if (!all_finite(a.data, a.numel, threads)) return false;  // 0 * a non-finite A element is NaN: no skip is exact
     tap_class_gemms.fetch_add(1, std::memory_order_relaxed);
+    tc.list_columns();
     tc.list_taps();
     // C's element (bi, i, j) is row(bi, i) + col_off[j]
     const CLayout out{C, M, N, n_inner, split};

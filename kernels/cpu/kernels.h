@@ -119,6 +119,10 @@ extern std::atomic<int64_t> tap_class_gemms, tap_class_zero_columns, fill_only_c
 // of their bits on shapes too small to pay), or never. Only the time depends on it.
 enum TapClassChoice { TAP_CLASSES_BY_COST = 0, TAP_CLASSES_WHEN_EXACT = 1, TAP_CLASSES_NEVER = 2 };
 extern std::atomic<int> tap_class_choice;
+// Calls whose classes a cheap bound showed cannot pay, so they were not built; under the audit
+// (tests: the classes built and costed anyway), those whose classes would have paid.
+extern std::atomic<int64_t> tap_class_quick_rejects, tap_class_bound_misses;
+extern std::atomic<bool> tap_class_bound_audit;
 // Items of the one-row-per-batch-entry path (M == 1: depthwise convolutions) since the library
 // loaded: lanes over columns read through the call's shared plan (row_plan_items) or packed per
 // item (row_chain_items). Tests read them to prove those paths ran.

@@ -2,7 +2,7 @@
 //
 // step_plan.cpp — StepPlan: all nodes of one training step in one call (built once per graph by
 // verde_chain/repops/backends/cpu/step.py, StepKernel). Every node output lives in one arena
-// tensor per run (BufferPool), at offsets fixed when the plan is built; node inputs are
+// tensor per run (recycled.h), at offsets fixed when the plan is built; node inputs are
 // (source, offset, numel) references, the source a graph.structure.SourceKind (generated
 // RP_SOURCE_*): this step's arena (outputs of earlier nodes), the previous step's arena (state
 // tensors) or the batch. Each node runs the same kernel as the per-node path (GEMM, fold,
@@ -56,6 +56,7 @@
 
 #include "kernels.h"
 #include "pool.h"
+#include "recycled.h"
 #include "tensors.h"
 #include "window_plan.h"
 
@@ -67,7 +68,7 @@ enum NodeKind : int64_t { NK_PROGRAM = 0, NK_DOT = 1, NK_FOLD = 2, NK_BINARY = 3
 // max-pool backward.
 enum WindowNodeKind : int64_t { NK_WGEMM = 16, NK_GATHER = 17, NK_PERMUTE = 18, NK_POOLBACK = 19 };
 // A buffer of the plan alone, after the SourceKind buffers: scratch for the window nodes'
-// intermediates (a gathered operand, a GEMM result before its permutation), one per run (BufferPool).
+// intermediates (a gathered operand, a GEMM result before its permutation), one per run (recycled.h).
 constexpr int64_t RP_SCRATCH = RP_SOURCE_BATCH + 1;
 // The in-plan hashing's unit (hash_nodes): a leaf is 128 elements (keccak_tree.c LEAF_ELEMS,
 // ~0.3 us of one core's hashing here); a pool thread is woken for at least HASH_MIN_LEAVES
@@ -337,65 +338,28 @@ struct PlanNode {
 // longest start first, so the threads finish together); all of them by decreasing work, and the
 // level's total and largest work (run_level).
 struct Level {
-    std::vector<int64_t> big, small, all;
+    std::vector<int64_t> big, small, all;  // small and all: the largest worth first
     double small_worth = 0, worth = 0, max_worth = 0;
-};
 
-// Float32 buffers of one size, recycled: a buffer whose last tensor died is handed to the next
-// take() instead of going back to the allocator. A fresh buffer of megabytes is mapped by the
-// kernel page by page on first touch (a fault and a zeroed 4 KiB page each), a cost the first
-// node writing each region paid in every run: on digits-wide (9 MiB arena) ~1,900 faults a step,
-// which made its big elementwise nodes several times slower at 1 thread than at 2 (the faults
-// then split between the threads). A run's arena outlives the run (it becomes the next run's
-// previous arena), so it comes back when Python drops it. One idle buffer is kept: a run of steps
-// holds two arenas (the one it reads, the one it writes) and gives one back per step, and every
-// buffer kept idle is resident memory (a GPT-2 small arena is 1.4 GiB).
-class BufferPool : public std::enable_shared_from_this<BufferPool> {
-  public:
-    static std::shared_ptr<BufferPool> make(int64_t numel) { return std::make_shared<BufferPool>(numel); }
-    explicit BufferPool(int64_t numel) : numel_(numel) {}
-    ~BufferPool() {
-        for (void* p : idle_) std::free(p);
-    }
-    BufferPool(const BufferPool&) = delete;
-    BufferPool& operator=(const BufferPool&) = delete;
-
-    // A tensor of numel float32 elements (contents unspecified, as torch::empty's).
-    torch::Tensor take() {
-        void* p = nullptr;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (!idle_.empty()) {
-                p = idle_.back();
-                idle_.pop_back();
-            }
+    // Files nodes[index]. A node of two threads' worth or more is big (split across the
+    // threads); the smaller ones run side by side, the largest first.
+    void add(int64_t index, const std::vector<PlanNode>& nodes) {
+        const double node_worth = nodes[index].threads_worth;
+        const auto by_work = [&](std::vector<int64_t>& list) {
+            list.insert(std::find_if(list.begin(), list.end(),
+                                     [&](int64_t j) { return nodes[j].threads_worth < node_worth; }),
+                        index);
+        };
+        by_work(all);
+        worth += node_worth;
+        max_worth = std::max(max_worth, node_worth);
+        if (node_worth >= 2.0) {
+            big.push_back(index);
+        } else {
+            by_work(small);
+            small_worth += node_worth;
         }
-        if (!p) p = std::aligned_alloc(kAlign, round_up(std::max<int64_t>(1, numel_) * (int64_t)sizeof(float), kAlign));
-        TORCH_CHECK(p, "step plan: out of memory for a buffer of ", numel_, " float32 elements");
-        std::weak_ptr<BufferPool> pool = weak_from_this();
-        return torch::from_blob(
-            p, {numel_},
-            [pool](void* q) {
-                if (auto live = pool.lock()) return live->give(q);
-                std::free(q);
-            },
-            torch::TensorOptions().dtype(torch::kFloat32));
     }
-
-  private:
-    static constexpr int64_t kAlign = 64;
-    static constexpr size_t kKeep = 1;
-    void give(void* p) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (idle_.size() < kKeep) {
-            idle_.push_back(p);
-            return;
-        }
-        std::free(p);
-    }
-    int64_t numel_;
-    std::mutex mutex_;
-    std::vector<void*> idle_;
 };
 
 class StepPlan {
@@ -749,8 +713,8 @@ class StepPlan {
         }
         double* node_s = seconds(times, (int64_t)nodes_.size(), "times", "node");
         double* level_s = seconds(level_times, (int64_t)levels_.size(), "level_times", "level");
-        torch::Tensor arena = arena_pool_->take();
-        const torch::Tensor scratch = scratch_pool_->take();  // back to its pool when this run ends
+        torch::Tensor arena = arena_pool_->take({size_[RP_SOURCE_NODE_OUTPUT]}, torch::kFloat32);
+        const torch::Tensor scratch = scratch_pool_->take({std::max<int64_t>(1, size_[RP_SCRATCH])}, torch::kFloat32);  // back to its pool when this run ends
         float* base[RP_SCRATCH + 1] = {arena.data_ptr<float>(), const_cast<float*>(prev.data_ptr<float>()),
                                        const_cast<float*>(batch.data_ptr<float>()), scratch.data_ptr<float>()};
         hash_workers_.store(0, std::memory_order_relaxed);
@@ -884,10 +848,16 @@ class StepPlan {
     std::vector<std::vector<int64_t>> overwritten_;
     mutable std::atomic<uint64_t> hash_workers_{0};  // bit w: worker w hashed in the last run
     mutable std::atomic<double> hash_s_{0};          // the last committed run's hashing seconds
-    // The arena and scratch (ring + work region) of each run, recycled (BufferPool); declared
-    // after size_, which their initialisers read.
-    std::shared_ptr<BufferPool> arena_pool_ = BufferPool::make(size_[RP_SOURCE_NODE_OUTPUT]);
-    std::shared_ptr<BufferPool> scratch_pool_ = BufferPool::make(std::max<int64_t>(1, size_[RP_SCRATCH]));
+    // The arena and scratch (ring + work region) of each run, recycled (recycled.h): without,
+    // the first node writing each region of a fresh arena paid its page faults in every run (on
+    // digits-wide, 9 MiB, ~1,900 faults a step, which made its big elementwise nodes several
+    // times slower at 1 thread than at 2: the faults then split between the threads). A run's
+    // arena outlives the run (it becomes the next run's previous arena), so it comes back when
+    // Python drops it. One idle buffer of each is kept: a run of steps holds two arenas (the one
+    // it reads, the one it writes) and gives one back per step, and every buffer kept idle is
+    // resident memory (a GPT-2 small arena is 1.4 GiB).
+    std::shared_ptr<RecycledBuffers> arena_pool_ = RecycledBuffers::make(1, SIZE_MAX);
+    std::shared_ptr<RecycledBuffers> scratch_pool_ = RecycledBuffers::make(1, SIZE_MAX);
     int64_t mc_, kc_, nc_;
     std::vector<PlanNode> nodes_;
     std::vector<int64_t> level_of_;  // per node
@@ -978,21 +948,10 @@ class StepPlan {
             if (fs->after_level[f] >= 0) fs->wakes[fs->after_level[f]] = 1;
         }
         for (int64_t f : fs->order) fs->due[deadline[fs->nodes[f]]].push_back(f);
+        // The levels without their floating nodes, filed in the order add_node filed them.
         fs->levels.resize(L);
-        for (int64_t l = 0; l < L; l++) {
-            const Level& from = levels_[l];
-            Level& to = fs->levels[l];
-            for (int64_t i : from.big)
-                if (pos[i] < 0) to.big.push_back(i);
-            for (int64_t i : from.small)
-                if (pos[i] < 0) to.small.push_back(i), to.small_worth += nodes_[i].threads_worth;
-            for (int64_t i : from.all)
-                if (pos[i] < 0) {
-                    to.all.push_back(i);
-                    to.worth += nodes_[i].threads_worth;
-                    to.max_worth = std::max(to.max_worth, nodes_[i].threads_worth);
-                }
-        }
+        for (int64_t i = 0; i < n; i++)
+            if (pos[i] < 0) fs->levels[level_of_[i]].add(i, nodes_);
         return fs;
     }
 
@@ -1032,6 +991,7 @@ class StepPlan {
         // Makes sure every floating node due before level l (l = L: the end) is done; returns the
         // wall seconds it took. Re-throws a worker's exception.
         double finish_due(int64_t l) {
+            if (fs_.due[l].empty()) return 0.0;  // most levels: no clock read
             const auto t0 = std::chrono::steady_clock::now();
             const int64_t done = levels_done_.load();
             bool ran_any = false;
@@ -1331,23 +1291,9 @@ class StepPlan {
             if (level_of_[i] >= level && must_follow(nd, nodes_[i])) level = level_of_[i] + 1;
         const int64_t index = (int64_t)nodes_.size();
         if ((int64_t)levels_.size() <= level) levels_.resize(level + 1);
-        Level& lv = levels_[level];
-        const auto by_work = [&](std::vector<int64_t>& list) {
-            list.insert(std::find_if(list.begin(), list.end(),
-                                     [&](int64_t j) { return nodes_[j].threads_worth < nd.threads_worth; }),
-                        index);
-        };
-        by_work(lv.all);
-        lv.worth += nd.threads_worth;
-        lv.max_worth = std::max(lv.max_worth, nd.threads_worth);
-        if (nd.threads_worth >= 2.0) {
-            lv.big.push_back(index);
-        } else {
-            by_work(lv.small);
-            lv.small_worth += nd.threads_worth;
-        }
         level_of_.push_back(level);
         nodes_.push_back(std::move(nd));
+        levels_[level].add(index, nodes_);
         root_row_.clear();  // hash_outputs again: the levels changed
     }
 

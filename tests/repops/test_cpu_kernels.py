@@ -219,6 +219,46 @@ def test_matmul_tiles_and_threads_do_not_change_bits(isa: str) -> None:
         assert_same_bits(cpu_ext.matmul(at, tb, trans_a=True, isa=isa, threads=threads, tile=tile), want)
 
 
+def test_big_results_serve_the_next_call_and_never_while_alive() -> None:
+    """A kernel's result of 1 MiB or more (bindings.cpp result_tensor) goes back to a pool when
+    the caller drops it, and the next result of its size is written there (no fresh pages to
+    fault in): same memory, its own bits. A result still alive, as a tensor or as a numpy view
+    of one, is never handed out: its values stay. Switched off (set_result_recycling), no
+    result comes from the pool, and the bits are the same."""
+    isa = cpu_ext.best_isa()
+    ext = cpu_ext.extension(isa)
+    a, b = (torch.from_numpy(edge_matrix(s, 40 + i, 0.05)) for i, s in enumerate([(512, 64), (64, 512)]))
+    ext.release_idle_results()
+
+    def served() -> int:
+        return int(ext.result_recycling_counts()[1])
+
+    first = cpu_ext.matmul(a, b, isa=isa, threads=2)  # 512 x 512 floats: 1 MiB
+    want, ptr = bits(first).copy(), first.data_ptr()
+    kept = cpu_ext.matmul(a, -b, isa=isa, threads=2).numpy()  # alive as a numpy view only
+    kept_bits = bits(kept).copy()
+    del first
+    n = served()
+    again = cpu_ext.matmul(a, b, isa=isa, threads=2)
+    assert served() == n + 1 and again.data_ptr() == ptr
+    assert (bits(again) == want).all()
+    other = cpu_ext.matmul(a, -b, isa=isa, threads=2)  # the pool is empty again: fresh memory
+    assert served() == n + 1 and other.data_ptr() not in (ptr, kept.ctypes.data)
+    assert (bits(kept) == kept_bits).all() and (bits(other) == kept_bits).all()
+    small = cpu_ext.matmul(a[:100], b, isa=isa, threads=2)  # 200 KiB: torch's allocator
+    del small
+    cpu_ext.matmul(a[:100], b, isa=isa, threads=2)
+    assert served() == n + 1
+    before = ext.set_result_recycling(False)
+    try:
+        del again
+        third = cpu_ext.matmul(a, b, isa=isa, threads=2)
+        assert served() == n + 1 and (bits(third) == want).all()
+    finally:
+        ext.set_result_recycling(before)
+    assert ext.result_recycling_counts()[0] >= 512 * 512 * 4  # `again` went back, idle
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_row_tails_of_every_height(isa: str) -> None:
     """The micro-kernel computes a tail of mr rows as 4, 8 or MR rows and a tail of nr columns as

@@ -401,6 +401,64 @@ def test_tap_classes_run_where_they_pay(isa: str) -> None:
         assert (outs[0].view(np.uint32) == outs[1].view(np.uint32)).all(), (desc.label, xs)
 
 
+@contextlib.contextmanager
+def _bound_audit(ext: ModuleType) -> Iterator[None]:
+    before = ext.set_tap_class_bound_audit(True)
+    try:
+        yield
+    finally:
+        ext.set_tap_class_bound_audit(before)
+
+
+def test_the_bound_that_skips_building_tap_classes_never_changes_the_choice() -> None:
+    """Before it builds the tap classes (a pass over every column, on every call), the windowed
+    GEMM bounds their cost from below by the (row, tap) pairs that read the fill, per window from
+    a histogram of the rows (conv.cpp fill_pairs_at_most), and skips them where even the bound
+    costs more than they may take. Under the audit the classes are built and costed anyway: over
+    convolutions on maps from 1x1 (the classes pay) to 32x32 (they do not), forward and both
+    gradients, strided, dilated, grouped and 1-D, no call the bound skipped would have run them;
+    the bound skipped some, the classes ran on others, and the 64 -> 64 3x3 forward on 32x32 maps
+    (issue #15's benchmark) is skipped without building them."""
+    isa = ck.best_isa()
+    ext = ck.extension(isa)
+    shapes = [((32 if s <= 8 else 4, 64, s, s), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1)
+              for s in (1, 2, 4, 8, 16, 32)]
+    shapes += [
+        ((8, 512, 1, 1), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1),  # resnet18's last layers
+        ((8, 64, 8, 8), (128, 64, 1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 1),  # a stride-2 downsample
+        ((4, 32, 16, 16), (64, 32, 3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
+        ((4, 16, 9, 9), (16, 16, 3, 3), (1, 1), (2, 2), (2, 2, 2, 2), 1),  # dilated
+        ((4, 32, 6, 6), (32, 8, 3, 3), (1, 1), (1, 1), (1, 0, 1, 2), 4),  # grouped, uneven pads
+        ((4, 16, 40), (16, 16, 5), (1,), (1,), (2, 2), 1),  # 1-D
+    ]
+
+    def run_ones(desc: KernelDesc) -> None:  # the windowed GEMM on all-ones inputs, 1 thread
+        plan = windowed.plan(desc)
+        assert plan is not None
+        a, b, nb, M, N = windowed.gemm_operands(desc, plan)
+        bits = [np.ones(m.numel, np.float32).view(np.uint32) for m in desc.inputs]
+        ck.windowed_matmul(a, bits[plan.slot_a], b, bits[plan.slot_b], nb, M, N, isa, 1)
+
+    rejects, misses, gemms = ext.tap_class_quick_rejects(), ext.tap_class_bound_misses(), ext.tap_class_gemms()
+    chosen = []
+    with _bound_audit(ext):
+        for xs, ws, st, dil, pads, groups in shapes:
+            g = ConvGeometry.make(xs, ws[2:], st, dil, pads)
+            for desc in (library.convolution(g, ws, groups), library.conv_grad_input(g, ws, groups),
+                         library.conv_grad_weight(g, ws, groups)):
+                before = ext.tap_class_gemms()
+                run_ones(desc)
+                chosen.append(ext.tap_class_gemms() > before)
+    assert ext.tap_class_bound_misses() == misses, "the bound skipped classes that would have paid"
+    assert ext.tap_class_quick_rejects() > rejects and any(chosen) and not all(chosen), chosen
+    assert ext.tap_class_gemms() - gemms == sum(chosen)
+    # the benchmark's forward: skipped by the bound (not audited: the classes are not built)
+    rejects = ext.tap_class_quick_rejects()
+    run_ones(library.convolution(ConvGeometry.make((32, 64, 32, 32), (3, 3), (1, 1), None, (1, 1, 1, 1)),
+                                 (64, 64, 3, 3)))
+    assert ext.tap_class_quick_rejects() == rejects + 1
+
+
 @functools.cache
 def _big_cases(shapes: tuple[tuple, ...] = tuple(BIG)) -> list[tuple]:  # type: ignore[type-arg]
     out = []
