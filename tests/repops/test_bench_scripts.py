@@ -1,7 +1,8 @@
 """The benchmark scripts' arguments. scripts/bench_gemm.py --baseline: another build of the kernels
 timed beside this one in the same process, refused with one line when the path is not a build,
 and never compared when its bits differ from this build's; --stored-b shapes timed with B as
-stored. scripts/bench_conv.py: a count out of range is one line, never a traceback."""
+stored. scripts/bench_conv.py: a count out of range is one line, never a traceback; each side's
+page faults are counted."""
 
 from __future__ import annotations
 
@@ -125,3 +126,17 @@ def test_bench_threads_refuses_floating_ab_at_one_thread_in_one_line() -> None:
     out = bench("--floating-ab", "--threads", "1", "--configs", "digits_cnn", script=SCRIPTS / "bench_threads.py")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "must be at least 2" in out.stderr.strip().splitlines()[-1]
+
+
+def test_bench_conv_counts_each_side_s_page_faults_and_can_keep_the_heap() -> None:
+    """The conv table gives each side's minor page faults a call beside its time, and
+    --keep-heap (glibc keeps freed memory) runs the same comparison."""
+    for extra in ([], ["--keep-heap"]):
+        out = bench("--shape", "2", "4", "8", "8", "4", "3", "3", "1", "1", "--threads", "1", "--repeat", "1", *extra,
+                    script=SCRIPTS / "bench_conv.py")
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
+        assert [r["kind"] for r in rows] == ["forward", "grad_input", "grad_weight"]
+        assert all(isinstance(r[k], int) and r[k] >= 0 for r in rows for k in ("torch_faults", "repops_faults",
+                                                                                 "kernel_faults"))
+        assert "page faults a call: torch" in out.stdout
