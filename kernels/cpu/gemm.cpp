@@ -369,17 +369,39 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
     };
     if (threads > 1 && (g.batch == 1 || !shared_b) && block_floats <= GEMM_OWN_B_MAX_FLOATS &&
         fmas_per_thread >= GEMM_OWN_B_MIN_FMAS * (double)block_floats) {
+        // Column blocks by thread: items are the threads' slots; slot s drains the tiles of its
+        // home groups ((entry, column block) pairs [lo, hi), every group some slot's home), so
+        // each thread packs its own blocks only, then takes tiles from any group with two or
+        // more left (a late thread's work; the last tile of a group its owner takes, packing
+        // nothing more). Before, every thread took tiles from the first column block, then all
+        // from the next: at 2 threads each packed all of B (1024^3: two blocks of 512 each).
+        // Which thread runs a tile changes no bit.
         const uint64_t call = new_call();
-        parallel_items(g.batch * n_j * n_i, threads, [&](int64_t item, int64_t) {
-            const int64_t bi = item / (n_j * n_i), jb = item / n_i % n_j, ib = item % n_i;
+        const int64_t groups = g.batch * n_j, slots = std::min(threads, groups * n_i);
+        std::unique_ptr<std::atomic<int64_t>[]> taken(new std::atomic<int64_t>[groups]);
+        for (int64_t q = 0; q < groups; q++) taken[q].store(0, std::memory_order_relaxed);
+        auto run_tile = [&](int64_t q, int64_t ib) {
+            const int64_t bi = q / n_j, jb = q % n_j;
             const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
             thread_local OwnPacked mine;
-            const auto [bcols, stale] = mine.get(block_floats, call, bi * n_j + jb);
+            const auto [bcols, stale] = mine.get(block_floats, call, q);
             if (stale)
                 for (int64_t jp = 0; jp < cols; jp += GEMM_NR)
                     pack_b(g.b_at(bi), g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), 0, g.K,
                            bcols + jp / GEMM_NR * pstride);
             tile_over_k(bi, i0, j0, cols, bcols);
+        };
+        parallel_items(slots, threads, [&](int64_t s, int64_t) {
+            const int64_t lo = s * groups / slots, hi = std::min(groups, std::max(lo + 1, (s + 1) * groups / slots));
+            for (int64_t q = lo; q < hi; q++)
+                for (int64_t ib; (ib = taken[q].fetch_add(1, std::memory_order_relaxed)) < n_i;) run_tile(q, ib);
+            for (int64_t d = 0; d < groups; d++) {
+                const int64_t q = (hi + d) % groups;
+                while (n_i - taken[q].load(std::memory_order_relaxed) >= 2) {
+                    const int64_t ib = taken[q].fetch_add(1, std::memory_order_relaxed);
+                    if (ib < n_i) run_tile(q, ib);
+                }
+            }
         });
         return;
     }
