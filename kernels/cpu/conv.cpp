@@ -1358,9 +1358,9 @@ struct TapClasses {
     // columns and taps it has
     std::vector<std::vector<int64_t>> cols, phases, taps;
     std::vector<int64_t> size, count;
-    // Per window, the class of every column and the taps inside (build); false where the
-    // classes do not apply. Only the counts: the lists are made once the classes are chosen
-    // (every call of a convolution builds its classes, and mostly does not run them).
+    // Each column's class, and per class how many columns it has and how many of its taps
+    // read inside (build); false where the classes do not apply. Counts only: the lists of
+    // columns and taps are made once the classes are chosen (list_columns, list_taps).
     bool build(const WinOperand& b, int64_t batch, int64_t N, int64_t K) {
         nw = b.nchk;
         K_ = K;
@@ -1406,9 +1406,8 @@ struct TapClasses {
             for (int64_t j = 0; j < N; j++)
                 if (class_of(bi * N + j) != class_of(j)) return false;
         // dense class numbers, in order of first column; a column of its left neighbour's class
-        // (most of a map's row) without the hash lookup. One byte a column (MAX_TAP_CLASSES):
-        // per-call tables of int64 a column (256 KiB for 32 x 32 maps, batch 32) were fresh
-        // pages to fault in at every call.
+        // (most of a map's row) without the hash lookup; one byte a column (MAX_TAP_CLASSES),
+        // where a code and a list entry of int64 a column were written before
         static_assert(MAX_TAP_CLASSES <= 256);
         std::vector<int64_t> seen;
         std::unordered_map<int64_t, int64_t> class_no;
@@ -1612,7 +1611,8 @@ bool tap_class_gemm(const WinOperand& a, const WinOperand& b, float* C, int64_t 
     // inside, and at least R K - fill_pairs_at_most of the (row, tap) pairs read inside, so
     // where even that costs more than the share the classes may take, they cannot pay. The
     // same choice as building them, without the per-column pass: on a 64 -> 64 3x3 forward on
-    // 32 x 32 maps, batch 32, that pass was 2-4% of the call at 2 threads (2026-12-05).
+    // 32 x 32 maps, batch 32, building them cost 3% of the call at 1 thread and 5% at 2 (classes
+    // by cost against never, paired; 2026-12-05), the bound 0.7% and 1%.
     // Under the audit (tests) the classes are built and costed anyway, and a rejected call whose
     // classes would have paid is counted (tap_class_bound_misses); the choice stays the same.
     bool rejected = false;
