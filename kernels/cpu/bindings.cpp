@@ -32,9 +32,7 @@ RecycledBuffers& results_pool() {
 }
 
 torch::Tensor result_tensor(at::IntArrayRef shape, torch::ScalarType dtype) {
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    if (!recycle_results.load(std::memory_order_relaxed) || numel * (int64_t)c10::elementSize(dtype) < RESULT_RECYCLE_BYTES)
+    if (!recycle_results.load(std::memory_order_relaxed) || tensor_bytes(shape, dtype) < RESULT_RECYCLE_BYTES)
         return torch::empty(shape, torch::TensorOptions().dtype(dtype));
     return results_pool().take(shape, dtype);
 }

@@ -22,6 +22,11 @@
 
 namespace repops_cpu {
 
+// The bytes of a tensor of `shape` and `dtype`.
+inline int64_t tensor_bytes(at::IntArrayRef shape, torch::ScalarType dtype) {
+    return (int64_t)c10::multiply_integers(shape) * (int64_t)c10::elementSize(dtype);
+}
+
 class RecycledBuffers : public std::enable_shared_from_this<RecycledBuffers> {
   public:
     // Keeps at most keep_per_size idle buffers of one byte size and keep_bytes idle in all; a
@@ -37,9 +42,7 @@ class RecycledBuffers : public std::enable_shared_from_this<RecycledBuffers> {
     // A contiguous tensor of `shape` and `dtype` on a recycled buffer (or a new one); when its
     // storage dies the buffer comes back here (or is freed if this pool has gone).
     torch::Tensor take(at::IntArrayRef shape, torch::ScalarType dtype) {
-        int64_t numel = 1;
-        for (int64_t d : shape) numel *= d;
-        const size_t bytes = round_bytes(std::max<int64_t>(1, numel) * (int64_t)c10::elementSize(dtype));
+        const size_t bytes = round_bytes(std::max<int64_t>(1, tensor_bytes(shape, dtype)));
         void* p = nullptr;
         {
             std::lock_guard<std::mutex> lock(mutex_);
