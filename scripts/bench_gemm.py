@@ -119,7 +119,7 @@ def paired_ratio(this: Callable[[], object], base: Callable[[], object], rounds:
 def idle_cpu_ms(fn: Callable[[], object], sleep_s: float = 0.005, calls: int = 5) -> float:
     """Process CPU time (ms) burnt while the caller sleeps ``sleep_s`` right after one call of
     ``fn``, averaged over ``calls``: threads left spinning by the call (torch's OpenMP workers,
-    the pool's ~50 us spin). CPU time, not wall time, so other processes' load barely enters it."""
+    the pool's ~2 ms spin). CPU time, not wall time, so other processes' load barely enters it."""
     total = 0.0
     for _ in range(calls):
         fn()

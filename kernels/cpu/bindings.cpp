@@ -275,6 +275,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("probe_reset", &probe_reset, "forget the threads that ran items so far");
     m.def("probe_threads", &probe_threads, "OS thread ids that ran at least one item since probe_reset");
     m.def("pool_size", &pool_size, "pool workers started so far");
+    m.def("pool_sleeps", &pool_sleeps, "times a pool worker went to sleep for want of a job");
     m.def("div_run_panels", [] { return repops_cpu::div_run_panels.load(); },
           "panels the windowed GEMM packed as runs through div > 1 windows so far");
     m.def("contiguous_panels", [] { return repops_cpu::contiguous_panels.load(); },

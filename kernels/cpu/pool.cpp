@@ -4,8 +4,9 @@
 //
 // One pool per extension (each ISA's extension is its own module with hidden symbols). Workers
 // are started on first need, up to the largest thread count asked for, and never stopped; an
-// idle worker spins for a short while (the next kernel of a training step usually follows within
-// microseconds) and then sleeps on a futex (std::atomic::wait), costing nothing.
+// idle worker spins for ~2 ms (the next kernel usually follows within microseconds; after the
+// first 50 us it yields its core at every check) and then sleeps on a futex
+// (std::atomic::wait), costing nothing.
 //
 // One job at a time. The protocol, with every atomic sequentially consistent:
 //   caller:  fill job_, open_ = true, bump the wanted workers' `seq` (waking sleepers);
@@ -30,6 +31,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -77,14 +79,23 @@ thread_local bool t_in_items = false;  // this thread is running an item: nested
 
 // How long an idle worker (and a caller waiting for the last items) spins before sleeping.
 // VERDE_REPOPS_SPIN_US overrides it (0: sleep at once, e.g. on a machine with more threads than
-// cores, where a spinning worker takes time from a working one).
+// cores, where a spinning worker takes time from a working one). A sleeping thread comes back
+// slowly on a VM: on the 2-vCPU machine of 2026-12-05 a 1024^3 GEMM at 2 threads, called back to
+// back, took 7.7-8.3 ms (medians of 200 calls) with a 50 us spin, against 7.2-7.3 with 1-2 ms:
+// its worker, done first at a call's end, slept before the next call came (~1.4 futex sleeps a
+// call) and woke late into it. torch's OpenMP workers spin for milliseconds too.
 int64_t spin_ns() {
     static const int64_t ns = [] {
         const char* s = std::getenv("VERDE_REPOPS_SPIN_US");
-        return s ? (int64_t)std::atoll(s) * 1000 : (int64_t)50000;
+        return s ? (int64_t)std::atoll(s) * 1000 : (int64_t)2000000;
     }();
     return ns;
 }
+
+// The first part of a spin only pauses; after it the spinning thread yields its core at every
+// check, so a runnable thread that needs the core (another worker, another process: more threads
+// than cores) gets it at once, while a core with nothing else to run stays awake.
+constexpr int64_t PAUSE_ONLY_NS = 50000;
 
 // Spins until v != old or the spin budget is spent; true if it changed.
 template <class T>
@@ -95,12 +106,16 @@ bool spin_while_equal(const std::atomic<T>& v, T old) {
     for (int i = 1;; i++) {
         if (v.load() != old) return true;
         cpu_relax();
-        if ((i & 63) == 0 &&
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count() >
-                budget)
-            return v.load() != old;
+        if ((i & 63) == 0) {
+            const int64_t spent =
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+            if (spent > budget) return v.load() != old;
+            if (spent > PAUSE_ONLY_NS) sched_yield();
+        }
     }
 }
+
+std::atomic<int64_t> g_sleeps{0};  // pool_sleeps()
 
 struct alignas(64) Slot {
     std::atomic<uint32_t> seq{0};  // bumped by a caller to wake this worker
@@ -303,7 +318,10 @@ class Pool {
             while (s->seq.load() == seen && run_idle(w)) {
             }
             if (!spin_while_equal(s->seq, seen))
-                while (s->seq.load() == seen) s->seq.wait(seen);
+                while (s->seq.load() == seen) {
+                    g_sleeps.fetch_add(1, std::memory_order_relaxed);
+                    s->seq.wait(seen);
+                }
             seen = s->seq.load();
             active_.fetch_add(1);
             if (open_.load() && w < job_.threads) run_share(job_, w);
@@ -357,6 +375,8 @@ std::vector<int64_t> probe_threads() {
 }
 
 int64_t pool_size() { return pool().size(); }
+
+int64_t pool_sleeps() { return g_sleeps.load(); }
 
 bool install_idle_work(IdleFn fn, void* ctx, int64_t threads) { return pool().install_idle(fn, ctx, threads); }
 

@@ -71,6 +71,10 @@ void set_spread_check(bool on);
 // Pool workers started so far (they live until the process exits).
 int64_t pool_size();
 
+// How many times a pool worker has gone to sleep (futex) for want of a job, over the process:
+// tests use it to see that a worker stays awake between calls that follow each other closely.
+int64_t pool_sleeps();
+
 // Idle work: while installed, a pool worker w (1 <= w < threads) with no items to run calls
 // fn(ctx, w) before it spins or sleeps, again and again while fn returns true; so does the
 // calling thread of a parallel_items call (as fn(ctx, 0)) while it waits for workers to finish

@@ -10,6 +10,7 @@ itself checked against Berkeley SoftFloat (softfloatpy). The kernels are also co
 from __future__ import annotations
 
 import itertools
+import time
 from functools import partial
 
 import numpy as np
@@ -711,3 +712,30 @@ def test_worker_threads_never_flush() -> None:
                     assert mx & 0xE040 == 0, f"{isa}, {threads} threads: MXCSR=0x{mx:04x} (FTZ/DAZ/rounding)"
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_an_idle_worker_stays_awake_between_calls_that_follow_closely() -> None:
+    # pool.cpp spin_ns: a worker with no job spins (yielding its core) ~2 ms before it sleeps,
+    # since a sleeping thread came back late into the next call on the VM. Calls back to back
+    # find it awake (mostly: on a loaded machine the caller can be kept off a core that long;
+    # with 2 busy processes beside it, 12-13 sleeps in 40 calls). With a 50 us spin
+    # (VERDE_REPOPS_SPIN_US=50) it slept in 30-31 of them on a quiet machine and failed; beside
+    # the 2 busy processes, 22 once, and once 20 or fewer. Calls 30 ms apart find it asleep,
+    # which shows the counter counts.
+    isa = cpu_ext.best_isa()
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    call = partial(cpu_ext.matmul, a, b, isa=isa, threads=2)
+    engaged(isa, 2, call)  # the worker exists and takes items
+    cpu_ext.probe_reset(isa)
+    before = cpu_ext.pool_sleeps(isa)
+    for _ in range(40):
+        call()
+    close = cpu_ext.pool_sleeps(isa) - before
+    assert len(cpu_ext.probe_threads(isa)) == 2, "the back-to-back calls ran on one thread"
+    before = cpu_ext.pool_sleeps(isa)
+    for _ in range(8):
+        call()
+        time.sleep(0.03)
+    apart = cpu_ext.pool_sleeps(isa) - before
+    assert apart >= 6, f"the worker slept {apart} times in 8 calls 30 ms apart"
+    assert close <= 20, f"the worker slept {close} times in 40 calls back to back"

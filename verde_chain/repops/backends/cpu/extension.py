@@ -479,6 +479,13 @@ def set_spread_check(on: bool, isa: str | None = None) -> None:
     _ext(isa).set_spread_check(on)
 
 
+def pool_sleeps(isa: str | None = None) -> int:
+    """How many times a worker of ``isa``'s thread pool has gone to sleep for want of a job
+    (process-wide): between calls that follow each other within its spin (~2 ms,
+    ``VERDE_REPOPS_SPIN_US``) a worker stays awake."""
+    return int(_ext(isa).pool_sleeps())
+
+
 def probe_threads(isa: str | None = None) -> list[int]:
     """The OS thread ids that ran at least one item of ``isa``'s kernels since
     :func:`probe_reset`: how many threads really worked."""
