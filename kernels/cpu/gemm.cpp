@@ -153,12 +153,29 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
                   std::vector<float>& abuf) {
     const bool first = p0 == 0, last = p0 + kcur == g.K;
     float* const ap = at_least(abuf, round_up(mc, GEMM_MR) * kcur);
+    constexpr int64_t LINE = 64 / sizeof(float);
     for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
         const int64_t rows = std::min(mc, i_end - i0);
         pack_a(A, g.sai, g.sak, i0, rows, p0, kcur, ap);
+        // The next row block's A lines, fetched into L2 a few before each micro-tile while this
+        // block runs: pack_a waited on them (A beyond L2, each row's kc floats a short stream the
+        // hardware prefetchers picked up late). perf (2048^3, 2 threads): pack_a 8.0% of the
+        // samples before, 3.2% after; bench_gemm.py --baseline, 1 | 2 threads: 2048^3 0.995 |
+        // 0.986, 1024^3 0.990 | 1.001. Issued one every 16 k inside the micro-kernel instead,
+        // 1-4% slower than none (the micro-kernel's loop paid for the check).
+        const int64_t next = i0 + mc, next_rows = std::max<int64_t>(0, std::min(mc, i_end - next));
+        const bool by_rows = g.sak == 1, by_k = !by_rows && g.sai == 1;
+        const int64_t per_run = by_rows ? ceil_div(kcur, LINE) : ceil_div(next_rows, LINE);
+        const int64_t lines = by_rows ? next_rows * per_run : by_k ? kcur * per_run : 0;
+        const int64_t per_tile = ceil_div(lines, ceil_div(rows, GEMM_MR) * ceil_div(cols, GEMM_NR));
+        int64_t fetched = 0;
         sweep_tiles(
             rows, cols, g.N, g.M * g.N >= GEMM_FETCH_C_MIN_FLOATS, [&](int64_t i, int64_t j) { return C + (i0 + i) * g.N + j0 + j; },
             [&](int64_t ir, int64_t jr, float* c) {
+                for (const int64_t end = std::min(lines, fetched + per_tile); fetched < end; fetched++) {
+                    const int64_t run = fetched / per_run, at = fetched % per_run * LINE;
+                    __builtin_prefetch(by_rows ? A + (next + run) * g.sai + p0 + at : A + next + at + (p0 + run) * g.sak, 0, 2);
+                }
                 micro_kernel(kcur, ap + ir * kcur, bpack + jr / GEMM_NR * bstride, c, g.N, first, last,
                              std::min<int64_t>(GEMM_MR, rows - ir), std::min<int64_t>(GEMM_NR, cols - jr));
             });
@@ -562,6 +579,16 @@ constexpr int64_t GEMM_HALF_NC_ROWS = 768;
 // x 1024 (A transposed) 1.018 and 0.985, 512^3 1.007.
 constexpr int64_t GEMM_ONE_THREAD_NC_FACTOR = 2;
 
+// At several threads, a matrix of at least this many rows (one batch entry) takes column blocks
+// GEMM_WIDE_NC_FACTOR times the tile's nc: A is packed once per column block, and the 2-D tiles
+// of gemm_tiles still give every thread several items where the pairs path (which needs two
+// column blocks a thread) would have cut N into four blocks at 2 threads. On the Intel machine of
+// 2026-12-05 (stand-alone, 2 threads, nc 1024 against 512, medians of 24-30 calls taking turns):
+// 2048^3 0.98, 2048 x 512 x 2048 0.986, 4096 x 1024 x 1024 1.00; with fewer rows it did not pay
+// (1024^3 1.012, 800 x 1024 x 2048 1.009, 1024 x 1024 x 2048 0.993).
+constexpr int64_t GEMM_WIDE_NC_ROWS = 2048;
+constexpr int64_t GEMM_WIDE_NC_FACTOR = 2;
+
 // At most this K, a GEMM is mostly its stores of C (a classifier's backward dlogits @ W, K = the
 // classes): one column block as wide as C, so C is written in whole rows, not in column blocks;
 // at one thread the pairs path packs and sweeps its rows MR at a time. Paired against the
@@ -614,6 +641,10 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     else if (threads > 1 && g.M > GEMM_FEW_ROWS && g.M <= GEMM_HALF_NC_ROWS && g.batch * ceil_div(g.N, nc) < 2 * threads) {
         const int64_t half = round_up(ceil_div(nc, 2), GEMM_NR);
         if (g.batch * ceil_div(g.N, half) >= 2 * threads) nc = half;
+    }
+    // At several threads, one tall matrix: column blocks twice as wide (see GEMM_WIDE_NC_ROWS).
+    else if (threads > 1 && g.batch == 1 && g.M >= GEMM_WIDE_NC_ROWS) {
+        nc *= GEMM_WIDE_NC_FACTOR;
     }
     const int64_t n_nblocks = ceil_div(g.N, nc);
     const int64_t n_pairs = g.batch * n_nblocks;

@@ -591,6 +591,9 @@ THREADED_GEMMS = [
     # a C past gemm_tile.h's GEMM_FETCH_C_MIN_FLOATS (each next tile's C fetched ahead): ragged
     # last row and column tiles (10 rows, 6 columns); K = 260 crosses a K block, so tiles reload C
     ("c-fetched-ahead", (1030, 260), (260, 1030)),
+    # at least 2048 rows at several threads: column blocks of 1024, not 512 (gemm.cpp
+    # GEMM_WIDE_NC_ROWS), so 1100 columns are two blocks (the last 76 wide) on the 2-D tiles
+    ("tall-wide-column-blocks", (2050, 40), (40, 1100)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
