@@ -105,7 +105,7 @@ inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const floa
 #pragma GCC unroll 8
             for (int j = 0; j < V; j++) acc[i][j] = i < mr ? vload(Cw + i * ld + j * W) : vbcast(0.0f);
     }
-    for (; k < kc; k++) {
+    auto step = [&](int64_t k) {
         const float* bk = Bp + k * ldb;
         if constexpr (B_IN_PLACE) {
 #pragma GCC unroll 8
@@ -120,6 +120,16 @@ inline void micro_kernel_rows(int64_t kc, const float* __restrict Ap, const floa
 #pragma GCC unroll 8
             for (int j = 0; j < V; j++) acc[i][j] = vfma(a, b[j], acc[i][j]);
         }
+    };
+    if constexpr (B_IN_PLACE) {
+        for (; k < kc; k++) step(k);
+    } else {
+        // Unrolled over packed B: the loop's own counter, pointer and branch uops per k are then
+        // shared by 8 k (bench_gemm.py --baseline, 1 | 2 threads: 1024^3 0.98 | 0.98; see
+        // docs/benchmarks.md, 2026-12-05 from 22:42). B read in place lost by it (32 x 512 x 256:
+        // 1.014 | 1.055).
+#pragma GCC unroll 8
+        for (; k < kc; k++) step(k);
     }
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++)
