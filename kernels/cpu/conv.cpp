@@ -1342,6 +1342,19 @@ struct SubOperand {
 
 int64_t mod_pos(int64_t v, int64_t d) { return ((v % d) + d) % d; }
 
+// Window w's rule for a row whose value along it is v: a tap of offset t reads the input iff
+// lo <= t < hi (0 <= v + t < size x div) and v + t is divisible by div; otherwise it reads the
+// fill. The tap classes (TapClasses::build) and the bound that may skip them (window_fill_pairs)
+// both apply it.
+struct WindowReach {
+    int64_t div, lo, hi;
+    bool inside(int64_t v, int64_t t) const { return lo <= t && t < hi && mod_pos(v + t, div) == 0; }
+};
+inline WindowReach window_reach(const WinOperand& b, int64_t w, int64_t v) {
+    const int64_t div = b.wins[3 * w];
+    return {div, -v, b.wins[3 * w + 1] * div - v};
+}
+
 // What one window decides about a column's taps: those with phase + t divisible by div and
 // lo <= t < hi read inside the input (t: the tap's offset along the window, ks).
 struct WindowKey {
@@ -1373,10 +1386,10 @@ struct TapClasses {
                 tmax[w] = std::max(tmax[w], b.ks[k * w1 + 1 + w]);
             }
         auto key_of = [&](int64_t w, int64_t v) {  // of a row whose window w has value v
-            const int64_t div = b.wins[3 * w];
-            const int64_t lo = std::clamp(-v, tmin[w], tmax[w] + 1);
-            const int64_t hi = std::clamp(b.wins[3 * w + 1] * div - v, tmin[w], tmax[w] + 1);
-            return lo < hi ? WindowKey{mod_pos(v, div), lo, hi} : WindowKey{0, 0, 0};  // no tap inside
+            const WindowReach reach = window_reach(b, w, v);
+            const int64_t lo = std::clamp(reach.lo, tmin[w], tmax[w] + 1);
+            const int64_t hi = std::clamp(reach.hi, tmin[w], tmax[w] + 1);
+            return lo < hi ? WindowKey{mod_pos(v, reach.div), lo, hi} : WindowKey{0, 0, 0};  // no tap inside
         };
         // per window, the key's index for each row value v in [vmin, vmax] (a map's coordinates)
         std::vector<int64_t> vmin(nw, INT64_MAX), vmax(nw, INT64_MIN);
@@ -1526,10 +1539,9 @@ double window_fill_pairs(const WinOperand& b, int64_t K, int64_t w) {
         }
         hist[x - lo]++;
     }
-    const int64_t div = b.wins[3 * w], extent = b.wins[3 * w + 1] * div;
     auto offset = [&](int64_t k) { return b.ks[k * w1 + 1 + w]; };
     double total = 0;
-    if (div == 1) {
+    if (b.wins[3 * w] == 1) {
         // taps by offset, cumulated: below(t) = how many taps have an offset < t
         int64_t tmin = INT64_MAX, tmax = INT64_MIN;
         for (int64_t k = 0; k < K; k++) tmin = std::min(tmin, offset(k)), tmax = std::max(tmax, offset(k));
@@ -1539,8 +1551,8 @@ double window_fill_pairs(const WinOperand& b, int64_t K, int64_t w) {
         for (size_t t = 1; t < below.size(); t++) below[t] += below[t - 1];
         auto taps_below = [&](int64_t t) { return below[std::clamp<int64_t>(t - tmin, 0, tmax - tmin + 1)]; };
         for (size_t x = 0; x < hist.size(); x++) {
-            const int64_t val = lo + (int64_t)x;  // inside: -val <= offset < extent - val
-            if (hist[x]) total += (double)hist[x] * (double)(taps_below(-val) + K - taps_below(extent - val));
+            const WindowReach reach = window_reach(b, w, lo + (int64_t)x);  // div 1: inside iff lo <= offset < hi
+            if (hist[x]) total += (double)hist[x] * (double)(taps_below(reach.lo) + K - taps_below(reach.hi));
         }
         return total;
     }
@@ -1549,11 +1561,10 @@ double window_fill_pairs(const WinOperand& b, int64_t K, int64_t w) {
     if (distinct * K > b.R) return -1;
     for (size_t x = 0; x < hist.size(); x++) {
         if (!hist[x]) continue;
+        const int64_t val = lo + (int64_t)x;
+        const WindowReach reach = window_reach(b, w, val);
         int64_t outside = 0;
-        for (int64_t k = 0; k < K; k++) {
-            const int64_t p = lo + (int64_t)x + offset(k);
-            outside += p < 0 || p >= extent || mod_pos(p, div) != 0;
-        }
+        for (int64_t k = 0; k < K; k++) outside += !reach.inside(val, offset(k));
         total += (double)hist[x] * (double)outside;
     }
     return total;
