@@ -81,7 +81,7 @@ thread_local bool t_in_items = false;  // this thread is running an item: nested
 // VERDE_REPOPS_SPIN_US overrides it (0: sleep at once, e.g. on a machine with more threads than
 // cores, where a spinning worker takes time from a working one). A sleeping thread comes back
 // slowly on a VM: on the 2-vCPU machine of 2026-12-05 a 1024^3 GEMM at 2 threads, called back to
-// back, took 7.7-8.3 ms (medians of 200 calls) with a 50 us spin, against 7.2-7.3 with 1-2 ms:
+// back, took 7.7-8.6 ms (medians of 200 calls) with a 50 us spin, against 7.2-7.4 with 1-5 ms:
 // its worker, done first at a call's end, slept before the next call came (~1.4 futex sleeps a
 // call) and woke late into it. torch's OpenMP workers spin for milliseconds too.
 int64_t spin_ns() {
