@@ -589,6 +589,31 @@ constexpr int64_t GEMM_ONE_THREAD_NC_FACTOR = 2;
 constexpr int64_t GEMM_WIDE_NC_ROWS = 2048;
 constexpr int64_t GEMM_WIDE_NC_FACTOR = 2;
 
+// At several threads, one matrix of more than GEMM_HALF_NC_ROWS rows whose N cuts into a few
+// column blocks a thread, all about as wide, each from nc to GEMM_WIDE_NC_FACTOR x nc: the
+// pairs path on those blocks, each thread then running the 1-thread way on its own columns (B
+// packed a K block at a time for all M rows, C reloaded per K block), not the 2-D tiles (a
+// thread's column block packed over all of K, read again for each tile; why they lose here was
+// not traced: this machine has no hardware counters). On the Intel machine of 2026-12-06
+// (stand-alone, 2 threads, calls taking turns, min | median against the tiles): 2048^3 0.95 |
+// 0.95 and 0.96 | 0.96, 2048 x 2048 x 1024 0.93 | 0.93, 1536^3 0.94 | 0.94, 2048 x 512 x 2048
+// 0.96 | 0.96, 2048 x 1024 x 2048 0.96 | 0.96, 3072 x 1024 x 1024 0.97 | 0.98, 1280 x 2048 x
+// 2048 0.97 | 0.98, 1024 x 1024 x 2048 0.96 | 0.96; 1024^3 0.98 | 1.00 (bench_gemm.py
+// --baseline, paired: 2048^3 0.949, 1024^3 0.989). Blocks
+// one a thread give a late thread nothing to take (the tiles' reason for several items a
+// thread), which these large blocks were measured to bear on this 2-core machine; at 8 threads
+// or more it needs N of 4096 or more (blocks of at least nc), otherwise the tiles as before.
+// Returns the blocks' width, or 0 where N does not cut so: `threads` x m blocks for the least m
+// whose width is at most GEMM_WIDE_NC_FACTOR x nc, if that width is at least nc and the blocks
+// pad N by under a quarter block (the last one then at least 3/4 as wide as the others).
+static int64_t even_column_blocks(int64_t N, int64_t threads, int64_t nc) {
+    for (int64_t n = threads;; n += threads) {
+        const int64_t width = round_up(ceil_div(N, n), GEMM_NR);
+        if (width <= GEMM_WIDE_NC_FACTOR * nc || width == GEMM_NR)  // (NR: a test's tiny nc)
+            return width >= nc && 4 * (n * width - N) < width ? width : 0;
+    }
+}
+
 // At most this K, a GEMM is mostly its stores of C (a classifier's backward dlogits @ W, K = the
 // classes): one column block as wide as C, so C is written in whole rows, not in column blocks;
 // at one thread the pairs path packs and sweeps its rows MR at a time. Paired against the
@@ -631,6 +656,7 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         gemm_b_in_place(g, threads);
         return;
     }
+    bool even = false;  // column blocks cut evenly among the threads (even_column_blocks)
     // A tiny K: whole rows of C at a time (see GEMM_TINY_K).
     if (g.K <= GEMM_TINY_K) {
         nc = round_up(g.N, GEMM_NR);
@@ -642,6 +668,12 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         const int64_t half = round_up(ceil_div(nc, 2), GEMM_NR);
         if (g.batch * ceil_div(g.N, half) >= 2 * threads) nc = half;
     }
+    // At several threads, one matrix of many rows whose columns cut evenly among the threads:
+    // the pairs path on those blocks (see even_column_blocks).
+    else if (threads > 1 && g.batch == 1 && g.M > GEMM_HALF_NC_ROWS && even_column_blocks(g.N, threads, nc) > 0) {
+        nc = even_column_blocks(g.N, threads, nc);
+        even = true;
+    }
     // At several threads, one tall matrix: column blocks twice as wide (see GEMM_WIDE_NC_ROWS).
     else if (threads > 1 && g.batch == 1 && g.M >= GEMM_WIDE_NC_ROWS) {
         nc *= GEMM_WIDE_NC_FACTOR;
@@ -652,7 +684,7 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     // entries have rows between them): B is then most of the work, and gemm_tiles packs it once
     // for all entries, at one thread too.
     const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS_ONE_B && g.one_b();
-    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && n_pairs >= 2 * threads)) {
+    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && (even || n_pairs >= 2 * threads))) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
         if (threads == 1 && g.K > GEMM_TINY_K) nc *= GEMM_ONE_THREAD_NC_FACTOR;
         const int64_t blocks = ceil_div(g.N, nc);
