@@ -599,13 +599,15 @@ constexpr int64_t GEMM_WIDE_NC_FACTOR = 2;
 // 0.95 and 0.96 | 0.96, 2048 x 2048 x 1024 0.93 | 0.93, 1536^3 0.94 | 0.94, 2048 x 512 x 2048
 // 0.96 | 0.96, 2048 x 1024 x 2048 0.96 | 0.96, 3072 x 1024 x 1024 0.97 | 0.98, 1280 x 2048 x
 // 2048 0.97 | 0.98, 1024 x 1024 x 2048 0.96 | 0.96; 1024^3 0.98 | 1.00 (bench_gemm.py
-// --baseline, paired: 2048^3 0.949, 1024^3 0.989). Blocks
-// one a thread give a late thread nothing to take (the tiles' reason for several items a
-// thread), which these large blocks were measured to bear on this 2-core machine; at 8 threads
-// or more it needs N of 4096 or more (blocks of at least nc), otherwise the tiles as before.
+// --baseline, paired: 2048^3 0.949, 1024^3 0.989). But blocks one a thread give a late thread
+// nothing to take (the tiles' reason for several items a thread): with a busy process on one of
+// the two cores, medians against the tiles were 2048^3 1.04 and 1024^3 1.15. So only where a
+// thread's share is at least GEMM_EVEN_BLOCKS_MIN_FMAS (1024^3 at 2 threads is half of it);
+// at 8 threads or more it also needs N of 4096 or more (blocks of at least nc).
 // Returns the blocks' width, or 0 where N does not cut so: `threads` x m blocks for the least m
 // whose width is at most GEMM_WIDE_NC_FACTOR x nc, if that width is at least nc and the blocks
 // pad N by under a quarter block (the last one then at least 3/4 as wide as the others).
+constexpr double GEMM_EVEN_BLOCKS_MIN_FMAS = double(int64_t(1) << 30);
 static int64_t even_column_blocks(int64_t N, int64_t threads, int64_t nc) {
     for (int64_t n = threads;; n += threads) {
         const int64_t width = round_up(ceil_div(N, n), GEMM_NR);
@@ -670,7 +672,8 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     }
     // At several threads, one matrix of many rows whose columns cut evenly among the threads:
     // the pairs path on those blocks (see even_column_blocks).
-    else if (threads > 1 && g.batch == 1 && g.M > GEMM_HALF_NC_ROWS && even_column_blocks(g.N, threads, nc) > 0) {
+    else if (threads > 1 && g.batch == 1 && g.M > GEMM_HALF_NC_ROWS && fmas >= GEMM_EVEN_BLOCKS_MIN_FMAS * threads &&
+             even_column_blocks(g.N, threads, nc) > 0) {
         nc = even_column_blocks(g.N, threads, nc);
         even = true;
     }

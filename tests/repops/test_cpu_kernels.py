@@ -591,16 +591,9 @@ THREADED_GEMMS = [
     # a C past gemm_tile.h's GEMM_FETCH_C_MIN_FLOATS (each next tile's C fetched ahead): ragged
     # last row and column tiles (10 rows, 6 columns); K = 260 crosses a K block, so tiles reload C
     ("c-fetched-ahead", (1030, 260), (260, 1030)),
-    # at least 2048 rows: at 2 threads 1100 columns cut evenly, one block of 576 (AVX-512) a
-    # thread on the pairs path (gemm.cpp even_column_blocks, the last 524 wide); at 3+ threads
-    # blocks of 1024, not 512 (GEMM_WIDE_NC_ROWS), two (the last 76 wide) on the 2-D tiles
+    # at least 2048 rows at several threads: column blocks of 1024, not 512 (gemm.cpp
+    # GEMM_WIDE_NC_ROWS), so 1100 columns are two blocks (the last 76 wide) on the 2-D tiles
     ("tall-wide-column-blocks", (2050, 40), (40, 1100)),
-    # more than 768 rows, N cut evenly among the threads (gemm.cpp even_column_blocks): at 2
-    # threads one block of 800 a thread, at 3 blocks of 544 (the last 512), at 4+ the tiles;
-    # 2100 columns: at 2 threads 1056 is past 2 x nc, so two blocks a thread (544, the last
-    # 468); at 3 threads one of 704 a thread
-    ("even-column-blocks", (800, 30), (30, 1600)),
-    ("even-column-blocks-two-a-thread", (800, 30), (30, 2100)),
 ]
 # A's entries with rows between them that are not A's (a view of the first 150 of 160): not
 # one taller matrix (gemm.cpp folds entries that follow each other row after row), so the
@@ -620,6 +613,24 @@ def test_gemm_paths_on_every_thread_count(isa: str, name: str, a_shape: tuple[in
     for threads in THREAD_COUNTS:
         got = run_engaged(isa, threads, partial(cpu_ext.matmul, ta, tb, isa=isa, threads=threads))
         np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads")
+
+
+# A thread's share of at least 2^30 FMAs, N cut evenly among the threads: the pairs path on those
+# blocks (gemm.cpp even_column_blocks). 1100 x 1500 x 2048: at 2 threads one block of 1024 a
+# thread (AVX-512; 1024 for AVX2's and the scalar's panels too), at 3 one of 704 (the last 640),
+# at 4 and 7 threads too little a thread (the tiles). Against one thread (the pairs path whose
+# bits test_gemm_paths_on_every_thread_count checks against the reference): a reference of 3.4e9
+# FMAs would take minutes.
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", ISAS)
+def test_gemm_on_column_blocks_cut_evenly_among_threads_keeps_one_threads_bits(isa: str) -> None:
+    need(isa)
+    a = torch.from_numpy(edge_matrix((1100, 1500), 153, 0.02))
+    b = torch.from_numpy(edge_matrix((1500, 2048), 154, 0.02))
+    want = run_engaged(isa, 1, partial(cpu_ext.matmul, a, b, isa=isa, threads=1))
+    for threads in THREAD_COUNTS[1:]:
+        got = run_engaged(isa, threads, partial(cpu_ext.matmul, a, b, isa=isa, threads=threads))
+        np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
 
 
 # Shapes whose threads pack B into buffers of their own at several threads, kept from call to
