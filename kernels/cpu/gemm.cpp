@@ -186,7 +186,8 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
 //  * Many (batch, column block) pairs: each thread takes whole pairs and packs its own B block.
 //  * Few of them (one big matrix): 2-D tiles against one shared packed B (gemm_tiles). Packing
 //    B once, not once per thread, matters: with per-thread packing, narrow blocks made packing
-//    cost more than the FMAs.
+//    cost more than the FMAs. But a large matrix whose columns cut evenly into a few blocks a
+//    thread takes whole pairs too (even_column_blocks).
 // Small GEMMs (a transformer block's 16-64-wide matrices): the blocked path's 12x32 tiles and
 // packing cost more than the FMAs there. Rows are computed directly instead: B packed once per
 // batch as [K][Np] (Np = N rounded up to W lanes, zero-padded), then for ROWS output rows at a
