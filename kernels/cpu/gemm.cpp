@@ -108,37 +108,53 @@ void pack_a(const float* A, int64_t sai, int64_t sak, int64_t i0, int64_t rows, 
 
 constexpr int64_t PACK_B_K = 64;  // pack_b's k block for a B whose columns run along k
 
+// pack_b's k block for a B with contiguous rows: PACK_B_ROWS rows at a time, every panel's
+// part of them, where each panel used to be filled down all kc rows before the next (reading
+// each row's NR floats once per panel, kc rows apart). Stand-alone, 1 thread, medians of calls
+// taking turns, this / panel by panel (Intel machine of 2026-12-06): 1024^3 0.977 and 0.976
+// (blocks of 4-32 rows: 0.976-0.984), 2048^3 0.99, 512^3 0.98, 1024 x 1024 x 300 1.00; with
+// gemm_tiles' own-B threads packing their block in one call (before: a call per panel),
+// bench_gemm.py --baseline, paired, 1 | 2 threads: 1024^3 0.977 | 0.989, 2048^3 0.989 | 0.990,
+// 512^3 0.998 | 0.988, 256^3 0.996-1.006 | 1.011-1.014. Why the panel-by-panel walk lost was
+// not traced (no hardware counters on that machine).
+constexpr int64_t PACK_B_ROWS = 16;
+
 // Packs k [p0, p0+kc) x columns [j0, j0+cols) into NR-wide panels, layout [panel][k][NR].
 void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, int64_t p0, int64_t kc,
             float* out) {
+    if (sbj == 1) {
+        for (int64_t kb = 0; kb < kc; kb += PACK_B_ROWS)
+            for (int64_t jp = 0; jp < cols; jp += GEMM_NR) {
+                float* o = out + jp * kc;
+                const int64_t c_valid = std::min<int64_t>(GEMM_NR, cols - jp);
+                for (int64_t k = kb, k_end = std::min(kc, kb + PACK_B_ROWS); k < k_end; k++) {
+                    const float* src = B + (p0 + k) * sbk + j0 + jp;
+                    int64_t c = 0;
+                    for (; c < c_valid; c++) o[k * GEMM_NR + c] = src[c];
+                    for (; c < GEMM_NR; c++) o[k * GEMM_NR + c] = 0.0f;
+                }
+            }
+        return;
+    }
     for (int64_t jp = 0; jp < cols; jp += GEMM_NR) {
         float* o = out + jp * kc;
         int64_t c_valid = std::min<int64_t>(GEMM_NR, cols - jp);
-        if (sbj == 1) {
-            for (int64_t k = 0; k < kc; k++) {
-                const float* src = B + (p0 + k) * sbk + j0 + jp;
-                int64_t c = 0;
-                for (; c < c_valid; c++) o[k * GEMM_NR + c] = src[c];
-                for (; c < GEMM_NR; c++) o[k * GEMM_NR + c] = 0.0f;
-            }
-        } else {
-            // B's columns run along k (a weight used as W^T). The panel is walked in blocks of
-            // PACK_B_K rows, whose NR floats each stay in L1 while every column fills them: a
-            // whole panel of a GEMM over all of K (gemm_tiles: 512 x 32 floats, 64 KB) filled
-            // column by column wrote each of its cache lines NR/16 times from L2.
-            for (int64_t kb = 0; kb < kc; kb += PACK_B_K) {
-                const int64_t kn = std::min(PACK_B_K, kc - kb);
-                int64_t c = sbk == 1 ? transpose_by4(B + p0 + kb + (j0 + jp) * sbj, sbj, c_valid, kn,
-                                                     o + kb * GEMM_NR, GEMM_NR)
-                                     : 0;
-                for (; c < GEMM_NR; c++) {
-                    float* oc = o + kb * GEMM_NR + c;
-                    if (c < c_valid) {
-                        const float* src = B + (p0 + kb) * sbk + (j0 + jp + c) * sbj;
-                        for (int64_t k = 0; k < kn; k++) oc[k * GEMM_NR] = src[k * sbk];
-                    } else {
-                        for (int64_t k = 0; k < kn; k++) oc[k * GEMM_NR] = 0.0f;
-                    }
+        // B's columns run along k (a weight used as W^T). The panel is walked in blocks of
+        // PACK_B_K rows, whose NR floats each stay in L1 while every column fills them: a
+        // whole panel of a GEMM over all of K (gemm_tiles: 512 x 32 floats, 64 KB) filled
+        // column by column wrote each of its cache lines NR/16 times from L2.
+        for (int64_t kb = 0; kb < kc; kb += PACK_B_K) {
+            const int64_t kn = std::min(PACK_B_K, kc - kb);
+            int64_t c = sbk == 1 ? transpose_by4(B + p0 + kb + (j0 + jp) * sbj, sbj, c_valid, kn,
+                                                 o + kb * GEMM_NR, GEMM_NR)
+                                 : 0;
+            for (; c < GEMM_NR; c++) {
+                float* oc = o + kb * GEMM_NR + c;
+                if (c < c_valid) {
+                    const float* src = B + (p0 + kb) * sbk + (j0 + jp + c) * sbj;
+                    for (int64_t k = 0; k < kn; k++) oc[k * GEMM_NR] = src[k * sbk];
+                } else {
+                    for (int64_t k = 0; k < kn; k++) oc[k * GEMM_NR] = 0.0f;
                 }
             }
         }
@@ -403,10 +419,7 @@ void gemm_tiles(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int6
             const int64_t j0 = jb * nc_eff, cols = std::min(nc_eff, g.N - j0), i0 = ib * mc_eff;
             thread_local OwnPacked mine;
             const auto [bcols, stale] = mine.get(block_floats, call, q);
-            if (stale)
-                for (int64_t jp = 0; jp < cols; jp += GEMM_NR)
-                    pack_b(g.b_at(bi), g.sbk, g.sbj, j0 + jp, std::min<int64_t>(GEMM_NR, cols - jp), 0, g.K,
-                           bcols + jp / GEMM_NR * pstride);
+            if (stale) pack_b(g.b_at(bi), g.sbk, g.sbj, j0, cols, 0, g.K, bcols);  // panels pstride apart
             tile_over_k(bi, i0, j0, cols, bcols);
         };
         parallel_items(slots, threads, [&](int64_t s, int64_t) {
