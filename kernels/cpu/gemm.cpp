@@ -599,7 +599,9 @@ constexpr int64_t GEMM_ONE_THREAD_NC_FACTOR = 2;
 // column blocks a thread) would have cut N into four blocks at 2 threads. On the Intel machine of
 // 2026-12-05 (stand-alone, 2 threads, nc 1024 against 512, medians of 24-30 calls taking turns):
 // 2048^3 0.98, 2048 x 512 x 2048 0.986, 4096 x 1024 x 1024 1.00; with fewer rows it did not pay
-// (1024^3 1.012, 800 x 1024 x 2048 1.009, 1024 x 1024 x 2048 0.993).
+// (1024^3 1.012, 800 x 1024 x 2048 1.009, 1024 x 1024 x 2048 0.993). Since 2026-12-06 such a
+// matrix whose columns cut evenly among the threads takes the pairs path instead (2048^3 at 2
+// threads: even_column_blocks, below); these tiles serve the rest (e.g. 2048^3 at 3+ threads).
 constexpr int64_t GEMM_WIDE_NC_ROWS = 2048;
 constexpr int64_t GEMM_WIDE_NC_FACTOR = 2;
 
@@ -672,7 +674,12 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         gemm_b_in_place(g, threads);
         return;
     }
-    bool even = false;  // column blocks cut evenly among the threads (even_column_blocks)
+    // Column blocks cut evenly among the threads (even_column_blocks), where the matrix is large
+    // enough for them (and neither of the first two rules below applies); 0 where not.
+    const int64_t even_nc = threads > 1 && g.batch == 1 && g.K > GEMM_TINY_K && g.M > GEMM_HALF_NC_ROWS &&
+                                    fmas >= GEMM_EVEN_BLOCKS_MIN_FMAS * (double)threads
+                                ? even_column_blocks(g.N, threads, nc)
+                                : 0;
     // A tiny K: whole rows of C at a time (see GEMM_TINY_K).
     if (g.K <= GEMM_TINY_K) {
         nc = round_up(g.N, GEMM_NR);
@@ -686,10 +693,8 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     }
     // At several threads, one matrix of many rows whose columns cut evenly among the threads:
     // the pairs path on those blocks (see even_column_blocks).
-    else if (threads > 1 && g.batch == 1 && g.M > GEMM_HALF_NC_ROWS && fmas >= GEMM_EVEN_BLOCKS_MIN_FMAS * threads &&
-             even_column_blocks(g.N, threads, nc) > 0) {
-        nc = even_column_blocks(g.N, threads, nc);
-        even = true;
+    else if (even_nc > 0) {
+        nc = even_nc;
     }
     // At several threads, one tall matrix: column blocks twice as wide (see GEMM_WIDE_NC_ROWS).
     else if (threads > 1 && g.batch == 1 && g.M >= GEMM_WIDE_NC_ROWS) {
@@ -701,7 +706,7 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     // entries have rows between them): B is then most of the work, and gemm_tiles packs it once
     // for all entries, at one thread too.
     const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS_ONE_B && g.one_b();
-    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && (even || n_pairs >= 2 * threads))) {
+    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && (even_nc > 0 || n_pairs >= 2 * threads))) {
         threads = std::max<int64_t>(1, std::min(threads, n_pairs));
         if (threads == 1 && g.K > GEMM_TINY_K) nc *= GEMM_ONE_THREAD_NC_FACTOR;
         const int64_t blocks = ceil_div(g.N, nc);
