@@ -276,6 +276,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("probe_threads", &probe_threads, "OS thread ids that ran at least one item since probe_reset");
     m.def("pool_size", &pool_size, "pool workers started so far");
     m.def("pool_sleeps", &pool_sleeps, "times a pool worker went to sleep for want of a job");
+    m.def("gemm_helped_blocks", [] { return repops_cpu::gemm_helped_blocks.load(); },
+          "row blocks of one-item-a-thread GEMMs run by a thread helping a late one, so far");
+    m.def("set_gemm_late_item_us", [](int64_t us) {
+              if (us < 0) throw std::invalid_argument("set_gemm_late_item_us: microseconds >= 0");
+              return repops_cpu::gemm_late_item_us.exchange(us);
+          }, pybind11::arg("us"),
+          "tests: the thread that takes item 1 of a one-item-a-thread GEMM waits this long first; returns the previous wait");
     m.def("div_run_panels", [] { return repops_cpu::div_run_panels.load(); },
           "panels the windowed GEMM packed as runs through div > 1 windows so far");
     m.def("contiguous_panels", [] { return repops_cpu::contiguous_panels.load(); },

@@ -26,15 +26,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gemm_tile.h"
 #include "kernels.h"
 
 namespace repops_cpu {
+std::atomic<int64_t> gemm_helped_blocks{0};
+std::atomic<int64_t> gemm_late_item_us{0};
 namespace {
 
 // Vectors [0, n) of an operand whose vector v runs contiguously along k (src[v * stride + k]),
@@ -166,8 +170,9 @@ void pack_b(const float* B, int64_t sbk, int64_t sbj, int64_t j0, int64_t cols, 
 // the micro-kernels over it.
 void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpack, int64_t bstride, int64_t i_begin,
                   int64_t i_end, int64_t j0, int64_t cols, int64_t p0, int64_t kcur, int64_t mc,
-                  std::vector<float>& abuf) {
+                  std::vector<float>& abuf, int64_t fetch_end = -1) {
     const bool first = p0 == 0, last = p0 + kcur == g.K;
+    if (fetch_end < 0) fetch_end = i_end;
     float* const ap = at_least(abuf, round_up(mc, GEMM_MR) * kcur);
     constexpr int64_t LINE = 64 / sizeof(float);
     for (int64_t i0 = i_begin; i0 < i_end; i0 += mc) {
@@ -179,7 +184,7 @@ void compute_rows(const GemmArgs& g, const float* A, float* C, const float* bpac
         // samples before, 3.2% after; bench_gemm.py --baseline, 1 | 2 threads: 2048^3 0.995 |
         // 0.986, 1024^3 0.990 | 1.001. Issued one every 16 k inside the micro-kernel instead,
         // 1-4% slower than none (the micro-kernel's loop paid for the check).
-        const int64_t next = i0 + mc, next_rows = std::max<int64_t>(0, std::min(mc, i_end - next));
+        const int64_t next = i0 + mc, next_rows = std::max<int64_t>(0, std::min(mc, fetch_end - next));
         const bool by_rows = g.sak == 1, by_k = !by_rows && g.sai == 1;
         const int64_t per_run = by_rows ? ceil_div(kcur, LINE) : ceil_div(next_rows, LINE);
         const int64_t lines = by_rows ? next_rows * per_run : by_k ? kcur * per_run : 0;
@@ -619,7 +624,10 @@ constexpr int64_t GEMM_WIDE_NC_FACTOR = 2;
 // nothing to take (the tiles' reason for several items a thread): with a busy process on one of
 // the two cores, medians against the tiles were 2048^3 1.04 and 1024^3 1.15. So only where a
 // thread's share is at least GEMM_EVEN_BLOCKS_MIN_FMAS (1024^3 at 2 threads is half of it);
-// at 8 threads or more it also needs N of 4096 or more (blocks of at least nc).
+// at 8 threads or more it also needs N of 4096 or more (blocks of at least nc). A matrix whose N
+// fits one block of the 1-thread width takes row bands instead (GEMM_BAND_MIN_ROWS; 2048 x 2048 x
+// 1024 above, among others). Since 2026-12-06 a thread done with its block also takes row blocks
+// of a late thread's (RowRegions).
 // Returns the blocks' width, or 0 where N does not cut so: `threads` x m blocks for the least m
 // whose width is at most GEMM_WIDE_NC_FACTOR x nc, if that width is at least nc and the blocks
 // pad N by under a quarter block (the last one then at least 3/4 as wide as the others).
@@ -631,6 +639,136 @@ static int64_t even_column_blocks(int64_t N, int64_t threads, int64_t nc) {
             return width >= nc && 4 * (n * width - N) < width ? width : 0;
     }
 }
+
+// At several threads, one matrix of more than GEMM_HALF_NC_ROWS rows whose N fits one column
+// block of the 1-thread width (nc to GEMM_ONE_THREAD_NC_FACTOR x nc): the pairs path on row
+// bands, one a thread, each band swept the 1-thread way (B packed a K block at a time, all of N
+// wide, then the band's rows) -- not the 2-D tiles, nor column blocks cut among the threads.
+// The tiles hold a thread's column block packed over all of K (2 MiB at 1024^2, this machine's
+// L2 a core), read again for every tile; column blocks among the threads halve the width
+// swept per packed row block of A and pack all of A once per block. A band packs its own rows of
+// A once and all of B once. On the Intel machine of 2026-12-06 (2 threads, separate processes
+// taking turns, medians of 60 calls, three each; M x K x N, tiles or even blocks -> bands):
+// 1024^3 6.93-7.11 -> 6.74-6.94 ms, 1024 x 512 x 1024 3.40-3.46 -> 3.34-3.37, 1536 x 1024 x
+// 1024 10.46-10.48 -> 10.00-10.11, 2048 x 1024 x 1024 13.84-14.02 -> 13.30-13.35 (its even
+// blocks before), 2048 x 1024 x 768 10.73-10.81 -> 10.01-10.22, 1024 x 2048 x 1024 14.02-14.30
+// -> 13.61-13.63, 2048 x 2048 x 1024 27.8-28.1 -> 26.7-26.8, 800 x 1024 x 1024 5.44-5.57 ->
+// 5.35-5.44. Not where N is narrower than nc (2048 x 1024 x 256: 3.59-3.94 -> 3.69-3.77) nor
+// wider than one block (2048^3 53.4-53.7 -> 53.9-54.9 as two bands of two blocks: the even
+// blocks pack less there). Bands one a thread leave nothing for a late thread to take, as the
+// even blocks do (see even_column_blocks); each band has at least GEMM_BAND_MIN_ROWS rows, so
+// its FMAs outweigh its packing of all of B (K x N).
+constexpr int64_t GEMM_BAND_MIN_ROWS = 384;
+
+// A thread that splits a late thread's region (RowRegions) must take at least this many row
+// blocks of each K block it covers: it packs each of those K blocks of B again, which at the
+// default tile (kc x 1024 floats) costs about as much as 1.25 row blocks of FMAs (48 x 1024 x
+// 256; both from this machine's measurements of 2026-12-06: packing a thread's half of B for
+// 1024^3 took 0.4 ms, 512K floats).
+constexpr int64_t GEMM_HELP_MIN_ROW_BLOCKS = 4;
+
+// The pairs path's items when it has one a thread (row bands, even column blocks), each row
+// blocks 0 .. n of pack_rows rows over K blocks 0 .. n_kb - 1, K block major, shared out so that
+// a thread done with its own item takes part of a late thread's. A region is row blocks
+// [lo, end) of one item from some K block on; its owner runs them block after block, claiming
+// one row block at a time from one atomic word (K block p, next row block r, end L). A thread
+// with nothing left splits the region with the most work left: with r < L it moves the end to s
+// (r < s < L) in the same word, and row blocks [s, L) from block p on become a region of its
+// own. Its rows' blocks before p are done: the owner claimed block p's first row block only
+// after its block p - 1 had ended. So every element's chain still runs its K blocks in order,
+// one thread after another at most, and which thread runs a row block changes no bit. A split
+// must leave the new region at least GEMM_HELP_MIN_ROW_BLOCKS row blocks.
+class RowRegions {
+  public:
+    template <class ChunksOf>
+    RowRegions(int64_t items, int64_t n_kb, ChunksOf chunks_of)
+        : n_kb_(n_kb), initial_(items), capacity_(items > 0 ? items + MAX_SPLITS : 0), count_(items),
+          regions_(new Region[capacity_]) {
+        for (int64_t i = 0; i < items; i++) {
+            regions_[i].item = i, regions_[i].lo = 0;
+            regions_[i].state.store(pack(0, 0, chunks_of(i)), std::memory_order_relaxed);
+        }
+    }
+
+    // Runs region q's row blocks to the end, as they are claimed: run(item, p, r_begin, r_end).
+    template <class Run>
+    void drain(int64_t q, Run& run) {
+        Region& g = regions_[q];
+        const bool helping = q >= initial_;
+        for (uint64_t st = g.state.load(std::memory_order_acquire); std::get<2>(unpack(st)) > 0;) {
+            const auto [p, r, end] = unpack(st);
+            int64_t cp = p, cr = r;
+            if (r >= end) {
+                if (p + 1 >= n_kb_) return;
+                cp = p + 1, cr = g.lo;
+            }
+            if (!g.state.compare_exchange_weak(st, pack(cp, cr + 1, end), std::memory_order_acq_rel)) continue;
+            run(g.item, cp, cr, cr + 1);
+            if (helping) gemm_helped_blocks.fetch_add(1, std::memory_order_relaxed);
+            st = g.state.load(std::memory_order_acquire);
+        }
+    }
+
+    // Splits the region with the most row blocks left that can be split now (see the class);
+    // returns the new region's index, or -1 where no region can be split now or later. A region
+    // between two K blocks (its owner running the last row block of one) can be split once its
+    // owner has claimed the next block's first: until then this thread waits.
+    int64_t split_largest() {
+        for (int spins = 0;; spins++) {
+            const int64_t n = std::min(count_.load(std::memory_order_acquire), capacity_);
+            int64_t best = -1, best_left = 0, best_s = 0;
+            uint64_t best_st = 0;
+            bool later = false;
+            for (int64_t q = 0; q < n; q++) {
+                const uint64_t st = regions_[q].state.load(std::memory_order_acquire);
+                const auto [p, r, end] = unpack(st);
+                if (end == 0) continue;  // not yet published (or an empty region): lo not to be read
+                const int64_t lo = regions_[q].lo, after = n_kb_ - 1 - p;
+                later = later || (after > 0 && end - lo >= 2 * GEMM_HELP_MIN_ROW_BLOCKS + 2);
+                // Even shares of what is left: the owner rows [r, s) of block p and [lo, s) of
+                // each later one, the new region rows [s, end) of block p and every later one.
+                const int64_t s = std::max(r + 1, ceil_div(end * (after + 1) + r + lo * after, 2 * (after + 1)));
+                const int64_t left = (end - r) + after * (end - lo);
+                if (end - s >= GEMM_HELP_MIN_ROW_BLOCKS && left > best_left)
+                    best = q, best_left = left, best_s = s, best_st = st;
+            }
+            if (best >= 0) {
+                const int64_t q = count_.fetch_add(1, std::memory_order_acq_rel);
+                if (q >= capacity_) return -1;
+                const auto [p, r, end] = unpack(best_st);
+                Region& mine = regions_[q];
+                mine.item = regions_[best].item, mine.lo = best_s;
+                // Published only once the owner's end has moved: until then no one may split it.
+                if (regions_[best].state.compare_exchange_strong(best_st, pack(p, r, best_s), std::memory_order_acq_rel)) {
+                    mine.state.store(pack(p, best_s, end), std::memory_order_release);
+                    return q;
+                }
+                continue;  // the owner claimed a row block meanwhile: look again
+            }
+            if (!later) return -1;
+            if (spins > 1000) std::this_thread::yield();
+        }
+    }
+
+  private:
+    static constexpr int64_t MAX_SPLITS = 256;
+    static constexpr int BITS = 21;  // row blocks and K blocks below 2^21 each
+    struct Region {
+        int64_t item = 0, lo = 0;
+        std::atomic<uint64_t> state{0};  // end 0: not published (or empty)
+    };
+    static uint64_t pack(int64_t p, int64_t r, int64_t end) {
+        return (uint64_t)p << (2 * BITS) | (uint64_t)r << BITS | (uint64_t)end;
+    }
+    static std::tuple<int64_t, int64_t, int64_t> unpack(uint64_t st) {
+        const uint64_t mask = (uint64_t(1) << BITS) - 1;
+        return {(int64_t)(st >> (2 * BITS)), (int64_t)(st >> BITS & mask), (int64_t)(st & mask)};
+    }
+    const int64_t n_kb_, initial_, capacity_;
+    std::atomic<int64_t> count_;
+    std::unique_ptr<Region[]> regions_;
+};
+
 
 // At most this K, a GEMM is mostly its stores of C (a classifier's backward dlogits @ W, K = the
 // classes): one column block as wide as C, so C is written in whole rows, not in column blocks;
@@ -674,10 +812,16 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
         gemm_b_in_place(g, threads);
         return;
     }
-    // Column blocks cut evenly among the threads (even_column_blocks), where the matrix is large
-    // enough for them (and neither of the first two rules below applies); 0 where not.
-    const int64_t even_nc = threads > 1 && g.batch == 1 && g.K > GEMM_TINY_K && g.M > GEMM_HALF_NC_ROWS &&
-                                    fmas >= GEMM_EVEN_BLOCKS_MIN_FMAS * (double)threads
+    // One matrix of many rows at several threads (neither of the first two rules below applies):
+    // row bands one a thread where N fits one block of the 1-thread width (GEMM_BAND_MIN_ROWS),
+    // else column blocks cut evenly among the threads (even_column_blocks) where the matrix is
+    // large enough for them; 0 where not.
+    const bool one_big = threads > 1 && g.batch == 1 && g.K > GEMM_TINY_K && g.M > GEMM_HALF_NC_ROWS;
+    const int64_t bands = one_big && g.N >= nc && g.N <= GEMM_ONE_THREAD_NC_FACTOR * nc &&
+                                  g.M >= GEMM_BAND_MIN_ROWS * threads
+                              ? threads
+                              : 1;
+    const int64_t even_nc = one_big && bands == 1 && fmas >= GEMM_EVEN_BLOCKS_MIN_FMAS * (double)threads
                                 ? even_column_blocks(g.N, threads, nc)
                                 : 0;
     // A tiny K: whole rows of C at a time (see GEMM_TINY_K).
@@ -690,6 +834,11 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     else if (threads > 1 && g.M > GEMM_FEW_ROWS && g.M <= GEMM_HALF_NC_ROWS && g.batch * ceil_div(g.N, nc) < 2 * threads) {
         const int64_t half = round_up(ceil_div(nc, 2), GEMM_NR);
         if (g.batch * ceil_div(g.N, half) >= 2 * threads) nc = half;
+    }
+    // At several threads, one matrix of many rows whose N fits one block of the 1-thread width:
+    // that block, in row bands (see GEMM_BAND_MIN_ROWS).
+    else if (bands > 1) {
+        nc = round_up(g.N, GEMM_NR);
     }
     // At several threads, one matrix of many rows whose columns cut evenly among the threads:
     // the pairs path on those blocks (see even_column_blocks).
@@ -706,26 +855,53 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
     // entries have rows between them): B is then most of the work, and gemm_tiles packs it once
     // for all entries, at one thread too.
     const bool few_rows_one_b = g.batch > 1 && g.M <= GEMM_FEW_ROWS_ONE_B && g.one_b();
-    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && (even_nc > 0 || n_pairs >= 2 * threads))) {
-        threads = std::max<int64_t>(1, std::min(threads, n_pairs));
+    if ((threads <= 1 && !few_rows_one_b) || (threads > 1 && (bands > 1 || even_nc > 0 || n_pairs >= 2 * threads))) {
+        threads = std::max<int64_t>(1, std::min(threads, n_pairs * bands));
         if (threads == 1 && g.K > GEMM_TINY_K) nc *= GEMM_ONE_THREAD_NC_FACTOR;
-        const int64_t blocks = ceil_div(g.N, nc);
-        parallel_items(g.batch * blocks, threads, [&](int64_t item, int64_t) {
-            const int64_t bi = item / blocks;
-            const int64_t j0 = (item % blocks) * nc, cols = std::min(nc, g.N - j0);
-            const float* A = g.a_at(bi);
-            const float* B = g.b_at(bi);
-            float* C = g.C + bi * g.M * g.N;
+        const int64_t blocks = ceil_div(g.N, nc), band_rows = round_up(ceil_div(g.M, bands), GEMM_MR);
+        const int64_t items = g.batch * blocks * bands, pack_rows = std::min(mc, GEMM_PAIR_PACK_ROWS);
+        // One item a thread (row bands, even column blocks): a thread done with its own item
+        // takes part of a late one's (RowRegions), packing that item's B blocks itself.
+        const bool helped = threads > 1 && items <= threads;
+        const int64_t n_kb = ceil_div(g.K, kc);
+        auto item_rows = [&](int64_t item) {
+            const int64_t i_begin = std::min(g.M, item % bands * band_rows);
+            return std::pair<int64_t, int64_t>{i_begin, std::min(g.M, i_begin + band_rows)};
+        };
+        RowRegions regions(helped ? items : 0, n_kb, [&](int64_t item) {
+            const auto [i_begin, i_end] = item_rows(item);
+            return ceil_div(i_end - i_begin, pack_rows);
+        });
+        parallel_items(items, threads, [&](int64_t slot, int64_t) {
             // Kept by each thread from call to call: fresh buffers of this size were zero-filled
             // and page-faulted on every call (0.5-1 MiB of B block at the default tile).
             thread_local std::vector<float> abuf, bbuf;
             float* const bp = at_least(bbuf, round_up(nc, GEMM_NR) * kc);
-            for (int64_t p0 = 0; p0 < g.K; p0 += kc) {
-                const int64_t kcur = std::min(kc, g.K - p0);
-                pack_b(B, g.sbk, g.sbj, j0, cols, p0, kcur, bp);
-                compute_rows(g, A, C, bp, kcur * GEMM_NR, 0, g.M, j0, cols, p0, kcur,
-                             std::min(mc, GEMM_PAIR_PACK_ROWS), abuf);
+            // Row blocks [r_begin, r_end) of `item` (all its rows: 0, -1) for K block p, its B
+            // block packed here unless this thread's buffer holds it (`packed`: item, block).
+            std::pair<int64_t, int64_t> packed{-1, -1};
+            auto run = [&](int64_t item, int64_t p, int64_t r_begin, int64_t r_end) {
+                const int64_t bi = item / (blocks * bands);
+                const int64_t j0 = (item / bands % blocks) * nc, cols = std::min(nc, g.N - j0);
+                const auto [i_begin, i_end] = item_rows(item);
+                const int64_t p0 = p * kc, kcur = std::min(kc, g.K - p0);
+                if (packed != std::pair<int64_t, int64_t>{item, p}) {
+                    pack_b(g.b_at(bi), g.sbk, g.sbj, j0, cols, p0, kcur, bp);
+                    packed = {item, p};
+                }
+                const int64_t r0 = i_begin + r_begin * pack_rows;
+                const int64_t r1 = r_end < 0 ? i_end : std::min(i_end, i_begin + r_end * pack_rows);
+                compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bp, kcur * GEMM_NR, r0, r1, j0, cols, p0, kcur,
+                             pack_rows, abuf, i_end);
+            };
+            if (!helped) {
+                for (int64_t p = 0; p < n_kb; p++) run(slot, p, 0, -1);
+                return;
             }
+            if (const int64_t late = gemm_late_item_us.load(std::memory_order_relaxed); slot == 1 && late > 0)
+                std::this_thread::sleep_for(std::chrono::microseconds(late));
+            regions.drain(slot, run);
+            for (int64_t r; (r = regions.split_largest()) >= 0;) regions.drain(r, run);
         });
         return;
     }

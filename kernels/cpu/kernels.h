@@ -61,6 +61,11 @@ struct GemmArgs {
 // C = A @ B in the dot-product order; mc/kc/nc: cache blocking, rounded to whole micro-panels by
 // the caller (GEMM_MR, GEMM_NR); any values give the same bits.
 void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc);
+// Row blocks of the pairs path run by a thread that helped a late thread's item (gemm.cpp,
+// one item a thread), so far; and, for tests, how long the thread that takes item 1 of such a
+// GEMM waits before it starts (microseconds; 0: not at all), so the other one helps.
+extern std::atomic<int64_t> gemm_helped_blocks;
+extern std::atomic<int64_t> gemm_late_item_us;
 
 // ---------------------------------------------------------------------------- windowed GEMM (conv.cpp)
 

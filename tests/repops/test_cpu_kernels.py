@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.threads import THREAD_COUNTS, engaged, run_engaged
+from tests.support.threads import THREAD_COUNTS, as_bits, engaged, run_engaged
 from verde_chain.errors import RepOpsError
 from verde_chain.repops import library, reference
 from verde_chain.repops.backends.cpu import extension as cpu_ext
@@ -631,6 +631,48 @@ def test_gemm_on_column_blocks_cut_evenly_among_threads_keeps_one_threads_bits(i
     for threads in THREAD_COUNTS[1:]:
         got = run_engaged(isa, threads, partial(cpu_ext.matmul, a, b, isa=isa, threads=threads))
         np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
+
+
+# One matrix of more than 768 rows whose N fits one column block of the 1-thread width (nc to
+# 2 nc) with at least 384 rows a thread: the pairs path in row bands, one a thread (gemm.cpp
+# GEMM_BAND_MIN_ROWS). At the tile (48, 64, 64), N = 100 is one block of 128 wide, 2,700 rows give
+# every count up to 7 its bands (the last 324 rows at 7) and K = 150 three K blocks, the last
+# ragged. One item a thread: each band's row blocks are a queue any thread may take from.
+BAND_GEMM = ((2700, 150), (150, 100))
+BAND_TILE = (48, 64, 64)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gemm_in_row_bands_one_a_thread_keeps_the_reference_bits(isa: str) -> None:
+    need(isa)
+    a, b = edge_matrix(BAND_GEMM[0], 155, 0.02), edge_matrix(BAND_GEMM[1], 156, 0.02)
+    want = bits(ref_matmul(a, b))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    for threads in THREAD_COUNTS:
+        got = run_engaged(isa, threads, partial(cpu_ext.matmul, ta, tb, isa=isa, threads=threads, tile=BAND_TILE))
+        np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_late_threads_row_band_is_taken_over_by_the_other_with_the_same_bits(isa: str) -> None:
+    """The thread that takes band 1 waits 300 ms first (a test knob of the extension): the other
+    one, done with band 0 long before, runs band 1's row blocks, packing its B blocks itself."""
+    need(isa)
+    a, b = edge_matrix(BAND_GEMM[0], 157, 0.02), edge_matrix(BAND_GEMM[1], 158, 0.02)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    want = as_bits(cpu_ext.matmul(ta, tb, isa=isa, threads=1, tile=BAND_TILE))
+    ext = cpu_ext.extension(isa)
+    before = ext.gemm_helped_blocks()
+    previous = ext.set_gemm_late_item_us(300_000)
+    try:
+        got = as_bits(cpu_ext.matmul(ta, tb, isa=isa, threads=2, tile=BAND_TILE))
+    finally:
+        ext.set_gemm_late_item_us(previous)
+    helped = ext.gemm_helped_blocks() - before
+    assert helped > 0, "no row block of the late thread's band was run by the other thread"
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="microseconds"):
+        ext.set_gemm_late_item_us(-1)
 
 
 # Shapes whose threads pack B into buffers of their own at several threads, kept from call to
