@@ -661,10 +661,10 @@ static int64_t even_column_blocks(int64_t N, int64_t threads, int64_t nc) {
 constexpr int64_t GEMM_BAND_MIN_ROWS = 384;
 
 // A thread that splits a late thread's region (RowRegions) must take at least this many row
-// blocks of each K block it covers: it packs each of those K blocks of B again, which at the
-// default tile (kc x 1024 floats) costs about as much as 1.25 row blocks of FMAs (48 x 1024 x
-// 256; both from this machine's measurements of 2026-12-06: packing a thread's half of B for
-// 1024^3 took 0.4 ms, 512K floats).
+// blocks of each K block it covers: it packs each of those K blocks of B again (kc x 1024 floats
+// at the default tile), estimated at about 1.25 row blocks' FMAs from two figures of this
+// machine on 2026-12-06: a thread's half of B for 1024^3 (512K floats) took 0.4 ms to pack in
+// the tiles, and a row block (48 x 1024 x 256 FMAs) takes 0.16 ms at 160 GF/s. Not tuned.
 constexpr int64_t GEMM_HELP_MIN_ROW_BLOCKS = 4;
 
 // The pairs path's items when it has one a thread (row bands, even column blocks), each row
