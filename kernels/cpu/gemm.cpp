@@ -683,7 +683,7 @@ class RowRegions {
     template <class ChunksOf>
     RowRegions(int64_t items, int64_t n_kb, ChunksOf chunks_of)
         : n_kb_(n_kb), initial_(items), capacity_(items > 0 ? items + MAX_SPLITS : 0), count_(items),
-          regions_(new Region[capacity_]) {
+          regions_(capacity_ > 0 ? new Region[capacity_] : nullptr) {  // none at all off the helped path (every 1-thread GEMM)
         for (int64_t i = 0; i < items; i++) {
             regions_[i].item = i, regions_[i].lo = 0;
             regions_[i].state.store(pack(0, 0, chunks_of(i)), std::memory_order_relaxed);
@@ -868,17 +868,18 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
             const int64_t i_begin = std::min(g.M, item % bands * band_rows);
             return std::pair<int64_t, int64_t>{i_begin, std::min(g.M, i_begin + band_rows)};
         };
-        RowRegions regions(helped ? items : 0, n_kb, [&](int64_t item) {
+        auto row_blocks = [&](int64_t item) {
             const auto [i_begin, i_end] = item_rows(item);
             return ceil_div(i_end - i_begin, pack_rows);
-        });
+        };
+        RowRegions regions(helped ? items : 0, n_kb, row_blocks);
         parallel_items(items, threads, [&](int64_t slot, int64_t) {
             // Kept by each thread from call to call: fresh buffers of this size were zero-filled
             // and page-faulted on every call (0.5-1 MiB of B block at the default tile).
             thread_local std::vector<float> abuf, bbuf;
             float* const bp = at_least(bbuf, round_up(nc, GEMM_NR) * kc);
-            // Row blocks [r_begin, r_end) of `item` (all its rows: 0, -1) for K block p, its B
-            // block packed here unless this thread's buffer holds it (`packed`: item, block).
+            // Row blocks [r_begin, r_end) of `item` for K block p, its B block packed here unless
+            // this thread's buffer holds it (`packed`: item, block).
             std::pair<int64_t, int64_t> packed{-1, -1};
             auto run = [&](int64_t item, int64_t p, int64_t r_begin, int64_t r_end) {
                 const int64_t bi = item / (blocks * bands);
@@ -890,12 +891,12 @@ void gemm(const GemmArgs& g, int64_t threads, int64_t mc, int64_t kc, int64_t nc
                     packed = {item, p};
                 }
                 const int64_t r0 = i_begin + r_begin * pack_rows;
-                const int64_t r1 = r_end < 0 ? i_end : std::min(i_end, i_begin + r_end * pack_rows);
+                const int64_t r1 = std::min(i_end, i_begin + r_end * pack_rows);
                 compute_rows(g, g.a_at(bi), g.C + bi * g.M * g.N, bp, kcur * GEMM_NR, r0, r1, j0, cols, p0, kcur,
                              pack_rows, abuf, i_end);
             };
             if (!helped) {
-                for (int64_t p = 0; p < n_kb; p++) run(slot, p, 0, -1);
+                for (int64_t p = 0; p < n_kb; p++) run(slot, p, 0, row_blocks(slot));
                 return;
             }
             if (const int64_t late = gemm_late_item_us.load(std::memory_order_relaxed); slot == 1 && late > 0)
