@@ -637,7 +637,8 @@ def test_gemm_on_column_blocks_cut_evenly_among_threads_keeps_one_threads_bits(i
 # 2 nc) with at least 384 rows a thread: the pairs path in row bands, one a thread (gemm.cpp
 # GEMM_BAND_MIN_ROWS). At the tile (48, 64, 64), N = 100 is one block of 128 wide, 2,700 rows give
 # every count up to 7 its bands (the last 324 rows at 7) and K = 150 three K blocks, the last
-# ragged. One item a thread: each band's row blocks are a queue any thread may take from.
+# ragged. One item a thread: a thread done with its band splits off part of a late one's rows
+# (gemm.cpp RowRegions).
 BAND_GEMM = ((2700, 150), (150, 100))
 BAND_TILE = (48, 64, 64)
 
@@ -656,7 +657,8 @@ def test_gemm_in_row_bands_one_a_thread_keeps_the_reference_bits(isa: str) -> No
 @pytest.mark.parametrize("isa", ISAS)
 def test_a_late_threads_row_band_is_taken_over_by_the_other_with_the_same_bits(isa: str) -> None:
     """The thread that takes band 1 waits 300 ms first (a test knob of the extension): the other
-    one, done with band 0 long before, runs band 1's row blocks, packing its B blocks itself."""
+    one, done with band 0 long before, splits off and runs some of band 1's row blocks, packing
+    their B blocks itself."""
     need(isa)
     a, b = edge_matrix(BAND_GEMM[0], 157, 0.02), edge_matrix(BAND_GEMM[1], 158, 0.02)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
